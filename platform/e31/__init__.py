@@ -1,0 +1,24 @@
+"""E31 Batch: batch GPU jobs for many teams on a shared pool of GPUs (control plane)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from e31.client import Client, JobHandle
+    from e31.errors import E31Error, JobFailed
+
+__all__ = ["Client", "JobHandle", "JobFailed", "E31Error", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so `import e31` stays light for workers and the CLI's fast paths.
+    if name in ("Client", "JobHandle"):
+        from e31 import client
+        return getattr(client, name)
+    if name in ("JobFailed", "E31Error"):
+        from e31 import errors
+        return getattr(errors, name)
+    raise AttributeError(name)

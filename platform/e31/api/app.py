@@ -1,0 +1,93 @@
+"""FastAPI app factory and routes (`/v1/...`, OpenAPI at `/docs` and `/openapi.json`)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import redis
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from e31 import __version__
+from e31.api import errors
+from e31.artifacts import ArtifactStore
+from e31.service import Service
+from e31.settings import Settings
+from e31.spec import JobSpec
+from e31.states import JobState
+from e31.store import Repo, make_engine
+from e31.store.records import TenantRecord
+
+CHUNK_BYTES = 1 << 20
+_bearer = HTTPBearer(auto_error=False, description="a tenant's API token")
+
+
+def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI:
+    """The API over the store, artifacts and Redis named in `settings`."""
+    if service is None:
+        service = Service(settings=settings, repo=Repo(make_engine(settings.resolved_database_url)),
+                          artifacts=ArtifactStore(settings.resolved_artifacts_url),
+                          redis_client=redis.Redis.from_url(settings.redis_url))
+    svc = service
+    app = FastAPI(title="E31 Batch", version=__version__,
+                  description="Batch GPU jobs on a shared pool. Authenticate with a tenant token.")
+    errors.install(app)
+
+    def tenant(creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> TenantRecord:
+        return svc.authenticate(creds.credentials if creds else None)
+
+    @app.get("/v1/health", tags=["ops"])
+    def health() -> dict[str, Any]:
+        return {"ok": True, "version": __version__}
+
+    @app.post("/v1/jobs", status_code=201, tags=["jobs"])
+    def submit(spec: JobSpec, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+        return svc.submit(t, spec.model_dump(exclude_unset=True)).to_status()
+
+    @app.get("/v1/jobs", tags=["jobs"])
+    def list_jobs(state: JobState | None = None, limit: int = Query(100, ge=1, le=1000),
+                  t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+        jobs = svc.list(t, state=state.value if state else None, limit=limit)
+        return {"jobs": [j.to_status() for j in jobs]}
+
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
+    def get_job(job_id: str, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+        return svc.get(t, job_id).to_status()
+
+    @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
+    def cancel(job_id: str, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+        return svc.cancel(t, job_id).to_status()
+
+    @app.get("/v1/jobs/{job_id}/logs", tags=["jobs"], response_class=Response)
+    def logs(job_id: str, attempt: int | None = Query(None, ge=1), offset: int = Query(0, ge=0),
+             t: TenantRecord = Depends(tenant)) -> Response:
+        return Response(svc.logs(t, job_id, attempt=attempt, offset=offset),
+                        media_type="text/plain; charset=utf-8")
+
+    @app.get("/v1/jobs/{job_id}/outputs", tags=["jobs"])
+    def outputs(job_id: str, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+        return {"outputs": svc.outputs(t, job_id)}
+
+    @app.get("/v1/jobs/{job_id}/outputs/{path:path}", tags=["jobs"])
+    def output_file(job_id: str, path: str, t: TenantRecord = Depends(tenant)) -> StreamingResponse:
+        handle = svc.open_output(t, job_id, path)
+
+        def chunks() -> Iterator[bytes]:
+            with handle:
+                while block := handle.read(CHUNK_BYTES):
+                    yield block
+
+        return StreamingResponse(chunks(), media_type="application/octet-stream")
+
+    @app.get("/v1/usage", tags=["usage"])
+    def usage(all_tenants: bool = False, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+        return {"usage": svc.usage(t, all_tenants=all_tenants)}
+
+    @app.middleware("http")
+    async def _version_header(request: Request, call_next: Any) -> Any:
+        response = await call_next(request)
+        response.headers["X-E31-Version"] = __version__
+        return response
+
+    return app

@@ -1,0 +1,300 @@
+"""The `e31` command (Typer + Rich).
+
+Exit codes: 0 done; 1 the job failed (wait, result); 2 bad input (a refused spec, a bad
+flag); 3 the API or a service could not be reached or answered with another error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from e31.errors import ClientError, ConfigError, E31Error, JobFailed, SpecError
+
+EXIT_FAILED, EXIT_INPUT, EXIT_UNAVAILABLE = 1, 2, 3
+FOLLOW_POLL_S = 1.0
+
+app = typer.Typer(help="E31 Batch: batch GPU jobs on a shared pool.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
+db_app = typer.Typer(help="The results store.", no_args_is_help=True)
+tenant_app = typer.Typer(help="Tenants and their API tokens.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(tenant_app, name="tenant")
+out = Console()
+err = Console(stderr=True)
+
+HomeOpt = typer.Option(None, "--home", envvar="E31_HOME", help="state directory [env E31_HOME, default ~/.e31]")
+JsonOpt = typer.Option(False, "--json", help="print JSON")
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    err.print(f"[red]error:[/red] {message}", highlight=False, markup=True, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _settings(**overrides: Any) -> Any:
+    from e31.settings import Settings
+    try:
+        return Settings.load(overrides)
+    except ConfigError as exc:
+        _fail(exc.message, EXIT_INPUT)
+
+
+def _client() -> Any:
+    from e31.client import Client
+    try:
+        return Client()
+    except ClientError as exc:
+        _fail(exc.message, EXIT_UNAVAILABLE)
+
+
+def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a client call, turning its errors into a one-line message and an exit code."""
+    try:
+        return fn(*args, **kwargs)
+    except JobFailed:
+        raise
+    except ClientError as exc:
+        code = EXIT_INPUT if exc.status_code in (400, 404, 409, 422) else EXIT_UNAVAILABLE
+        _fail(exc.message, code)
+
+
+def _print_json(value: Any) -> None:
+    out.print_json(json.dumps(value))
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, Any]:
+    result = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            _fail(f"{flag} {item!r}: expected KEY=VALUE", EXIT_INPUT)
+        result[key] = value if flag == "--env" else _parse_value(value)
+    return result
+
+
+# -- jobs -------------------------------------------------------------------------------
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def submit(
+    ctx: typer.Context,
+    spec_file: Optional[Path] = typer.Argument(None, help="a job spec in YAML or JSON"),
+    entrypoint: Optional[str] = typer.Option(None, "--entrypoint", "-e", help="module:function"),
+    param: list[str] = typer.Option([], "--param", "-p", help="KEY=VALUE (VALUE parsed as JSON if it can be)"),
+    env: list[str] = typer.Option([], "--env", help="KEY=VALUE for the job's environment"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs (0: the cpu class)"),
+    gpu_mem_gb: Optional[float] = typer.Option(None, "--gpu-mem", help="GB of GPU memory needed"),
+    size_class: Optional[str] = typer.Option(None, "--size-class", help="e.g. gpu80"),
+    timeout_s: Optional[float] = typer.Option(None, "--timeout", help="seconds per attempt"),
+    retries: Optional[int] = typer.Option(None, "--retries", help="retries after a failed attempt"),
+    backoff_s: Optional[float] = typer.Option(None, "--backoff", help="first retry delay, seconds"),
+    priority: Optional[int] = typer.Option(None, "--priority", help="0..9, higher first"),
+    name: Optional[str] = typer.Option(None, "--name"),
+    wait: bool = typer.Option(False, "--wait", help="wait for the end, with a progress bar"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Submit a job: a spec file, or flags, or `-- argv...` for a command job."""
+    from e31.spec import load_spec_file
+    argv = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
+    if argv and spec_file is not None and str(spec_file) == argv[0]:
+        spec_file = None  # Click hands the first word after `--` to the positional argument
+    try:
+        body: dict[str, Any] = load_spec_file(spec_file) if spec_file else {}
+    except SpecError as exc:
+        _fail(exc.message, EXIT_INPUT)
+    if argv:
+        body["command"] = argv
+    if entrypoint:
+        body["entrypoint"] = entrypoint
+    if param:
+        body["params"] = {**body.get("params", {}), **_pairs(param, "--param")}
+    if env:
+        body["env"] = {**body.get("env", {}), **_pairs(env, "--env")}
+    resources = dict(body.get("resources") or {})
+    for key, value in (("gpus", gpus), ("gpu_mem_gb", gpu_mem_gb), ("size_class", size_class)):
+        if value is not None:
+            resources[key] = value
+    if resources:
+        body["resources"] = resources
+    policy = dict(body.get("retries") or {})
+    for key, value in (("max", retries), ("backoff_s", backoff_s)):
+        if value is not None:
+            policy[key] = value
+    if policy:
+        body["retries"] = policy
+    for key, value in (("timeout_s", timeout_s), ("priority", priority), ("name", name)):
+        if value is not None:
+            body[key] = value
+    client = _client()
+    job = _call(client.submit, body)
+    if wait:
+        _wait(job, as_json=as_json, timeout=None)
+        return
+    if as_json:
+        _print_json(job.status())
+    else:
+        out.print(job.id)
+
+
+@app.command()
+def status(job_id: str, as_json: bool = JsonOpt) -> None:
+    """A job's state, attempts, result and usage."""
+    st = _call(lambda: _client().get(job_id).status())
+    if as_json:
+        _print_json(st)
+        return
+    table = Table(show_header=False, box=None)
+    for key in ("id", "name", "state", "reason", "error", "size_class", "queue", "priority",
+                "submitted_at", "started_at", "ended_at", "queued_seconds", "gpu_seconds"):
+        if st.get(key) not in (None, ""):
+            table.add_row(f"[bold]{key}[/bold]", str(st[key]))
+    if st.get("progress"):
+        table.add_row("[bold]progress[/bold]", f"{st['progress']['done']:g} / {st['progress']['total'] or '?'}")
+    if st.get("result") is not None:
+        table.add_row("[bold]result[/bold]", json.dumps(st["result"]))
+    out.print(table)
+    if st["attempts"]:
+        at = Table("attempt", "worker", "gpus", "started", "ended", "reason", "error")
+        for a in st["attempts"]:
+            at.add_row(str(a["n"]), a["worker"], a["gpus"] or "-", a["started_at"] or "",
+                       a["ended_at"] or "", a["reason"] or "running", (a["error"] or "")[:80])
+        out.print(at)
+
+
+@app.command("ls")
+def list_jobs(state: Optional[str] = typer.Option(None, "--state"),
+              limit: int = typer.Option(50, "--limit"), as_json: bool = JsonOpt) -> None:
+    """Your jobs, newest first."""
+    jobs = _call(_client().list, state=state, limit=limit)
+    if as_json:
+        _print_json(jobs)
+        return
+    table = Table("id", "name", "state", "class", "submitted", "gpu_s")
+    for j in jobs:
+        table.add_row(j["id"], j["name"], j["state"], j["size_class"], j["submitted_at"][:19],
+                      f"{j['gpu_seconds']:.1f}")
+    out.print(table)
+
+
+@app.command()
+def logs(job_id: str, follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends"),
+         attempt: Optional[int] = typer.Option(None, "--attempt", help="one attempt only")) -> None:
+    """A job's log (every attempt, or one)."""
+    job = _call(_client().get, job_id)
+    if not follow:
+        sys.stdout.write(_call(job.logs, attempt=attempt))
+        return
+    offsets: dict[int, int] = {}
+    while True:
+        st = _call(job.status)
+        numbers = [a["n"] for a in st["attempts"]] if attempt is None else [attempt]
+        for n in numbers:
+            chunk = _call(job.logs, attempt=n, offset=offsets.get(n, 0))
+            if chunk:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+                offsets[n] = offsets.get(n, 0) + len(chunk.encode())
+        if st["state"] in ("succeeded", "failed", "cancelled"):
+            return
+        time.sleep(FOLLOW_POLL_S)
+
+
+@app.command()
+def result(job_id: str, download: Optional[Path] = typer.Option(None, "--download", help="fetch outputs into DIR"),
+           as_json: bool = JsonOpt) -> None:
+    """A finished job's result (and its output files with --download)."""
+    job = _call(_client().get, job_id)
+    try:
+        value = _call(job.result)
+    except JobFailed as exc:
+        _fail(exc.message, EXIT_FAILED)
+    files = _call(job.download, download) if download else []
+    if as_json:
+        _print_json({"result": value, "downloaded": [str(p) for p in files]})
+        return
+    out.print_json(json.dumps(value))
+    for p in files:
+        err.print(f"downloaded {p}")
+
+
+@app.command()
+def cancel(job_id: str, as_json: bool = JsonOpt) -> None:
+    """Cancel a job: a queued one never runs, a running one is killed within seconds."""
+    st = _call(lambda: _client().get(job_id).cancel())
+    if as_json:
+        _print_json(st)
+    elif st["state"] in ("succeeded", "failed"):
+        out.print(f"{job_id} already {st['state']}")
+    else:
+        out.print(f"{job_id} {'cancelled' if st['state'] == 'cancelled' else 'cancelling'}")
+
+
+def _wait(job: Any, *, as_json: bool, timeout: Optional[float]) -> None:
+    try:
+        st = _call(job.wait, timeout=timeout, progress=not as_json)
+    except JobFailed as exc:
+        if as_json:
+            _print_json(exc.status)
+        _fail(exc.message, EXIT_FAILED)
+    if as_json:
+        _print_json(st)
+    else:
+        print(f"{job.id} succeeded: {json.dumps(st['result'])}")
+
+
+@app.command("wait")
+def wait_cmd(job_id: str, timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds"),
+             as_json: bool = JsonOpt) -> None:
+    """Wait for a job with a progress bar; exit 1 unless it succeeded."""
+    _wait(_call(_client().get, job_id), as_json=as_json, timeout=timeout)
+
+
+@app.command()
+def usage(all_tenants: bool = typer.Option(False, "--all-tenants", help="every tenant (admin token)"),
+          as_json: bool = JsonOpt) -> None:
+    """Jobs by state, GPU-seconds billed and time queued (never billed), per tenant and class."""
+    rows = _call(_client().usage, all_tenants=all_tenants)
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("tenant", "class", "jobs", "gpu-seconds", "run s", "queued s")
+    for r in rows:
+        jobs = ", ".join(f"{k} {v}" for k, v in sorted(r["jobs"].items()))
+        table.add_row(r["tenant"], r["size_class"], jobs, f"{r['gpu_seconds']:.1f}",
+                      f"{r['run_seconds']:.1f}", f"{r['queued_seconds']:.1f}")
+    out.print(table)
+
+
+# -- operations -------------------------------------------------------------------------
+
+from e31.cliops import register_ops  # noqa: E402  (ops commands live beside, same app)
+
+register_ops(app, db_app, tenant_app)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        app()
+    except E31Error as exc:
+        err.print(f"[red]error:[/red] {exc.message}")
+        sys.exit(EXIT_INPUT if isinstance(exc, (SpecError, ConfigError)) else EXIT_UNAVAILABLE)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""`Client` and `JobHandle`: the Python interface over the HTTP API."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+
+from e31.errors import ClientError, JobFailed, JobTimeout
+from e31.profile import read_profile
+
+POLL_S = 0.5                 # status poll while waiting
+FINAL = {"succeeded", "failed", "cancelled"}
+
+
+class Client:
+    """Talks to one E31 Batch API as one tenant.
+
+    `url` and `token` default to `E31_URL` / `E31_TOKEN`, else the profile `e31 up` wrote
+    under `E31_HOME`.
+    """
+
+    def __init__(self, url: str | None = None, token: str | None = None, *,
+                 timeout_s: float = 30.0) -> None:
+        profile = read_profile() if not (url and token) else {}
+        self.url = (url or os.environ.get("E31_URL") or profile.get("url") or "").rstrip("/")
+        token = token or os.environ.get("E31_TOKEN") or profile.get("token")
+        if not self.url or not token:
+            raise ClientError("no API address or token: pass url= and token=, set E31_URL and "
+                              "E31_TOKEN, or start a local stack with `e31 up`")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
+                                  headers={"Authorization": f"Bearer {token}"})
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ClientError(f"cannot reach the E31 API at {self.url}: {exc}") from exc
+        if response.status_code >= 400:
+            raise _error(response)
+        return response
+
+    def submit(self, spec: dict[str, Any] | None = None, /, **fields: Any) -> "JobHandle":
+        """Submit one job from a spec mapping and/or the spec's fields as keywords."""
+        body = {**(spec or {}), **fields}
+        status = self.request("POST", "/v1/jobs", json=body).json()
+        return JobHandle(self, status["id"], status)
+
+    def get(self, job_id: str) -> "JobHandle":
+        return JobHandle(self, job_id, self.request("GET", f"/v1/jobs/{job_id}").json())
+
+    def list(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if state:
+            params["state"] = state
+        return list(self.request("GET", "/v1/jobs", params=params).json()["jobs"])
+
+    def usage(self, all_tenants: bool = False) -> list[dict[str, Any]]:
+        params = {"all_tenants": "true"} if all_tenants else {}
+        return list(self.request("GET", "/v1/usage", params=params).json()["usage"])
+
+
+class JobHandle:
+    """A submitted job, as its owner holds it."""
+
+    def __init__(self, client: Client, job_id: str, status: dict[str, Any] | None = None) -> None:
+        self._client = client
+        self.id = job_id
+        self._last = status or {}
+
+    def __repr__(self) -> str:
+        return f"JobHandle({self.id!r}, state={self._last.get('state')!r})"
+
+    def status(self) -> dict[str, Any]:
+        self._last = self._client.request("GET", f"/v1/jobs/{self.id}").json()
+        return self._last
+
+    def watch(self, timeout: float | None = None, poll_s: float = POLL_S) -> Iterator[dict[str, Any]]:
+        """Yield the status at each poll until the job is final; `JobTimeout` after `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status()
+            yield status
+            if status["state"] in FINAL:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobTimeout(f"job {self.id} still {status['state']} after {timeout:g} s")
+            time.sleep(poll_s)
+
+    def wait(self, timeout: float | None = None, progress: bool = False) -> dict[str, Any]:
+        """Block until the job ends; return its status, or raise `JobFailed` unless it succeeded."""
+        if progress:
+            from e31.progressbar import follow
+            status = follow(self, timeout=timeout)
+        else:
+            status = {}
+            for status in self.watch(timeout):
+                pass
+        if status["state"] != "succeeded":
+            raise JobFailed(status)
+        return status
+
+    def result(self) -> Any:
+        """The job's JSON result; `JobFailed` if it ended otherwise, `ClientError` if still live."""
+        status = self.status()
+        if status["state"] == "succeeded":
+            return status["result"]
+        if status["state"] in FINAL:
+            raise JobFailed(status)
+        raise ClientError(f"job {self.id} is {status['state']}; no result yet (use wait())")
+
+    def outputs(self) -> list[dict[str, Any]]:
+        return list(self._client.request("GET", f"/v1/jobs/{self.id}/outputs").json()["outputs"])
+
+    def download(self, directory: str | Path) -> list[Path]:
+        """Fetch every output file into `directory`; returns the local paths."""
+        root = Path(directory)
+        paths = []
+        for item in self.outputs():
+            target = root / item["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with self._client._http.stream("GET", f"/v1/jobs/{self.id}/outputs/{item['path']}") as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise _error(r)
+                with open(target, "wb") as f:
+                    for chunk in r.iter_bytes():
+                        f.write(chunk)
+            paths.append(target)
+        return paths
+
+    def logs(self, attempt: int | None = None, offset: int = 0) -> str:
+        params: dict[str, Any] = {"offset": offset}
+        if attempt is not None:
+            params["attempt"] = attempt
+        return self._client.request("GET", f"/v1/jobs/{self.id}/logs", params=params).text
+
+    def cancel(self) -> dict[str, Any]:
+        self._last = self._client.request("POST", f"/v1/jobs/{self.id}/cancel").json()
+        return self._last
+
+
+def _error(response: httpx.Response) -> ClientError:
+    try:
+        body = response.json()
+        message = body.get("message") or str(body)
+    except ValueError:
+        body, message = response.text, response.text or response.reason_phrase
+    return ClientError(message, status_code=response.status_code, body=body)

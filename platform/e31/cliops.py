@@ -1,0 +1,231 @@
+"""Operator commands of `e31`: up, down, worker, api, scheduler, flower, db, tenant."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from e31.errors import ConfigError, Conflict, E31Error
+
+EXIT_INPUT = 2
+DETACH_READY_TIMEOUT_S = 120.0
+
+
+def _settings(**overrides: Any) -> Any:
+    from e31.settings import Settings
+    return Settings.load(overrides)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), force=True,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def _worker_argv(gpus: str, cpu_slots: int, simulate_gpus: Optional[str], spill: bool,
+                 group: int, hostname: Optional[str]) -> list[str]:
+    argv = ["--gpus", gpus, "--cpu-slots", str(cpu_slots), "--group", str(group),
+            "--spill" if spill else "--no-spill"]
+    if simulate_gpus:
+        argv += ["--simulate-gpus", simulate_gpus]
+    if hostname:
+        argv += ["--hostname", hostname]
+    return argv
+
+
+def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer) -> None:
+    from e31.cli import HomeOpt, JsonOpt, _fail, _print_json, err, out
+
+    gpus_opt = typer.Option("all", "--gpus", help="GPUs to serve: all, 0,1 or 0-3")
+    cpu_opt = typer.Option(0, "--cpu-slots", help="worker processes for the cpu class")
+    sim_opt = typer.Option(None, "--simulate-gpus", help="pretend GPUs, e.g. 2x24,1x80 (no GPU needed)")
+    spill_opt = typer.Option(True, "--spill/--no-spill", help="also take smaller GPU classes")
+    group_opt = typer.Option(1, "--group", help="GPUs per worker process, for multi-GPU jobs")
+    host_opt = typer.Option(None, "--hostname", help="node-name suffix (default: this host's name)")
+
+    @app.command()
+    def worker(gpus: str = gpus_opt, cpu_slots: int = cpu_opt, simulate_gpus: Optional[str] = sim_opt,
+               spill: bool = spill_opt, group: int = group_opt, hostname: Optional[str] = host_opt,
+               home: Optional[Path] = HomeOpt, loglevel: str = typer.Option("INFO", "--loglevel")) -> None:
+        """One pinned Celery worker per GPU (or group, or CPU slot); SIGTERM drains them."""
+        from e31_worker.gpus import discover, parse_simulated, select
+        from e31_worker.launcher import Launcher, default_host, plan_slots
+        _logging(loglevel)
+        settings = _settings(home=home)
+        if not settings.redis_url:
+            _fail("E31_REDIS_URL is not set: a worker needs the shared Redis", EXIT_INPUT)
+        try:
+            found = parse_simulated(simulate_gpus) if simulate_gpus else discover()
+            chosen = select(found, gpus) if found else []
+            slots = plan_slots(chosen, cpu_slots=cpu_slots, spill=spill, group=group,
+                               classes=settings.size_classes, host=hostname or default_host())
+        except E31Error as exc:
+            _fail(exc.message, EXIT_INPUT)
+        raise typer.Exit(Launcher(settings=settings, slots=slots, loglevel=loglevel).run())
+
+    @app.command()
+    def api(host: Optional[str] = typer.Option(None, "--host", help="[env E31_API_HOST]"),
+            port: Optional[int] = typer.Option(None, "--port", help="[env E31_API_PORT]"),
+            home: Optional[Path] = HomeOpt) -> None:
+        """Serve the HTTP API (OpenAPI at /docs)."""
+        import uvicorn
+
+        from e31.api import create_app
+        _logging("INFO")
+        settings = _settings(home=home, api_host=host, api_port=port)
+        if not settings.redis_url:
+            _fail("E31_REDIS_URL is not set: the API wakes the scheduler through Redis", EXIT_INPUT)
+        uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port,
+                    log_level="warning")
+
+    @app.command()
+    def scheduler(home: Optional[Path] = HomeOpt) -> None:
+        """Publish queued jobs into their class queues (one leader; a second one waits)."""
+        import redis
+
+        from e31.celeryapp import make_celery
+        from e31.scheduler import Scheduler
+        from e31.store import Repo, make_engine
+        _logging("INFO")
+        settings = _settings(home=home)
+        if not settings.redis_url:
+            _fail("E31_REDIS_URL is not set", EXIT_INPUT)
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        Scheduler(settings=settings, repo=Repo(make_engine(settings.resolved_database_url)),
+                  redis_client=redis.Redis.from_url(settings.redis_url),
+                  celery=make_celery(settings)).run(stop)
+
+    @app.command()
+    def flower(home: Optional[Path] = HomeOpt) -> None:
+        """Flower on the same broker and settings, with basic auth, on a private address."""
+        from e31.celeryapp import make_celery
+        from e31.profile import read_profile
+        settings = _settings(home=home)
+        password = settings.flower_password or read_profile(settings.home).get("flower_password")
+        if not settings.redis_url or not password:
+            _fail("Flower needs E31_REDIS_URL and E31_FLOWER_PASSWORD", EXIT_INPUT)
+        make_celery(settings).start(["flower", f"--address={settings.flower_host}",
+                                     f"--port={settings.flower_port}",
+                                     f"--basic-auth={settings.flower_user}:{password}",
+                                     "--persistent=False", "--purge_offline_workers=60"])
+
+    @db_app.command("upgrade")
+    def db_upgrade(home: Optional[Path] = HomeOpt) -> None:
+        """Create or migrate the store's schema to the newest revision."""
+        from e31.store import make_engine
+        from e31.store.migrate import upgrade
+        settings = _settings(home=home)
+        upgrade(make_engine(settings.resolved_database_url))
+        out.print(f"store at newest revision: {_redact(settings.resolved_database_url)}")
+
+    @tenant_app.command("create")
+    def tenant_create(name: str, admin: bool = typer.Option(False, "--admin", help="may read every tenant's usage"),
+                      home: Optional[Path] = HomeOpt, as_json: bool = JsonOpt) -> None:
+        """Create a tenant; its token is printed once (only its hash is stored)."""
+        from e31.clock import utcnow
+        from e31.store import Repo, make_engine
+        from e31.store.migrate import upgrade
+        settings = _settings(home=home)
+        engine = make_engine(settings.resolved_database_url)
+        upgrade(engine)
+        try:
+            tenant, token = Repo(engine).create_tenant(name, admin=admin, now=utcnow())
+        except Conflict as exc:
+            _fail(exc.message, EXIT_INPUT)
+        if as_json:
+            _print_json({"tenant": tenant.name, "token": token})
+        else:
+            out.print(f"tenant {tenant.name} created; its token (shown once):\n{token}")
+
+    @app.command()
+    def up(gpus: str = gpus_opt, cpu_slots: Optional[int] = typer.Option(None, "--cpu-slots",
+           help="cpu-class workers (default: 1, or 2 without GPUs)"),
+           simulate_gpus: Optional[str] = sim_opt, spill: bool = spill_opt, group: int = group_opt,
+           home: Optional[Path] = HomeOpt, port: Optional[int] = typer.Option(None, "--port", help="API port [env E31_API_PORT]"),
+           flower_port: Optional[int] = typer.Option(None, "--flower-port"),
+           no_flower: bool = typer.Option(False, "--no-flower"),
+           detach: bool = typer.Option(False, "--detach", "-d", help="return once ready; `e31 down` stops it")) -> None:
+        """Start the whole stack on this machine: Redis, store, API, scheduler, workers, Flower."""
+        from e31.local import LocalStack
+        settings = _settings(home=home, api_port=port, flower_port=flower_port)
+        if detach:
+            _detach(settings.home, err, out)
+            return
+        from e31_worker.gpus import discover
+        real = [] if simulate_gpus else discover()
+        slots = cpu_slots if cpu_slots is not None else (1 if (real or simulate_gpus) else 2)
+        if not real and not simulate_gpus:
+            err.print("no GPU found: serving the cpu class only (add --simulate-gpus 1x24 to try GPU routing)")
+        stack = LocalStack(settings=settings, flower=not no_flower,
+                           worker_args=_worker_argv(gpus, slots, simulate_gpus, spill, group, None))
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stack.request_stop())
+        try:
+            profile = stack.start()
+            flower_line = (f"Flower {profile['flower_url']} (user {profile['flower_user']}, "
+                           f"password in {settings.profile_path})") if not no_flower else "Flower off"
+            print(f"E31 Batch is ready: API {profile['url']}, {flower_line}. "
+                  f"Ctrl-C or `e31 down` stops it.")
+            sys.stdout.flush()
+            stack.supervise()
+        except E31Error as exc:
+            err.print(f"error: {exc.message}")
+            stack.stop()
+            raise typer.Exit(EXIT_INPUT if isinstance(exc, ConfigError) else 3)
+        stack.stop()
+        out.print("E31 Batch stopped.")
+
+    @app.command()
+    def down(home: Optional[Path] = HomeOpt) -> None:
+        """Stop the stack `e31 up` started from this home (running jobs are drained)."""
+        from e31.local import stop_stack
+        settings = _settings(home=home)
+        if stop_stack(settings.home):
+            out.print("E31 Batch stopped.")
+        else:
+            out.print(f"no running stack in {settings.home}")
+
+
+def _detach(home: Path, err: Any, out: Any) -> None:
+    """Run `e31 up` (without -d) in the background and return when it is ready."""
+    argv = [a for a in sys.argv[1:] if a not in ("-d", "--detach")]
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "logs").mkdir(exist_ok=True)
+    log_path = home / "logs" / "up.log"
+    state = home / "stack.json"
+    state.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "e31.cli", *argv], env=dict(os.environ, E31_HOME=str(home)),
+                            stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + DETACH_READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err.print(f"error: e31 up exited with code {proc.returncode}; see {log_path}")
+            raise typer.Exit(proc.returncode or 3)
+        try:
+            if json.loads(state.read_text()).get("ready"):
+                lines = log_path.read_text().strip().splitlines()
+                print(next((line for line in reversed(lines) if "is ready" in line),
+                           "E31 Batch is ready."))
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.3)
+    err.print(f"error: the stack was not ready in {DETACH_READY_TIMEOUT_S:g} s; see {log_path}")
+    raise typer.Exit(3)
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+    return make_url(url).render_as_string(hide_password=True)

@@ -1,0 +1,9 @@
+"""Time in one place, so tests can hold it still."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)

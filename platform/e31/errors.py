@@ -1,0 +1,89 @@
+"""The one error hierarchy of E31 Batch.
+
+Every error has a one-line "Raised when…" docstring, which is also its default message.
+The API maps these classes to HTTP status codes in one place (`e31.api.errors`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class E31Error(Exception):
+    """Raised when E31 Batch cannot do what was asked."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ConfigError(E31Error):
+    """Raised when a setting or the configuration file is invalid."""
+
+
+class SpecError(E31Error):
+    """Raised when a job spec is invalid."""
+
+    def __init__(self, errors: list[dict[str, str]]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{e['field']}: {e['reason']}" for e in errors))
+
+    @classmethod
+    def one(cls, field: str, reason: str) -> "SpecError":
+        return cls([{"field": field, "reason": reason}])
+
+
+class StoreError(E31Error):
+    """Raised when the results store fails."""
+
+
+class StoreUnavailable(StoreError):
+    """Raised when the results store cannot be reached."""
+
+
+class NotFound(StoreError):
+    """Raised when a job, tenant or output does not exist for the caller."""
+
+
+class Conflict(StoreError):
+    """Raised when a change conflicts with the current state (a finished job, a taken name)."""
+
+
+class AuthError(E31Error):
+    """Raised when a request carries no valid API token."""
+
+
+class SchedulingError(E31Error):
+    """Raised when the scheduler cannot publish a job."""
+
+
+class ExecutionError(E31Error):
+    """Raised when a worker cannot run a job's attempt."""
+
+
+class ClientError(E31Error):
+    """Raised when the API answers a client request with an error."""
+
+    def __init__(self, message: str | None = None, *, status_code: int = 0,
+                 body: Any = None) -> None:
+        self.status_code = status_code
+        self.body = body
+        super().__init__(message)
+
+
+class JobFailed(ClientError):
+    """Raised when a waited-for job ended without succeeding."""
+
+    def __init__(self, status: dict[str, Any]) -> None:
+        self.status = status
+        self.reason: str = status.get("reason") or status.get("state") or "failed"
+        detail = status.get("error") or ""
+        msg = f"job {status.get('id')} {status.get('state')}: {self.reason}"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class JobTimeout(ClientError):
+    """Raised when waiting for a job took longer than the caller's timeout."""

@@ -1,0 +1,214 @@
+"""`e31 up` / `e31 down`: the whole stack on one machine, on embedded defaults.
+
+Redis (E31_REDIS_URL, else a private redis-server), SQLite under E31_HOME, the API, the
+scheduler, the workers and Flower, as child processes of `e31 up`, which stops them all on
+Ctrl-C, SIGTERM or `e31 down`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+from e31 import keys
+from e31.clock import utcnow
+from e31.errors import ConfigError, Conflict
+from e31.profile import read_profile, write_profile
+from e31.redisserver import start_redis
+from e31.settings import Settings
+from e31.store import Repo, make_engine
+from e31.store.migrate import upgrade
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 90.0        # API answering and every worker beating
+STOP_TIMEOUT_S = 30.0         # per process, after SIGTERM (workers get kill_grace_s more)
+DEFAULT_TENANT = "default"
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+
+
+@dataclass
+class LocalStack:
+    settings: Settings
+    worker_args: list[str]
+    flower: bool = True
+    children: list[Child] = field(default_factory=list)
+    _redis_proc: subprocess.Popen[bytes] | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def state_path(self) -> Path:
+        return self.settings.home / "stack.json"
+
+    def start(self) -> dict[str, str]:
+        """Start everything; returns the profile (url, token, flower address)."""
+        home = self.settings.home
+        (home / "logs").mkdir(parents=True, exist_ok=True)
+        _refuse_second_stack(self.state_path)
+        redis_url = self.settings.redis_url
+        if not redis_url:
+            self._redis_proc, redis_url = start_redis(home / "redis", log_path=home / "logs" / "redis.log")
+        engine = make_engine(self.settings.resolved_database_url)
+        upgrade(engine)
+        profile = _ensure_profile(self.settings, Repo(engine), redis_url)
+        env = dict(os.environ, E31_HOME=str(home), E31_REDIS_URL=redis_url,
+                   E31_DATABASE_URL=self.settings.resolved_database_url,
+                   E31_ARTIFACTS_URL=self.settings.resolved_artifacts_url,
+                   E31_API_PORT=str(self.settings.api_port), E31_API_HOST=self.settings.api_host,
+                   E31_FLOWER_HOST=self.settings.flower_host,
+                   E31_FLOWER_PORT=str(self.settings.flower_port),
+                   E31_FLOWER_USER=self.settings.flower_user,
+                   E31_FLOWER_PASSWORD=profile["flower_password"])
+        me = [sys.executable, "-m", "e31.cli"]
+        self.children = [Child("api", me + ["api"]), Child("scheduler", me + ["scheduler"]),
+                         Child("worker", me + ["worker", *self.worker_args])]
+        if self.flower:
+            self.children.append(Child("flower", me + ["flower"]))
+        for child in self.children:
+            self._spawn(child, env)
+        self._write_state(ready=False, profile=profile)
+        self._wait_ready(profile["url"], redis_url)
+        self._write_state(ready=True, profile=profile)
+        self._env = env
+        return profile
+
+    def _spawn(self, child: Child, env: dict[str, str]) -> None:
+        out = open(self.settings.home / "logs" / f"{child.name}.log", "ab")
+        child.proc = subprocess.Popen(child.argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL)
+
+    def _wait_ready(self, url: str, redis_url: str) -> None:
+        r = redis.Redis.from_url(redis_url)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for child in self.children:
+                if child.proc and child.proc.poll() is not None:
+                    raise ConfigError(f"{child.name} exited with code {child.proc.returncode}; see "
+                                      f"{self.settings.home / 'logs' / (child.name + '.log')}")
+            try:
+                api_ok = httpx.get(f"{url}/v1/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                api_ok = False
+            if api_ok and any(True for _ in r.scan_iter(match=keys.worker_pattern())):
+                return
+            time.sleep(0.2)
+        raise ConfigError(f"the stack was not ready within {READY_TIMEOUT_S:g} s; "
+                          f"see the logs in {self.settings.home / 'logs'}")
+
+    def _write_state(self, *, ready: bool, profile: dict[str, str]) -> None:
+        state = {"pid": os.getpid(), "ready": ready, "url": profile["url"],
+                 "flower": profile.get("flower_url"),
+                 "children": {c.name: c.proc.pid for c in self.children if c.proc}}
+        if self._redis_proc:
+            state["children"]["redis"] = self._redis_proc.pid
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, self.state_path)
+
+    def supervise(self) -> None:
+        """Until asked to stop: restart a child that died (the API, the scheduler, Flower)."""
+        while not self._stop.wait(1.0):
+            for child in self.children:
+                if child.proc and child.proc.poll() is not None:
+                    log.warning("%s exited with code %s; restarting", child.name, child.proc.returncode)
+                    child.restarts += 1
+                    self._spawn(child, self._env)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop(self) -> None:
+        """Workers first (they drain running jobs), then Flower, scheduler, API, Redis."""
+        order = ["worker", "flower", "scheduler", "api"]
+        for name in order:
+            for child in self.children:
+                if child.name == name and child.proc and child.proc.poll() is None:
+                    child.proc.send_signal(signal.SIGTERM)
+                    extra = self.settings.kill_grace_s + 15 if name == "worker" else 0
+                    _wait_or_kill(child.proc, STOP_TIMEOUT_S + extra)
+        if self._redis_proc is not None:
+            self._redis_proc.terminate()
+            _wait_or_kill(self._redis_proc, STOP_TIMEOUT_S)
+        self.state_path.unlink(missing_ok=True)
+
+
+def _wait_or_kill(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _refuse_second_stack(state_path: Path) -> None:
+    try:
+        pid = int(json.loads(state_path.read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return
+    if _alive(pid):
+        raise ConfigError(f"a stack is already running from this home (pid {pid}); "
+                          f"`e31 down` stops it, or pass --home for another")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _ensure_profile(settings: Settings, repo: Repo, redis_url: str) -> dict[str, str]:
+    """The local profile: API address, a token of the `default` tenant, Flower's login."""
+    old = read_profile(settings.home)
+    token = old.get("token")
+    if not token or repo.tenant_for_token(token) is None:
+        try:
+            _, token = repo.create_tenant(DEFAULT_TENANT, admin=True, now=utcnow())
+        except Conflict:
+            token = repo.create_token(DEFAULT_TENANT, now=utcnow())
+    password = settings.flower_password or old.get("flower_password") or secrets.token_urlsafe(12)
+    profile = {"url": f"http://{settings.api_host}:{settings.api_port}", "token": token,
+               "tenant": old.get("tenant", DEFAULT_TENANT), "redis_url": redis_url,
+               "flower_url": f"http://{settings.flower_host}:{settings.flower_port}",
+               "flower_user": settings.flower_user, "flower_password": password}
+    write_profile(settings.home, profile)
+    return profile
+
+
+def stop_stack(home: Path, *, timeout_s: float = 120.0) -> bool:
+    """`e31 down`: ask the `e31 up` of `home` to stop and wait for it; False if none ran."""
+    state_path = home / "stack.json"
+    try:
+        pid = int(json.loads(state_path.read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return False
+    if not _alive(pid):
+        state_path.unlink(missing_ok=True)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not _alive(pid)

@@ -1,0 +1,96 @@
+"""The size-class table and `route(spec) -> Route`: which queue a job waits in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from e31.errors import SpecError
+from e31.settings import SizeClass
+from e31.spec import JobSpec
+
+QUEUE_PREFIX = "e31."
+# A GPU's reported memory (GiB, from NVML) is a little under its marketed size (GB):
+# an "80 GB" card reports 80 GiB, a "24 GB" card 23.99 GiB, an H200 140.4 GiB.
+GPU_MEM_TOLERANCE = 1.05
+
+
+@dataclass(frozen=True)
+class Route:
+    size_class: str
+    queue: str
+    gpus: int
+
+
+def queue_name(size_class: str, gpus: int = 1) -> str:
+    """`e31.<class>` for one GPU (or cpu), `e31.<class>.x<N>` for an N-GPU group."""
+    return f"{QUEUE_PREFIX}{size_class}" + (f".x{gpus}" if gpus > 1 else "")
+
+
+def gpu_classes(classes: Sequence[SizeClass]) -> list[SizeClass]:
+    return sorted((c for c in classes if c.gpu_mem_gb > 0), key=lambda c: c.gpu_mem_gb)
+
+
+def cpu_class(classes: Sequence[SizeClass]) -> SizeClass | None:
+    return next((c for c in classes if c.gpu_mem_gb == 0), None)
+
+
+def route(spec: JobSpec, classes: Sequence[SizeClass]) -> Route:
+    """The smallest class that fits the spec, or the class it names; `SpecError` if none."""
+    res = spec.resources
+    by_name = {c.name: c for c in classes}
+    if res.size_class is not None:
+        chosen = by_name.get(res.size_class)
+        if chosen is None:
+            raise SpecError.one("resources.size_class",
+                                f"unknown size class {res.size_class!r}; known: {', '.join(by_name)}")
+        if chosen.gpu_mem_gb == 0 and res.gpus > 0:
+            raise SpecError.one("resources.gpus", f"size class {chosen.name} has no GPUs; use gpus: 0")
+        if chosen.gpu_mem_gb > 0 and res.gpus == 0:
+            raise SpecError.one("resources.gpus", f"size class {chosen.name} needs gpus >= 1")
+        if res.gpu_mem_gb is not None and res.gpu_mem_gb > chosen.gpu_mem_gb:
+            raise SpecError.one("resources.gpu_mem_gb",
+                                f"{res.gpu_mem_gb:g} GB does not fit size class {chosen.name} "
+                                f"({chosen.gpu_mem_gb} GB)")
+        return Route(chosen.name, queue_name(chosen.name, res.gpus), res.gpus)
+    if res.gpus == 0:
+        cpu = cpu_class(classes)
+        if cpu is None:
+            raise SpecError.one("resources.gpus", "this pool has no cpu class; ask for gpus >= 1")
+        return Route(cpu.name, queue_name(cpu.name), 0)
+    need = res.gpu_mem_gb or 0
+    for c in gpu_classes(classes):
+        if c.gpu_mem_gb >= need:
+            return Route(c.name, queue_name(c.name, res.gpus), res.gpus)
+    biggest = max(c.gpu_mem_gb for c in classes)
+    raise SpecError.one("resources.gpu_mem_gb",
+                        f"{need:g} GB is more than any size class offers (largest: {biggest} GB)")
+
+
+def class_for_gpu(mem_gb: float, classes: Sequence[SizeClass]) -> SizeClass:
+    """The largest class a GPU with `mem_gb` of memory can serve."""
+    fitting = [c for c in gpu_classes(classes) if c.gpu_mem_gb <= mem_gb * GPU_MEM_TOLERANCE]
+    if not fitting:
+        smallest = gpu_classes(classes)[0]
+        raise SpecError.one("gpus", f"a {mem_gb:g} GB GPU is smaller than the smallest class "
+                                    f"{smallest.name} ({smallest.gpu_mem_gb} GB)")
+    return fitting[-1]
+
+
+def spill_queues(own: SizeClass, gpus: int, classes: Sequence[SizeClass]) -> list[str]:
+    """Queues a worker of class `own` consumes with --spill: its own first, then smaller GPU classes.
+
+    The cpu class is never spilled onto a GPU: a CPU job would hold a GPU it does not use.
+    """
+    smaller = [c for c in gpu_classes(classes) if c.gpu_mem_gb < own.gpu_mem_gb]
+    return [queue_name(own.name, gpus)] + [queue_name(c.name, gpus) for c in reversed(smaller)]
+
+
+def redis_priority(size_class: str, classes: Sequence[SizeClass]) -> int:
+    """Kombu Redis priority for a class: the biggest class 0 (popped first), smaller ones after.
+
+    A worker that spills pops its own class before the smaller ones (ARCHITECTURE §4).
+    """
+    ordered = sorted(classes, key=lambda c: -c.gpu_mem_gb)
+    names = [c.name for c in ordered]
+    return min(names.index(size_class), 9) if size_class in names else 9

@@ -1,0 +1,178 @@
+"""`JobSpec` and its parts: the job description and its validation.
+
+`JobSpec.parse` is the one door for untrusted input (API body, spec file, CLI flags): it
+returns a valid spec or raises `SpecError` whose entries name the field and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from e31.errors import SpecError
+
+MAX_GPUS_PER_JOB = 8          # one node's worth; multi-node jobs are out of scope
+MAX_TIMEOUT_S = 14 * 86400    # two weeks: longer runs should checkpoint and resubmit
+DEFAULT_TIMEOUT_S = 86400     # one day, like a typical SLURM partition default
+MAX_PARAMS_BYTES = 1024 * 1024  # params travel through the store; data belongs in files
+
+_ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(_Strict):
+    """What a job needs: GPUs and their memory, or a size class by name."""
+
+    gpus: int = Field(default=1, ge=0, le=MAX_GPUS_PER_JOB,
+                      description="GPUs on one node; 0 means the cpu class")
+    gpu_mem_gb: float | None = Field(default=None, gt=0,
+                                     description="memory per GPU; picks the smallest class that fits")
+    size_class: str | None = Field(default=None, description="a size class by name, instead of gpu_mem_gb")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Resources":
+        if self.gpus == 0 and self.gpu_mem_gb is not None:
+            raise ValueError("gpu_mem_gb needs gpus >= 1")
+        return self
+
+
+class RetryPolicy(_Strict):
+    """How often a failed attempt is retried, with exponential back-off."""
+
+    max: int = Field(default=0, ge=0, le=100, description="retries after the first attempt")
+    backoff_s: float = Field(default=10.0, ge=0, le=86400)
+    backoff_max_s: float = Field(default=600.0, ge=0, le=7 * 86400)
+
+    def delay_s(self, attempt: int) -> float:
+        """Back-off before the attempt after `attempt` (1-based): backoff_s × 2^(attempt-1), capped."""
+        return min(self.backoff_max_s, self.backoff_s * (2 ** max(0, attempt - 1)))
+
+
+class JobSpec(_Strict):
+    """A job as submitted: what to run, with what, for how long, how often."""
+
+    name: str | None = Field(default=None, max_length=200)
+    entrypoint: str | None = Field(default=None, description="module:function, called as fn(ctx, **params)")
+    command: list[str] | None = Field(default=None, description="argv of a command job")
+    params: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the job")
+    resources: Resources = Resources()
+    timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S,
+                             description="wall-clock limit per attempt")
+    retries: RetryPolicy = RetryPolicy()
+    priority: int = Field(default=5, ge=0, le=9, description="0..9, higher first")
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_form(cls, v: str | None) -> str | None:
+        if v is not None and not _ENTRYPOINT.match(v):
+            raise ValueError("must look like 'package.module:function'")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command_form(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (not v or not v[0]):
+            raise ValueError("must be a non-empty argv list")
+        return v
+
+    @field_validator("params")
+    @classmethod
+    def _params_json(cls, v: dict[str, Any]) -> dict[str, Any]:
+        try:
+            text = json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"must be JSON: {exc}") from exc
+        if len(text) > MAX_PARAMS_BYTES:
+            raise ValueError(f"larger than {MAX_PARAMS_BYTES} bytes; pass data as a file path")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if key.startswith("E31_") or key == "CUDA_VISIBLE_DEVICES":
+                raise ValueError(f"{key} is set by the worker and cannot be overridden")
+        return v
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "JobSpec":
+        if (self.entrypoint is None) == (self.command is None):
+            raise ValueError("give exactly one of entrypoint or command")
+        if self.command is not None and self.params:
+            raise ValueError("params go with an entrypoint; a command job takes its argv")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "entrypoint" if self.entrypoint else "command"
+
+    @property
+    def display_name(self) -> str:
+        if self.name:
+            return self.name
+        if self.entrypoint:
+            return self.entrypoint.rsplit(":", 1)[1]
+        return Path((self.command or ["job"])[0]).name
+
+    @classmethod
+    def parse(cls, data: Any) -> "JobSpec":
+        """Validate untrusted input; raise `SpecError` naming each bad field and why."""
+        if not isinstance(data, Mapping):
+            raise SpecError.one("spec", "must be a mapping of fields")
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            raise SpecError([describe_error(e) for e in exc.errors()]) from exc
+
+
+def describe_error(error: Any) -> dict[str, str]:
+    loc = [str(p) for p in error.get("loc", ())]
+    field = ".".join(loc) or "spec"
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        reason = "unknown field"
+    elif kind == "missing":
+        reason = "required"
+    else:
+        reason = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    if not loc and "entrypoint or command" in reason:
+        field = "entrypoint"
+    elif not loc and "params go with" in reason:
+        field = "params"
+    return {"field": field, "reason": reason}
+
+
+def load_spec_file(path: str | Path) -> dict[str, Any]:
+    """Read a spec file (JSON or YAML) into a mapping; `JobSpec.parse` validates it."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SpecError.one("spec", f"cannot read {p}: {exc.strerror}") from exc
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise SpecError.one("spec", f"{p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
+                                    f"{str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict):
+        raise SpecError.one("spec", f"{p} must hold a mapping of fields")
+    return data
+
+
+def is_finite_json(value: Any) -> bool:
+    """Whether `value` is JSON (no NaN/Infinity, only JSON types)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return not (isinstance(value, float) and not math.isfinite(value))

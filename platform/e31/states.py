@@ -1,0 +1,58 @@
+"""Job states and the only table of allowed transitions."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_STATES
+
+
+FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+# queued -> running happens only through the atomic claim; running -> queued is a retry
+# (or, later, a lost lease / drain); cancel is allowed from both live states.
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED}
+    ),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+def can_transition(src: JobState, dst: JobState) -> bool:
+    """Whether a job may move from `src` to `dst`."""
+    return dst in TRANSITIONS[src]
+
+
+class AttemptReason(str, Enum):
+    """Why an attempt ended."""
+
+    SUCCEEDED = "succeeded"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+    DRAINED = "drained"
+
+    @property
+    def is_retryable(self) -> bool:
+        return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT, AttemptReason.LOST,
+                        AttemptReason.DRAINED}
+
+    @property
+    def counts_against_retries(self) -> bool:
+        """Infrastructure failures (a lost worker, a drain) are not the user's failures."""
+        return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT}

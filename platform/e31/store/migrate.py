@@ -1,0 +1,23 @@
+"""`upgrade(engine)`: bring the store's schema to the newest Alembic revision."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def alembic_config(engine: Engine) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["engine"] = engine
+    return cfg
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Apply every migration up to `revision`; safe to run again and from several processes."""
+    command.upgrade(alembic_config(engine), revision)

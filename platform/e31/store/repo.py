@@ -1,0 +1,372 @@
+"""`Repo`: every query of E31 Batch, including the atomic claim and the fenced outcome write.
+
+Reads and writes are short transactions. On SQLite a write transaction starts with
+`BEGIN IMMEDIATE` (see `db.py`), so concurrent writers wait instead of failing.
+Every job query a tenant can reach is scoped by `tenant_id`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from collections import defaultdict
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any, Iterator, Sequence
+
+from sqlalchemy import Engine, func, or_, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session
+
+from e31.errors import Conflict, NotFound, StoreUnavailable
+from e31.sizeclasses import Route
+from e31.spec import JobSpec, RetryPolicy
+from e31.states import AttemptReason, JobState
+from e31.store.db import WRITE_OPTION
+from e31.store.models import ApiKey, Attempt, Job, Tenant
+from e31.store.records import (AttemptRecord, Candidate, Claim, JobRecord, Outcome,
+                               TenantRecord, UsageRow)
+
+TOKEN_PREFIX = "e31_"
+COUNTED_REASONS = [r.value for r in AttemptReason if r.counts_against_retries]
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_job_id() -> str:
+    return "j-" + uuid.uuid4().hex[:20]
+
+
+class Repo:
+    """All database access, over one engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @contextmanager
+    def _session(self, *, write: bool = False) -> Iterator[Session]:
+        try:
+            with Session(self._engine, expire_on_commit=False) as s, s.begin():
+                s.connection(execution_options={WRITE_OPTION: write})
+                yield s
+        except OperationalError as exc:
+            raise StoreUnavailable(f"results store unavailable: {exc.orig}") from exc
+
+    # -- tenants and tokens -------------------------------------------------------------
+
+    def create_tenant(self, name: str, *, admin: bool = False, now: datetime) -> tuple[TenantRecord, str]:
+        """Create a tenant and its first token; the token is returned once, only its hash kept."""
+        tenant = Tenant(id="t-" + uuid.uuid4().hex[:12], name=name, admin=admin, weight=1.0,
+                        created_at=now)
+        try:
+            with self._session(write=True) as s:
+                s.add(tenant)
+                s.flush()
+                token = self._add_key(s, tenant.id, now)
+        except IntegrityError as exc:
+            raise Conflict(f"tenant {name!r} exists already") from exc
+        return _tenant(tenant), token
+
+    def create_token(self, tenant_name: str, *, now: datetime) -> str:
+        """A new token for an existing tenant."""
+        with self._session(write=True) as s:
+            tenant = s.scalar(select(Tenant).where(Tenant.name == tenant_name))
+            if tenant is None:
+                raise NotFound(f"no tenant named {tenant_name!r}")
+            return self._add_key(s, tenant.id, now)
+
+    @staticmethod
+    def _add_key(s: Session, tenant_id: str, now: datetime) -> str:
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        s.add(ApiKey(id="k-" + uuid.uuid4().hex[:12], tenant_id=tenant_id,
+                     token_hash=hash_token(token), created_at=now))
+        return token
+
+    def tenant_for_token(self, token: str) -> TenantRecord | None:
+        with self._session() as s:
+            row = s.scalar(select(Tenant).join(ApiKey, ApiKey.tenant_id == Tenant.id).where(
+                ApiKey.token_hash == hash_token(token), ApiKey.revoked_at.is_(None)))
+            return _tenant(row) if row else None
+
+    def list_tenants(self) -> list[TenantRecord]:
+        with self._session() as s:
+            return [_tenant(t) for t in s.scalars(select(Tenant).order_by(Tenant.name))]
+
+    # -- submit, read, cancel -------------------------------------------------------------
+
+    def insert_job(self, tenant_id: str, spec: JobSpec, route: Route, *, now: datetime) -> JobRecord:
+        job = Job(id=new_job_id(), tenant_id=tenant_id, name=spec.display_name,
+                  spec=spec.model_dump(mode="json"), size_class=route.size_class, queue=route.queue,
+                  gpus=route.gpus, priority=spec.priority, state=JobState.QUEUED.value,
+                  submitted_at=now, queued_since=now, dispatch_count=0, attempts_used=0,
+                  lease_token=0, cancel_requested=False, gpu_seconds=0.0, run_seconds=0.0,
+                  queued_seconds=0.0)
+        with self._session(write=True) as s:
+            s.add(job)
+            s.flush()
+            return self._record(s, job)
+
+    def get_job(self, tenant_id: str | None, job_id: str) -> JobRecord:
+        """A job of the tenant (any tenant when `tenant_id` is None: workers, operators)."""
+        with self._session() as s:
+            job = self._job(s, tenant_id, job_id)
+            return self._record(s, job, with_attempts=True)
+
+    def list_jobs(self, tenant_id: str, *, state: str | None = None, limit: int = 100) -> list[JobRecord]:
+        with self._session() as s:
+            q = select(Job).where(Job.tenant_id == tenant_id)
+            if state:
+                q = q.where(Job.state == state)
+            jobs = s.scalars(q.order_by(Job.submitted_at.desc()).limit(limit)).all()
+            names = self._tenant_names(s)
+            return [_job_record(j, names[j.tenant_id]) for j in jobs]
+
+    def request_cancel(self, tenant_id: str, job_id: str, *, now: datetime) -> JobRecord:
+        """Cancel a queued job at once; ask a running job's worker to kill it. Final jobs stay."""
+        with self._session(write=True) as s:
+            job = self._job(s, tenant_id, job_id)
+            if job.state == JobState.QUEUED.value:
+                job.state = JobState.CANCELLED.value
+                job.reason = AttemptReason.CANCELLED.value
+                job.ended_at = now
+                job.queued_seconds += _seconds(job.queued_since, now)
+                job.queued_since = None
+            elif job.state == JobState.RUNNING.value:
+                job.cancel_requested = True
+            s.flush()
+            return self._record(s, job, with_attempts=True)
+
+    # -- scheduler -----------------------------------------------------------------------
+
+    def dispatch_candidates(self, queue: str, *, now: datetime, limit: int) -> list[Candidate]:
+        """Queued, unpublished, runnable jobs of one queue in priority then submission order."""
+        with self._session() as s:
+            rows = s.execute(
+                select(Job.id, Tenant.name, Job.name, Job.queue, Job.size_class, Job.priority,
+                       Job.submitted_at)
+                .join(Tenant, Tenant.id == Job.tenant_id)
+                .where(Job.state == JobState.QUEUED.value, Job.queue == queue,
+                       Job.dispatched_at.is_(None),
+                       or_(Job.not_before.is_(None), Job.not_before <= now))
+                .order_by(Job.priority.desc(), Job.submitted_at, Job.id).limit(limit)).all()
+            return [Candidate(*r) for r in rows]
+
+    def queues_with_work(self, *, now: datetime) -> set[str]:
+        with self._session() as s:
+            return set(s.scalars(select(Job.queue).distinct().where(
+                Job.state == JobState.QUEUED.value, Job.dispatched_at.is_(None),
+                or_(Job.not_before.is_(None), Job.not_before <= now))))
+
+    def outstanding_by_queue(self) -> dict[str, int]:
+        """Published but not yet claimed jobs per queue: capacity already promised."""
+        with self._session() as s:
+            rows = s.execute(select(Job.queue, func.count()).where(
+                Job.state == JobState.QUEUED.value, Job.dispatched_at.is_not(None))
+                .group_by(Job.queue)).all()
+            return {q: n for q, n in rows}
+
+    def busy_workers(self) -> set[str]:
+        with self._session() as s:
+            return set(s.scalars(select(Job.lease_owner).where(
+                Job.state == JobState.RUNNING.value, Job.lease_owner.is_not(None))))
+
+    def mark_dispatched(self, job_ids: Sequence[str], *, now: datetime) -> list[str]:
+        """Mark jobs published; returns those still queued and unpublished (the ones to send)."""
+        if not job_ids:
+            return []
+        with self._session(write=True) as s:
+            rows = s.scalars(update(Job).where(
+                Job.id.in_(job_ids), Job.state == JobState.QUEUED.value, Job.dispatched_at.is_(None))
+                .values(dispatched_at=now, dispatch_count=Job.dispatch_count + 1)
+                .returning(Job.id)).all()
+            return list(rows)
+
+    def expire_dispatches(self, *, now: datetime, timeout_s: float) -> int:
+        """Forget publications never claimed within `timeout_s`, so they are published again."""
+        with self._session(write=True) as s:
+            res = s.execute(update(Job).where(
+                Job.state == JobState.QUEUED.value,
+                Job.dispatched_at < now - timedelta(seconds=timeout_s)).values(dispatched_at=None))
+            return int(res.rowcount or 0)  # type: ignore[attr-defined]
+
+    # -- worker: claim, renew, record ------------------------------------------------------
+
+    def claim(self, job_id: str, *, worker: str, gpus: str, gpu_count: int, now: datetime,
+              lease_ttl_s: float) -> Claim | None:
+        """Atomically move a runnable queued job to running; None if it is not claimable."""
+        with self._session(write=True) as s:
+            row = s.execute(update(Job).where(
+                Job.id == job_id, Job.state == JobState.QUEUED.value,
+                Job.cancel_requested.is_(False),
+                or_(Job.not_before.is_(None), Job.not_before <= now))
+                .values(state=JobState.RUNNING.value, lease_owner=worker,
+                        lease_token=Job.lease_token + 1,
+                        lease_expires_at=now + timedelta(seconds=lease_ttl_s),
+                        attempts_used=Job.attempts_used + 1,
+                        started_at=func.coalesce(Job.started_at, now),
+                        dispatched_at=None, progress_done=None, progress_total=None)
+                .returning(Job.lease_token, Job.attempts_used, Job.queued_since, Job.spec,
+                           Job.tenant_id, Job.gpus)).first()
+            if row is None:
+                return None
+            token, attempt, queued_since, spec, tenant_id, job_gpus = row
+            s.execute(update(Job).where(Job.id == job_id).values(
+                queued_seconds=Job.queued_seconds + _seconds(queued_since, now), queued_since=None))
+            s.add(Attempt(job_id=job_id, n=attempt, worker=worker, gpus=gpus, gpu_count=gpu_count,
+                          started_at=now))
+            return Claim(job_id=job_id, tenant_id=tenant_id, token=token, attempt=attempt,
+                         spec=spec, gpus=job_gpus)
+
+    def renew(self, job_id: str, token: int, *, now: datetime, lease_ttl_s: float,
+              progress: tuple[float, float] | None = None) -> tuple[bool, bool]:
+        """Extend the lease; returns (still ours, cancel requested)."""
+        values: dict[str, Any] = {"lease_expires_at": now + timedelta(seconds=lease_ttl_s)}
+        if progress is not None:
+            values.update(progress_done=progress[0], progress_total=progress[1])
+        with self._session(write=True) as s:
+            row = s.execute(update(Job).where(
+                Job.id == job_id, Job.lease_token == token, Job.state == JobState.RUNNING.value)
+                .values(**values).returning(Job.cancel_requested)).first()
+            return (row is not None, bool(row[0]) if row else False)
+
+    def record_outcome(self, job_id: str, token: int, outcome: Outcome, *,
+                       now: datetime) -> JobState | None:
+        """Write an attempt's outcome if `token` still holds the lease; None when fenced off."""
+        with self._session(write=True) as s:
+            job = s.scalar(select(Job).where(Job.id == job_id).with_for_update())
+            if job is None or job.state != JobState.RUNNING.value or job.lease_token != token:
+                return None
+            attempt = s.scalar(select(Attempt).where(Attempt.job_id == job_id,
+                                                     Attempt.n == job.attempts_used))
+            duration = 0.0
+            if attempt is not None:
+                attempt.ended_at, attempt.reason = now, outcome.reason.value
+                attempt.error, attempt.exit_code = outcome.error, outcome.exit_code
+                duration = _seconds(attempt.started_at, now)
+                job.gpu_seconds += duration * attempt.gpu_count
+            job.run_seconds += duration
+            s.flush()
+            failures = s.scalar(select(func.count()).select_from(Attempt).where(
+                Attempt.job_id == job_id, Attempt.reason.in_(COUNTED_REASONS))) or 0
+            state = _next_state(job, outcome, failures)
+            values = _outcome_values(job, outcome, state, now, failures)
+            res = s.execute(update(Job).where(Job.id == job_id, Job.lease_token == token,
+                                              Job.state == JobState.RUNNING.value).values(**values))
+            if not res.rowcount:  # type: ignore[attr-defined]
+                return None
+            return state
+
+    # -- usage ---------------------------------------------------------------------------
+
+    def usage(self, tenant_id: str | None, *, now: datetime) -> list[UsageRow]:
+        """Per tenant and size class: jobs by state, billed GPU-seconds, run and queued time."""
+        with self._session() as s:
+            q = select(Tenant.name, Job.size_class, Job.state, func.count(),
+                       func.sum(Job.gpu_seconds), func.sum(Job.run_seconds),
+                       func.sum(Job.queued_seconds)).join(Tenant, Tenant.id == Job.tenant_id)
+            waiting = select(Tenant.name, Job.size_class, Job.queued_since).join(
+                Tenant, Tenant.id == Job.tenant_id).where(Job.queued_since.is_not(None))
+            if tenant_id is not None:
+                q, waiting = q.where(Job.tenant_id == tenant_id), waiting.where(Job.tenant_id == tenant_id)
+            acc: dict[tuple[str, str], dict[str, Any]] = defaultdict(
+                lambda: {"jobs": {}, "gpu": 0.0, "run": 0.0, "queued": 0.0})
+            for tenant, cls, state, n, gpu, run, queued in s.execute(
+                    q.group_by(Tenant.name, Job.size_class, Job.state)):
+                a = acc[(tenant, cls)]
+                a["jobs"][state] = int(n)
+                a["gpu"] += gpu or 0.0
+                a["run"] += run or 0.0
+                a["queued"] += queued or 0.0
+            for tenant, cls, since in s.execute(waiting):  # time waiting right now counts too
+                acc[(tenant, cls)]["queued"] += _seconds(since, now)
+            return [UsageRow(t, c, a["jobs"], a["gpu"], a["run"], a["queued"])
+                    for (t, c), a in sorted(acc.items())]
+
+    # -- helpers -------------------------------------------------------------------------
+
+    @staticmethod
+    def _job(s: Session, tenant_id: str | None, job_id: str) -> Job:
+        q = select(Job).where(Job.id == job_id)
+        if tenant_id is not None:
+            q = q.where(Job.tenant_id == tenant_id)
+        job = s.scalar(q)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        return job
+
+    @staticmethod
+    def _tenant_names(s: Session) -> dict[str, str]:
+        return dict(s.execute(select(Tenant.id, Tenant.name)).tuples().all())
+
+    def _record(self, s: Session, job: Job, *, with_attempts: bool = False) -> JobRecord:
+        tenant = s.scalar(select(Tenant.name).where(Tenant.id == job.tenant_id)) or ""
+        attempts: list[AttemptRecord] = []
+        if with_attempts:
+            attempts = [AttemptRecord(a.n, a.worker, a.gpus, a.gpu_count, a.started_at, a.ended_at,
+                                      a.reason, a.error, a.exit_code)
+                        for a in s.scalars(select(Attempt).where(Attempt.job_id == job.id)
+                                           .order_by(Attempt.n))]
+        return _job_record(job, tenant, attempts)
+
+
+def _tenant(t: Tenant) -> TenantRecord:
+    return TenantRecord(id=t.id, name=t.name, admin=bool(t.admin), weight=t.weight)
+
+
+def _job_record(j: Job, tenant: str, attempts: list[AttemptRecord] | None = None) -> JobRecord:
+    return JobRecord(
+        id=j.id, tenant=tenant, name=j.name, spec=j.spec, state=j.state, size_class=j.size_class,
+        queue=j.queue, gpus=j.gpus, priority=j.priority, reason=j.reason, error=j.error,
+        result=j.result, submitted_at=j.submitted_at, started_at=j.started_at, ended_at=j.ended_at,
+        not_before=j.not_before, gpu_seconds=j.gpu_seconds, run_seconds=j.run_seconds,
+        queued_seconds=j.queued_seconds, progress_done=j.progress_done,
+        progress_total=j.progress_total, outputs=j.outputs or [], attempts=attempts or [])
+
+
+def _seconds(start: datetime | None, end: datetime) -> float:
+    return max(0.0, (end - start).total_seconds()) if start else 0.0
+
+
+def _next_state(job: Job, outcome: Outcome, failures: int) -> JobState:
+    """`failures`: attempts so far, this one included, that count against `retries.max`."""
+    if outcome.reason is AttemptReason.SUCCEEDED:
+        return JobState.SUCCEEDED
+    if outcome.reason is AttemptReason.CANCELLED or job.cancel_requested:
+        return JobState.CANCELLED
+    if not outcome.reason.is_retryable:
+        return JobState.FAILED
+    if not outcome.reason.counts_against_retries:
+        return JobState.QUEUED
+    retries = RetryPolicy.model_validate(job.spec.get("retries") or {})
+    return JobState.QUEUED if failures <= retries.max else JobState.FAILED
+
+
+def _outcome_values(job: Job, outcome: Outcome, state: JobState, now: datetime,
+                    failures: int) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "state": state.value, "gpu_seconds": job.gpu_seconds, "run_seconds": job.run_seconds,
+        "lease_owner": None, "lease_expires_at": None}
+    if outcome.outputs:
+        values["outputs"] = outcome.outputs
+    if state is JobState.QUEUED:
+        retries = RetryPolicy.model_validate(job.spec.get("retries") or {})
+        delay_s = retries.delay_s(failures) if outcome.reason.counts_against_retries else 0.0
+        values.update(not_before=now + timedelta(seconds=delay_s),
+                      queued_since=now, dispatched_at=None, reason=outcome.reason.value,
+                      error=outcome.error)
+        return values
+    values.update(ended_at=now, reason=None if state is JobState.SUCCEEDED else (
+        AttemptReason.CANCELLED.value if state is JobState.CANCELLED else outcome.reason.value),
+        error=None if state is JobState.SUCCEEDED else outcome.error)
+    if state is JobState.SUCCEEDED:
+        values["result"] = outcome.result
+    return values
+
+

@@ -1,0 +1,240 @@
+"""One child process per attempt: its own process group and directory, a capped log,
+timeout and cancel through SIGTERM → grace → SIGKILL of the whole group.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import IO, Any, Callable
+
+from e31.states import AttemptReason
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.1                  # how often the supervisor looks at its child
+PR_SET_PDEATHSIG = 1          # prctl option: signal the child when its parent thread dies
+LOG_CHUNK_BYTES = 64 * 1024
+
+
+class Directive(str, Enum):
+    """What the supervisor's tick callback asks for."""
+
+    CONTINUE = "continue"
+    CANCEL = "cancel"         # the owner cancelled the job
+    DRAIN = "drain"           # the worker is shutting down: stop and requeue
+    LOST = "lost"             # the lease is gone: stop, record nothing
+
+
+@dataclass(frozen=True)
+class AttemptPlan:
+    job_id: str
+    attempt: int
+    spec: dict[str, Any]
+    gpus: str                 # CUDA_VISIBLE_DEVICES for the child ("" for the cpu class)
+    root: Path                # fresh directory of this attempt
+    kill_grace_s: float
+    log_max_bytes: int
+    tick_interval_s: float
+
+    @property
+    def work_dir(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.root / "output"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "attempt.log"
+
+    @property
+    def progress_path(self) -> Path:
+        return self.root / "progress.json"
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    reason: AttemptReason
+    result: Any = None
+    error: str | None = None
+    exit_code: int | None = None
+
+
+Tick = Callable[[tuple[float, float] | None], Directive]
+
+
+class Executor:
+    """Runs one attempt to its end; `tick` is called every `tick_interval_s` with the progress."""
+
+    def __init__(self, plan: AttemptPlan, *, tick: Tick) -> None:
+        self._plan = plan
+        self._tick = tick
+
+    def prepare(self) -> None:
+        for d in (self._plan.work_dir, self._plan.output_dir, self._plan.checkpoint_dir):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def run(self) -> AttemptResult:
+        plan = self._plan
+        self.prepare()
+        argv = self._argv()
+        try:
+            proc = subprocess.Popen(argv, cwd=plan.work_dir, env=self._env(),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=_die_with_parent)
+        except OSError as exc:
+            plan.log_path.write_text(f"e31: cannot start {argv[0]}: {exc}\n")
+            return AttemptResult(AttemptReason.ERROR, error=f"cannot start {argv[0]}: {exc.strerror}")
+        assert proc.stdout is not None
+        pump = threading.Thread(target=_pump_log, args=(proc.stdout, plan.log_path, plan.log_max_bytes),
+                                name=f"log-{plan.job_id}", daemon=True)
+        pump.start()
+        log.info("attempt_started job=%s attempt=%d pid=%d gpus=%r", plan.job_id, plan.attempt,
+                 proc.pid, plan.gpus)
+        stopped_for = self._supervise(proc)
+        pump.join(timeout=5)
+        return self._result(proc.returncode, stopped_for)
+
+    def _supervise(self, proc: subprocess.Popen[bytes]) -> AttemptReason | Directive | None:
+        plan = self._plan
+        deadline = time.monotonic() + float(plan.spec["timeout_s"])
+        next_tick = time.monotonic() + plan.tick_interval_s
+        while proc.poll() is None:
+            now = time.monotonic()
+            if now >= deadline:
+                self._kill(proc, "timeout")
+                return AttemptReason.TIMEOUT
+            if now >= next_tick:
+                next_tick = now + plan.tick_interval_s
+                directive = self._tick(self._progress())
+                if directive is not Directive.CONTINUE:
+                    self._kill(proc, directive.value)
+                    return directive
+            time.sleep(POLL_S)
+        _killpg(proc.pid, signal.SIGKILL)  # the job is over: nothing it started may linger
+        return None
+
+    def _kill(self, proc: subprocess.Popen[bytes], why: str) -> None:
+        """SIGTERM the group, wait the grace period, then SIGKILL the group."""
+        log.info("attempt_stopping job=%s attempt=%d why=%s", self._plan.job_id, self._plan.attempt, why)
+        _killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=self._plan.kill_grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def _progress(self) -> tuple[float, float] | None:
+        try:
+            data = json.loads(self._plan.progress_path.read_text())
+            return float(data["done"]), float(data["total"] or 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _result(self, code: int, stopped_for: AttemptReason | Directive | None) -> AttemptResult:
+        plan = self._plan
+        if stopped_for is AttemptReason.TIMEOUT:
+            return AttemptResult(AttemptReason.TIMEOUT, exit_code=code,
+                                 error=f"timed out after {plan.spec['timeout_s']:g} s")
+        if stopped_for is Directive.CANCEL:
+            return AttemptResult(AttemptReason.CANCELLED, exit_code=code, error="cancelled by its owner")
+        if stopped_for is Directive.DRAIN:
+            return AttemptResult(AttemptReason.DRAINED, exit_code=code, error="worker shut down")
+        if stopped_for is Directive.LOST:
+            return AttemptResult(AttemptReason.LOST, exit_code=code, error="lease lost")
+        if plan.spec.get("entrypoint"):
+            return self._entrypoint_result(code)
+        if code == 0:
+            return AttemptResult(AttemptReason.SUCCEEDED, exit_code=0)
+        return AttemptResult(AttemptReason.ERROR, exit_code=code, error=_exit_text(code))
+
+    def _entrypoint_result(self, code: int) -> AttemptResult:
+        result_file, error_file = self._plan.root / "result.json", self._plan.root / "error.json"
+        if code == 0 and result_file.is_file():
+            return AttemptResult(AttemptReason.SUCCEEDED, exit_code=0,
+                                 result=json.loads(result_file.read_text())["result"])
+        if error_file.is_file():
+            return AttemptResult(AttemptReason.ERROR, exit_code=code,
+                                 error=json.loads(error_file.read_text())["error"])
+        if code == 0:
+            return AttemptResult(AttemptReason.ERROR, exit_code=0,
+                                 error="the job exited before returning a result")
+        return AttemptResult(AttemptReason.ERROR, exit_code=code, error=_exit_text(code))
+
+    def _argv(self) -> list[str]:
+        spec = self._plan.spec
+        if spec.get("entrypoint"):
+            job_file = self._plan.root / "job.json"
+            job_file.write_text(json.dumps({"entrypoint": spec["entrypoint"], "params": spec["params"]}))
+            return [sys.executable, "-m", "e31_worker.runner", str(job_file)]
+        return list(spec["command"])
+
+    def _env(self) -> dict[str, str]:
+        plan = self._plan
+        # The worker's own E31_* settings (store and broker URLs) are not the job's business.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}
+        env.update(plan.spec.get("env") or {})
+        env.update({
+            "CUDA_VISIBLE_DEVICES": plan.gpus, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "E31_JOB_ID": plan.job_id, "E31_ATTEMPT": str(plan.attempt),
+            "E31_OUTPUT_DIR": str(plan.output_dir), "E31_CHECKPOINT_DIR": str(plan.checkpoint_dir),
+            "E31_PROGRESS_PATH": str(plan.progress_path), "PYTHONUNBUFFERED": "1",
+        })
+        return env
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the supervising worker thread dies."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _pump_log(stream: IO[bytes], path: Path, max_bytes: int) -> None:
+    """Copy the child's output to the log up to `max_bytes`, then say so and discard the rest."""
+    written = 0
+    cut = False
+    with open(path, "ab") as out:
+        while chunk := stream.read1(LOG_CHUNK_BYTES) if hasattr(stream, "read1") else stream.read(LOG_CHUNK_BYTES):
+            if cut:
+                continue
+            room = max_bytes - written
+            out.write(chunk[:room])
+            written += min(len(chunk), room)
+            if len(chunk) > room:
+                out.write(f"\n[e31: log cut at {max_bytes} bytes; the rest was discarded]\n".encode())
+                cut = True
+            out.flush()
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"

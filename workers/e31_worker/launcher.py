@@ -1,0 +1,132 @@
+"""`e31 worker`: one pinned Celery worker process per GPU (or GPU group, or CPU slot),
+each restarted if it dies, all stopped (drained) on SIGTERM / Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from e31.errors import ConfigError
+from e31.settings import Settings, SizeClass
+from e31.sizeclasses import class_for_gpu, cpu_class, queue_name, spill_queues
+from e31_worker.gpus import Gpu
+
+log = logging.getLogger(__name__)
+
+RESTART_BACKOFF_S = 1.0       # first wait before restarting a dead worker process
+RESTART_BACKOFF_MAX_S = 30.0  # doubled per quick death, up to this
+STOP_EXTRA_S = 15.0           # beyond the kill grace, for Celery to ack and exit
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    node: str
+    queues: tuple[str, ...]
+    gpus: str
+    gpu_count: int
+    size_class: str
+
+
+def plan_slots(gpus: Sequence[Gpu], *, cpu_slots: int, spill: bool, group: int,
+               classes: Sequence[SizeClass], host: str) -> list[WorkerSlot]:
+    """The worker processes to run: GPUs in groups of `group` (of one class), then CPU slots."""
+    if group < 1:
+        raise ConfigError("--group must be at least 1")
+    if len(gpus) % group:
+        raise ConfigError(f"--group {group}: {len(gpus)} GPUs do not split into groups of {group}")
+    slots = []
+    for start in range(0, len(gpus), group):
+        members = list(gpus[start:start + group])
+        own = min((class_for_gpu(g.mem_gb, classes) for g in members), key=lambda c: c.gpu_mem_gb)
+        queues = spill_queues(own, group, classes) if spill else [queue_name(own.name, group)]
+        ids = [str(g.index) for g in members]
+        slots.append(WorkerSlot(node=f"gpu{'-'.join(ids)}@{host}", queues=tuple(queues),
+                                gpus=",".join(ids), gpu_count=group, size_class=own.name))
+    if cpu_slots:
+        cpu = cpu_class(classes)
+        if cpu is None:
+            raise ConfigError("--cpu-slots: the configuration has no cpu size class")
+        for i in range(cpu_slots):
+            slots.append(WorkerSlot(node=f"cpu{i}@{host}", queues=(queue_name(cpu.name),), gpus="",
+                                    gpu_count=0, size_class=cpu.name))
+    if not slots:
+        raise ConfigError("no GPUs found and no --cpu-slots: nothing to serve "
+                          "(use --simulate-gpus 1x24 or --cpu-slots 1 on a machine without GPUs)")
+    return slots
+
+
+def default_host() -> str:
+    return socket.gethostname()
+
+
+class Launcher:
+    """Supervises one worker process per slot."""
+
+    def __init__(self, *, settings: Settings, slots: Sequence[WorkerSlot], loglevel: str = "INFO") -> None:
+        self._settings = settings
+        self._slots = list(slots)
+        self._loglevel = loglevel
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._stop = threading.Event()
+
+    def _spawn(self, slot: WorkerSlot) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        # Pinned before Python starts in the worker: it and its jobs see only these GPUs.
+        env.update(CUDA_VISIBLE_DEVICES=slot.gpus, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+        argv = [sys.executable, "-m", "e31_worker.process", "--node", slot.node,
+                "--queues", ",".join(slot.queues), "--gpus", slot.gpus,
+                "--gpu-count", str(slot.gpu_count), "--size-class", slot.size_class,
+                "--loglevel", self._loglevel]
+        proc = subprocess.Popen(argv, env=env)
+        log.info("worker_started node=%s pid=%d queues=%s CUDA_VISIBLE_DEVICES=%r", slot.node,
+                 proc.pid, ",".join(slot.queues), slot.gpus)
+        return proc
+
+    def run(self) -> int:
+        """Start every slot and supervise until SIGTERM/SIGINT; returns the exit code."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._stop.set())
+        backoff = {s.node: RESTART_BACKOFF_S for s in self._slots}
+        started = {}
+        for slot in self._slots:
+            self._procs[slot.node] = self._spawn(slot)
+            started[slot.node] = time.monotonic()
+        while not self._stop.wait(0.5):
+            for slot in self._slots:
+                proc = self._procs[slot.node]
+                if proc.poll() is None:
+                    continue
+                quick = time.monotonic() - started[slot.node] < 60
+                delay = backoff[slot.node] if quick else RESTART_BACKOFF_S
+                log.warning("worker_died node=%s code=%s; restarting in %.0f s", slot.node,
+                            proc.returncode, delay)
+                if self._stop.wait(delay):
+                    break
+                backoff[slot.node] = min(delay * 2, RESTART_BACKOFF_MAX_S)
+                self._procs[slot.node] = self._spawn(slot)
+                started[slot.node] = time.monotonic()
+        self.stop()
+        return 0
+
+    def stop(self) -> None:
+        """Drain: SIGTERM every worker (running jobs get the grace period), then SIGKILL stragglers."""
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self._settings.kill_grace_s + STOP_EXTRA_S
+        for node, proc in self._procs.items():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("worker_kill node=%s: did not stop in time", node)
+                proc.kill()
+                proc.wait()

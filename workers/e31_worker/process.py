@@ -1,0 +1,60 @@
+"""One pinned Celery worker process: `python -m e31_worker.process --node ... --queues ...`.
+
+The launcher starts it with `CUDA_VISIBLE_DEVICES` already set, and it never calls CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+import redis
+from celery import signals
+
+from e31.artifacts import ArtifactStore
+from e31.celeryapp import make_celery
+from e31.settings import Settings
+from e31.store import Repo, make_engine
+from e31_worker.runtime import WorkerIdentity, WorkerRuntime
+from e31_worker.task import register
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="e31_worker.process")
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--queues", required=True, help="comma-separated, own class first")
+    parser.add_argument("--gpus", default="")
+    parser.add_argument("--gpu-count", type=int, default=0)
+    parser.add_argument("--size-class", required=True)
+    parser.add_argument("--loglevel", default="INFO")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=args.loglevel, format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
+    settings = Settings.load()
+    queues = tuple(args.queues.split(","))
+    identity = WorkerIdentity(node=args.node, queues=queues, gpus=args.gpus,
+                              gpu_count=args.gpu_count, size_class=args.size_class)
+    runtime = WorkerRuntime(settings=settings, identity=identity,
+                            repo=Repo(make_engine(settings.resolved_database_url)),
+                            artifacts=ArtifactStore(settings.resolved_artifacts_url),
+                            redis_client=redis.Redis.from_url(settings.redis_url))
+    app = make_celery(settings, queues=list(queues))
+    register(app, runtime)
+
+    def _ready(**_: Any) -> None:
+        runtime.start()
+
+    def _shutting_down(**_: Any) -> None:
+        runtime.stop()  # running job: SIGTERM, grace, requeued as `drained`
+
+    signals.worker_ready.connect(_ready, weak=False)
+    signals.worker_shutting_down.connect(_shutting_down, weak=False)
+    app.worker_main(["worker", "--pool", "threads", "--concurrency", "1", "--hostname", args.node,
+                     "--queues", ",".join(queues), "--loglevel", args.loglevel,
+                     "--without-gossip", "--without-mingle", "--task-events"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

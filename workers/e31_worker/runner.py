@@ -1,0 +1,68 @@
+"""The job child of an `entrypoint` job: `python -m e31_worker.runner JOB_JSON`.
+
+Imports `module:function`, calls it with a `JobContext` and the params, and writes the
+JSON result (or the error) next to JOB_JSON for the supervising worker to read.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from e31_worker.context import JobContext
+
+EXIT_ERROR = 1
+
+
+def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
+    module_name, _, attr = entrypoint.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{entrypoint} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def _write(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, allow_nan=False))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str]) -> int:
+    job_file = Path(argv[0])
+    job = json.loads(job_file.read_text())
+    result_path = job_file.with_name("result.json")
+    error_path = job_file.with_name("error.json")
+    try:
+        fn = load_entrypoint(job["entrypoint"])
+    except Exception as exc:  # noqa: BLE001 - any import failure is the job's error
+        traceback.print_exc()
+        _write(error_path, {"error": f"cannot import entrypoint {job['entrypoint']}: "
+                                     f"{type(exc).__name__}: {exc}"})
+        return EXIT_ERROR
+    ctx = JobContext.from_env(job["params"])
+    try:
+        value = fn(ctx, **job["params"])
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc()
+        _write(error_path, {"error": f"{type(exc).__name__}: {exc}"})
+        return EXIT_ERROR
+    try:
+        _write(result_path, {"result": value})
+    except (TypeError, ValueError) as exc:
+        _write(error_path, {"error": f"result is not JSON: {exc}"})
+        print(f"e31: the entrypoint's return value is not JSON: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return 0
+
+
+if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,88 @@
+"""`WorkerRuntime`: what one pinned worker process holds — its identity, store, artifacts,
+Redis, and the heartbeat that tells the scheduler whether it is idle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import redis
+
+from e31 import keys
+from e31.artifacts import ArtifactStore
+from e31.settings import Settings
+from e31.store import Repo
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_TTL_INTERVALS = 3  # a heartbeat key outlives this many missed beats, no more
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    node: str               # unique Celery node name, e.g. gpu0@host
+    queues: tuple[str, ...]  # its own class queue first, then the ones it spills to
+    gpus: str               # CUDA_VISIBLE_DEVICES of this worker ("" for a cpu slot)
+    gpu_count: int
+    size_class: str
+
+
+class WorkerRuntime:
+    def __init__(self, *, settings: Settings, identity: WorkerIdentity, repo: Repo,
+                 artifacts: ArtifactStore, redis_client: redis.Redis) -> None:
+        self.settings = settings
+        self.identity = identity
+        self.repo = repo
+        self.artifacts = artifacts
+        self.redis = redis_client
+        self.draining = threading.Event()
+        self._busy_job: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def set_busy(self, job_id: str | None) -> None:
+        self._busy_job = job_id
+        self.beat()
+
+    def beat(self) -> None:
+        """Publish this worker's heartbeat now."""
+        if self.draining.is_set():
+            self.redis.delete(keys.worker(self.identity.node))
+            return
+        ident = self.identity
+        payload = {"node": ident.node, "queues": list(ident.queues), "gpus": ident.gpus,
+                   "gpu_count": ident.gpu_count, "size_class": ident.size_class,
+                   "busy_job": self._busy_job, "pid": os.getpid(), "ts": time.time()}
+        ttl_ms = int(self.settings.heartbeat_interval_s * HEARTBEAT_TTL_INTERVALS * 1000)
+        self.redis.set(keys.worker(ident.node), json.dumps(payload), px=ttl_ms)
+
+    def start(self) -> None:
+        """Start the heartbeat thread (once the Celery consumer is ready)."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="e31-heartbeat", daemon=True)
+        self._thread.start()
+        log.info("worker_ready node=%s queues=%s gpus=%r", self.identity.node,
+                 ",".join(self.identity.queues), self.identity.gpus)
+
+    def stop(self) -> None:
+        """Stop beating and withdraw the heartbeat, so no more work is planned for us."""
+        self.draining.set()
+        self._stop.set()
+        try:
+            self.redis.delete(keys.worker(self.identity.node))
+        except redis.RedisError:
+            pass
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.beat()
+            except redis.RedisError as exc:
+                log.warning("heartbeat_failed node=%s: %s", self.identity.node, exc)
+            self._stop.wait(self.settings.heartbeat_interval_s)
