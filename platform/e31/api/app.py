@@ -32,6 +32,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
     svc = service
     app = FastAPI(title="E31 Batch", version=__version__,
                   description="Batch GPU jobs on a shared pool. Authenticate with a tenant token.")
+    app.state.service = svc
     errors.install(app)
 
     def tenant(creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> TenantRecord:

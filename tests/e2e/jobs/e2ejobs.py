@@ -1,0 +1,28 @@
+"""Entrypoints the end-to-end tests submit (on the workers' PYTHONPATH)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+
+def spin(ctx: Any, pidfile: str, seconds: float = 300) -> None:
+    """Starts a grandchild, records both pids, then waits (to be cancelled or timed out)."""
+    grandchild = subprocess.Popen(["sleep", str(seconds)])
+    Path(pidfile).write_text(f"{os.getpid()} {grandchild.pid}")
+    print("spinning", flush=True)
+    time.sleep(seconds)
+
+
+def where(ctx: Any) -> dict[str, Any]:
+    return {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "attempt": ctx.attempt}
+
+
+def timed(ctx: Any, seconds: float) -> dict[str, float]:
+    """Sleeps, and says when it started and ended (wall clock)."""
+    start = time.time()
+    time.sleep(seconds)
+    return {"start": start, "end": time.time()}

@@ -1,0 +1,115 @@
+"""The HTTP API over a real store and Redis: auth, validation, tenant isolation, outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from e31.api import create_app
+from e31.artifacts import ArtifactStore
+from e31.clock import utcnow
+from e31.service import Service
+from e31.settings import Settings
+from e31.store import Repo
+
+
+@pytest.fixture
+def api(repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path):
+    settings = Settings(redis_url=redis_url, home=tmp_path)
+    artifacts = ArtifactStore(f"file://{tmp_path / 'artifacts'}")
+    service = Service(settings=settings, repo=repo, artifacts=artifacts, redis_client=redis_client)
+    _, token_a = repo.create_tenant("team-a", now=utcnow())
+    _, token_b = repo.create_tenant("team-b", now=utcnow())
+    client = TestClient(create_app(settings, service=service))
+    return client, artifacts, {"a": {"Authorization": f"Bearer {token_a}"},
+                               "b": {"Authorization": f"Bearer {token_b}"}}
+
+
+def test_a_request_without_a_valid_token_is_refused(api) -> None:
+    client, _, _ = api
+    assert client.get("/v1/jobs").status_code == 401
+    assert client.get("/v1/jobs", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert client.get("/v1/health").status_code == 200
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"entrypoint": "m:f", "colour": "red"}, "colour"),
+    ({"entrypoint": "m:f", "command": ["ls"]}, "entrypoint"),
+    ({}, "entrypoint"),
+    ({"entrypoint": "m:f", "timeout_s": -1}, "timeout_s"),
+    ({"entrypoint": "m:f", "priority": 12}, "priority"),
+    ({"entrypoint": "m:f", "resources": {"gpu_mem_gb": 500}}, "resources.gpu_mem_gb"),
+    ({"entrypoint": "m:f", "resources": {"gpus": 64}}, "resources.gpus"),
+    ({"entrypoint": "m:f", "resources": {"size_class": "gpu9000"}}, "resources.size_class"),
+    ({"entrypoint": "not a callable"}, "entrypoint"),
+])
+def test_a_bad_spec_gets_422_naming_the_field_and_nothing_is_stored(api, body, field) -> None:
+    client, _, h = api
+    response = client.post("/v1/jobs", json=body, headers=h["a"])
+    assert response.status_code == 422
+    payload = response.json()
+    assert payload["error"] == "spec_invalid"
+    assert field in [e["field"] for e in payload["errors"]], payload
+    assert all(e["reason"] for e in payload["errors"])
+    assert client.get("/v1/jobs", headers=h["a"]).json()["jobs"] == []
+
+
+def test_a_body_that_is_not_json_is_refused_with_422(api) -> None:
+    client, _, h = api
+    response = client.post("/v1/jobs", content=b"{not json", headers={**h["a"], "Content-Type": "application/json"})
+    assert response.status_code == 422
+
+
+def test_a_submitted_job_is_queued_in_its_class_and_listed(api) -> None:
+    client, _, h = api
+    response = client.post("/v1/jobs", json={"entrypoint": "m:f", "name": "train",
+                                             "resources": {"gpu_mem_gb": 40}}, headers=h["a"])
+    assert response.status_code == 201
+    job = response.json()
+    assert (job["state"], job["size_class"], job["queue"], job["name"]) == \
+        ("queued", "gpu48", "e31.gpu48", "train")
+    listed = client.get("/v1/jobs", params={"state": "queued"}, headers=h["a"]).json()["jobs"]
+    assert [j["id"] for j in listed] == [job["id"]]
+
+
+def test_another_tenant_gets_404_for_the_job_its_logs_outputs_and_cancel(api) -> None:
+    client, artifacts, h = api
+    job = client.post("/v1/jobs", json={"entrypoint": "m:f"}, headers=h["a"]).json()
+    for method, path in [("GET", ""), ("GET", "/logs"), ("GET", "/outputs"),
+                         ("GET", "/outputs/x.txt"), ("POST", "/cancel")]:
+        response = client.request(method, f"/v1/jobs/{job['id']}{path}", headers=h["b"])
+        assert response.status_code == 404, (method, path)
+    assert client.get(f"/v1/jobs/{job['id']}", headers=h["a"]).json()["state"] == "queued"
+    assert client.get("/v1/usage", headers=h["b"]).json()["usage"] == []
+    assert client.get("/v1/usage", params={"all_tenants": "true"}, headers=h["b"]).status_code == 401
+
+
+def test_outputs_are_listed_and_downloaded_and_paths_cannot_escape(api, tmp_path: Path) -> None:
+    client, artifacts, h = api
+    job = client.post("/v1/jobs", json={"entrypoint": "m:f"}, headers=h["a"]).json()
+    src = tmp_path / "out"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "r.txt").write_text("result")
+    tid = _tenant_id(client, h["a"])
+    artifacts.put_tree(src, tid, job["id"], "outputs")
+
+    listed = client.get(f"/v1/jobs/{job['id']}/outputs", headers=h["a"]).json()["outputs"]
+    assert listed == [{"path": "sub/r.txt", "size": 6}]
+    assert client.get(f"/v1/jobs/{job['id']}/outputs/sub/r.txt", headers=h["a"]).content == b"result"
+    assert client.get(f"/v1/jobs/{job['id']}/outputs/../../x", headers=h["a"]).status_code == 404
+
+
+def _tenant_id(client: TestClient, headers: dict[str, str]) -> str:
+    """The tenant id behind a token, as the artifact store keys it."""
+    token = headers["Authorization"].split()[1]
+    service = client.app.state.service
+    return service.authenticate(token).id
+
+
+def test_the_openapi_document_describes_the_job_routes(api) -> None:
+    client, _, _ = api
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/usage"} <= set(paths)

@@ -1,0 +1,114 @@
+"""The attempt executor with real child processes: results, exit codes, timeouts, kills, logs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from e31.spec import JobSpec
+from e31.states import AttemptReason
+from e31_worker.executor import AttemptPlan, Directive, Executor
+from tests.conftest import wait_for
+
+
+def plan(tmp_path: Path, *, log_max_bytes: int = 1 << 20, **spec: object) -> AttemptPlan:
+    full = JobSpec.parse(spec).model_dump(mode="json")
+    return AttemptPlan(job_id="j-test", attempt=1, spec=full, gpus="3", root=tmp_path / "attempt",
+                       kill_grace_s=1.0, log_max_bytes=log_max_bytes, tick_interval_s=0.1)
+
+
+def run(p: AttemptPlan, directive: Directive = Directive.CONTINUE):
+    return Executor(p, tick=lambda progress: directive).run()
+
+
+def test_an_entrypoint_returns_its_json_result_and_sees_its_pinned_gpu(tmp_path: Path) -> None:
+    p = plan(tmp_path, entrypoint="e31_worker.examples:hello", params={"name": "ada"})
+    result = run(p)
+    assert result.reason is AttemptReason.SUCCEEDED
+    assert result.result["greeting"] == "hello, ada"
+    assert result.result["cuda_visible_devices"] == "3"
+    assert (p.output_dir / "greeting.txt").read_text() == "hello, ada\n"
+    assert "hello, ada from job j-test attempt 1" in p.log_path.read_text()
+
+
+def test_a_command_job_fails_with_its_exit_code_and_its_output_logged(tmp_path: Path) -> None:
+    p = plan(tmp_path, command=["sh", "-c", "echo out; echo err >&2; exit 7"])
+    result = run(p)
+    assert (result.reason, result.exit_code, result.error) == (AttemptReason.ERROR, 7, "exited with code 7")
+    log = p.log_path.read_text()
+    assert "out" in log and "err" in log
+
+
+def test_an_entrypoint_that_cannot_be_imported_fails_with_that_reason(tmp_path: Path) -> None:
+    result = run(plan(tmp_path, entrypoint="no_such_module_e31:main"))
+    assert result.reason is AttemptReason.ERROR
+    assert "cannot import entrypoint no_such_module_e31:main" in result.error
+
+
+def test_a_result_that_is_not_json_is_an_error(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "nonjson_job.py").write_text("def main(ctx):\n    return {1, 2}\n")
+    os.environ["PYTHONPATH"] = f"{jobs}:{os.environ.get('PYTHONPATH', '')}"
+    try:
+        result = run(plan(tmp_path, entrypoint="nonjson_job:main"))
+    finally:
+        os.environ["PYTHONPATH"] = os.environ["PYTHONPATH"].split(":", 1)[1]
+    assert result.reason is AttemptReason.ERROR
+    assert result.error.startswith("result is not JSON")
+
+
+def test_a_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    script = f"sleep 300 & echo $! > {pidfile}; wait"
+    p = plan(tmp_path, command=["sh", "-c", script], timeout_s=1)
+    result = run(p)
+    assert result.reason is AttemptReason.TIMEOUT
+    grandchild = int(pidfile.read_text())
+    wait_for(lambda: not _alive(grandchild), timeout_s=5, what="the grandchild to be gone")
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
+    script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(300)"
+    p = plan(tmp_path, command=[sys.executable, "-c", script], timeout_s=1)
+    result = run(p)
+    assert result.reason is AttemptReason.TIMEOUT and result.exit_code == -9
+
+
+def test_a_cancel_directive_stops_the_job(tmp_path: Path) -> None:
+    result = run(plan(tmp_path, command=["sleep", "300"]), Directive.CANCEL)
+    assert result.reason is AttemptReason.CANCELLED
+
+
+def test_the_log_is_capped_and_says_where_it_was_cut(tmp_path: Path) -> None:
+    p = plan(tmp_path, log_max_bytes=1000,
+             command=[sys.executable, "-c", "print('x' * 100000)"])
+    result = run(p)
+    assert result.reason is AttemptReason.SUCCEEDED
+    log = p.log_path.read_bytes()
+    assert log.startswith(b"x" * 1000) and b"[e31: log cut at 1000 bytes" in log
+    assert len(log) < 1200
+
+
+def test_the_job_environment_hides_the_workers_own_settings(tmp_path: Path) -> None:
+    os.environ["E31_DATABASE_URL"] = "postgresql://secret@db/e31"
+    try:
+        p = plan(tmp_path, command=["sh", "-c", "env"], env={"MY_FLAG": "1"})
+        run(p)
+    finally:
+        del os.environ["E31_DATABASE_URL"]
+    env = p.log_path.read_text()
+    assert "secret" not in env
+    assert "MY_FLAG=1" in env and "CUDA_VISIBLE_DEVICES=3" in env and "E31_JOB_ID=j-test" in env
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False

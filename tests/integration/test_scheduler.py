@@ -1,0 +1,129 @@
+"""The scheduler against real Redis and a real store: capacity, order, leadership, wake-up."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import redis
+
+from e31 import keys
+from e31.celeryapp import make_celery
+from e31.clock import utcnow
+from e31.scheduler import Scheduler
+from e31.settings import Settings
+from e31.sizeclasses import route
+from e31.spec import JobSpec
+from e31.store import Repo
+
+
+def heartbeat(r: redis.Redis, node: str, queues: list[str], busy_job: str | None = None) -> None:
+    r.set(keys.worker(node), json.dumps({"node": node, "queues": queues, "gpus": "0",
+                                         "busy_job": busy_job}), ex=30)
+
+
+def published(r: redis.Redis, queue: str) -> list[str]:
+    """Job ids waiting in a Celery queue (every priority bucket)."""
+    ids = []
+    for key in r.scan_iter(match=f"{queue}*"):
+        if r.type(key) != b"list":
+            continue
+        for raw in r.lrange(key, 0, -1):
+            ids.append(json.loads(json.loads(raw)["headers"]["argsrepr"].replace("'", '"'))[0])
+    return ids
+
+
+def make(repo: Repo, redis_url: str, **settings: object) -> Scheduler:
+    s = Settings(redis_url=redis_url, **settings)
+    return Scheduler(settings=s, repo=repo, redis_client=redis.Redis.from_url(redis_url),
+                     celery=make_celery(s))
+
+
+def submit(repo: Repo, tenant_id: str, **fields: object) -> str:
+    spec = JobSpec.parse({"entrypoint": "pkg.mod:main", **fields})
+    return repo.insert_job(tenant_id, spec, route(spec, Settings().size_classes), now=utcnow()).id
+
+
+def test_the_scheduler_publishes_no_more_than_idle_slots_plus_headroom(
+        repo: Repo, redis_url: str, redis_client: redis.Redis) -> None:
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    ids = [submit(repo, tenant.id) for _ in range(6)]
+    heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])
+    heartbeat(redis_client, "gpu1@n", ["e31.gpu24"])
+    heartbeat(redis_client, "gpu2@n", ["e31.gpu24"], busy_job="j-other")
+    scheduler = make(repo, redis_url, dispatch_headroom=1)
+
+    assert scheduler.tick() == 3          # two idle workers + one headroom
+    assert scheduler.tick() == 0          # they are outstanding until claimed
+    assert sorted(published(redis_client, "e31.gpu24")) == sorted(ids[:3])
+
+
+def test_higher_priority_jobs_are_published_first(repo: Repo, redis_url: str,
+                                                  redis_client: redis.Redis) -> None:
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    submit(repo, tenant.id, priority=2)
+    urgent = submit(repo, tenant.id, priority=9)
+    heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])
+
+    make(repo, redis_url, dispatch_headroom=0).tick()
+
+    assert published(redis_client, "e31.gpu24") == [urgent]
+
+
+def test_a_class_without_any_worker_gets_no_messages(repo: Repo, redis_url: str,
+                                                     redis_client: redis.Redis) -> None:
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    submit(repo, tenant.id, resources={"gpu_mem_gb": 80})
+    heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])
+
+    assert make(repo, redis_url).tick() == 0
+    assert [c.id for c in repo.dispatch_candidates("e31.gpu80", now=utcnow(), limit=5)]
+
+
+def test_a_big_worker_that_spills_takes_its_own_class_first(repo: Repo, redis_url: str,
+                                                            redis_client: redis.Redis) -> None:
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    small = submit(repo, tenant.id)
+    big = submit(repo, tenant.id, resources={"gpu_mem_gb": 80})
+    heartbeat(redis_client, "gpu0@n", ["e31.gpu80", "e31.gpu48", "e31.gpu24"])
+
+    make(repo, redis_url, dispatch_headroom=0).tick()
+
+    assert published(redis_client, "e31.gpu80") == [big]
+    assert small not in published(redis_client, "e31.gpu24")
+
+
+def test_a_second_scheduler_waits_while_the_first_leads(repo: Repo, redis_url: str,
+                                                        redis_client: redis.Redis) -> None:
+    first, second = make(repo, redis_url), make(repo, redis_url)
+    assert first.try_lead()
+    assert not second.try_lead()
+    assert first.try_lead()               # the leader renews
+    first.resign()
+    assert second.try_lead()
+
+
+def test_a_submit_wakes_the_scheduler_at_once(repo: Repo, redis_url: str,
+                                              redis_client: redis.Redis, tmp_path) -> None:
+    from e31.artifacts import ArtifactStore
+    from e31.service import Service
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])
+    settings = Settings(redis_url=redis_url, scheduler_tick_s=60)  # a tick would take a minute
+    scheduler = Scheduler(settings=settings, repo=repo, redis_client=redis_client,
+                          celery=make_celery(settings))
+    stop = threading.Event()
+    runner = threading.Thread(target=scheduler.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        from tests.conftest import wait_for
+        wait_for(lambda: redis_client.get(keys.LEADER), what="leadership")
+        service = Service(settings=settings, repo=repo, artifacts=ArtifactStore(f"file://{tmp_path}"),
+                          redis_client=redis_client)
+        job = service.submit(tenant, {"entrypoint": "pkg.mod:main"})
+        wait_for(lambda: job.id in published(redis_client, "e31.gpu24"), timeout_s=5,
+                 what="the job to be published without waiting for a tick")
+    finally:
+        stop.set()
+        redis_client.rpush(keys.WAKE, "1")
+        runner.join(timeout=10)

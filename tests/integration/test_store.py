@@ -1,0 +1,181 @@
+"""The results store on real SQLite and PostgreSQL: schema, claim, fence, retries, scoping."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from e31.clock import utcnow
+from e31.errors import NotFound
+from e31.settings import Settings
+from e31.sizeclasses import route
+from e31.spec import JobSpec
+from e31.states import AttemptReason, JobState
+from e31.store import Repo
+from e31.store.models import Base
+from e31.store.records import Outcome
+
+CLASSES = Settings().size_classes
+
+
+def submit(repo: Repo, tenant_id: str, **fields: object):
+    spec = JobSpec.parse({"entrypoint": "pkg.mod:main", **fields})
+    return repo.insert_job(tenant_id, spec, route(spec, CLASSES), now=utcnow())
+
+
+def claim(repo: Repo, job_id: str, worker: str = "gpu0@test", now=None):
+    return repo.claim(job_id, worker=worker, gpus="0", gpu_count=1, now=now or utcnow(),
+                      lease_ttl_s=10)
+
+
+def test_the_migrations_produce_exactly_the_models_schema(repo: Repo) -> None:
+    with repo.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == []
+
+
+def test_a_token_resolves_to_its_tenant_and_only_its_hash_is_stored(repo: Repo) -> None:
+    tenant, token = repo.create_tenant("team-a", now=utcnow())
+    assert repo.tenant_for_token(token) == tenant
+    assert repo.tenant_for_token(token + "x") is None
+    with repo.engine.connect() as conn:
+        stored = [row[0] for row in conn.exec_driver_sql("SELECT token_hash FROM api_keys")]
+    assert token not in stored and len(stored[0]) == 64
+
+
+def test_only_one_of_many_concurrent_claims_wins(repo: Repo) -> None:
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    job = submit(repo, tenant.id)
+    results: list[object] = []
+    barrier = threading.Barrier(8)
+
+    def racer(i: int) -> None:
+        barrier.wait()
+        results.append(claim(repo, job.id, worker=f"w{i}"))
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1
+    record = repo.get_job(None, job.id)
+    assert record.state == "running" and len(record.attempts) == 1
+
+
+def test_a_stale_token_cannot_record_an_outcome(repo: Repo) -> None:
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    job = submit(repo, tenant.id, retries={"max": 1, "backoff_s": 0})
+    first = claim(repo, job.id)
+    assert repo.record_outcome(job.id, first.token, Outcome(AttemptReason.ERROR, error="x"),
+                               now=utcnow()) is JobState.QUEUED
+    second = claim(repo, job.id, worker="gpu1@test")
+    assert second.token == first.token + 1
+
+    refused = repo.record_outcome(job.id, first.token, Outcome(AttemptReason.SUCCEEDED, result=1),
+                                  now=utcnow())
+
+    assert refused is None
+    assert repo.get_job(None, job.id).state == "running"
+
+
+def test_a_failed_attempt_is_retried_after_its_backoff_and_then_fails_for_good(repo: Repo) -> None:
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    job = submit(repo, tenant.id, retries={"max": 1, "backoff_s": 30})
+    now = utcnow()
+    c1 = claim(repo, job.id, now=now)
+    repo.record_outcome(job.id, c1.token, Outcome(AttemptReason.ERROR, error="boom"), now=now)
+    assert claim(repo, job.id, now=now + timedelta(seconds=29)) is None  # still backing off
+    c2 = claim(repo, job.id, now=now + timedelta(seconds=31))
+    assert c2 is not None and c2.attempt == 2
+
+    state = repo.record_outcome(job.id, c2.token, Outcome(AttemptReason.TIMEOUT, error="late"),
+                                now=now + timedelta(seconds=40))
+
+    assert state is JobState.FAILED
+    record = repo.get_job(tenant.id, job.id)
+    assert (record.reason, record.error) == ("timeout", "late")
+    assert [a.reason for a in record.attempts] == ["error", "timeout"]
+
+
+def test_a_drained_attempt_is_requeued_without_using_a_retry(repo: Repo) -> None:
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    job = submit(repo, tenant.id, retries={"max": 0})
+    c1 = claim(repo, job.id)
+    assert repo.record_outcome(job.id, c1.token, Outcome(AttemptReason.DRAINED), now=utcnow()) \
+        is JobState.QUEUED
+    c2 = claim(repo, job.id)
+    assert repo.record_outcome(job.id, c2.token, Outcome(AttemptReason.ERROR, error="e"),
+                               now=utcnow()) is JobState.FAILED
+
+
+def test_gpu_seconds_bill_each_attempts_duration_times_its_gpus(repo: Repo) -> None:
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    job = submit(repo, tenant.id, resources={"gpus": 2}, retries={"max": 1, "backoff_s": 0})
+    t0 = utcnow()
+    c1 = repo.claim(job.id, worker="w", gpus="0,1", gpu_count=2, now=t0, lease_ttl_s=10)
+    repo.record_outcome(job.id, c1.token, Outcome(AttemptReason.ERROR), now=t0 + timedelta(seconds=5))
+    c2 = repo.claim(job.id, worker="w", gpus="0,1", gpu_count=2, now=t0 + timedelta(seconds=65),
+                    lease_ttl_s=10)
+    repo.record_outcome(job.id, c2.token, Outcome(AttemptReason.SUCCEEDED, result={"ok": 1}),
+                        now=t0 + timedelta(seconds=75))
+
+    record = repo.get_job(tenant.id, job.id)
+    assert record.gpu_seconds == pytest.approx((5 + 10) * 2)
+    assert record.queued_seconds == pytest.approx(60, abs=1)  # waiting is tracked, never billed
+    [row] = repo.usage(tenant.id, now=t0 + timedelta(seconds=80))
+    assert row.gpu_seconds == pytest.approx(30) and row.jobs == {"succeeded": 1}
+
+
+def test_cancelling_a_queued_job_means_it_can_never_be_claimed(repo: Repo) -> None:
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    job = submit(repo, tenant.id)
+    assert repo.request_cancel(tenant.id, job.id, now=utcnow()).state == "cancelled"
+    assert claim(repo, job.id) is None
+
+
+def test_cancelling_a_running_job_asks_its_worker_through_the_lease(repo: Repo) -> None:
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    job = submit(repo, tenant.id)
+    c = claim(repo, job.id)
+    assert repo.renew(job.id, c.token, now=utcnow(), lease_ttl_s=10) == (True, False)
+    repo.request_cancel(tenant.id, job.id, now=utcnow())
+    assert repo.renew(job.id, c.token, now=utcnow(), lease_ttl_s=10) == (True, True)
+    assert repo.record_outcome(job.id, c.token, Outcome(AttemptReason.CANCELLED), now=utcnow()) \
+        is JobState.CANCELLED
+
+
+def test_a_tenant_cannot_read_or_cancel_another_tenants_job(repo: Repo) -> None:
+    a, _ = repo.create_tenant("a", now=utcnow())
+    b, _ = repo.create_tenant("b", now=utcnow())
+    job = submit(repo, a.id)
+    with pytest.raises(NotFound):
+        repo.get_job(b.id, job.id)
+    with pytest.raises(NotFound):
+        repo.request_cancel(b.id, job.id, now=utcnow())
+    assert repo.list_jobs(b.id) == []
+    assert repo.usage(b.id, now=utcnow()) == []
+    assert repo.get_job(a.id, job.id).state == "queued"
+
+
+def test_candidates_come_in_priority_then_submission_order_and_dispatch_marks_once(repo: Repo) -> None:
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    low = submit(repo, tenant.id, priority=1)
+    high = submit(repo, tenant.id, priority=9)
+    mid = submit(repo, tenant.id, priority=5)
+    now = utcnow()
+    ids = [c.id for c in repo.dispatch_candidates("e31.gpu24", now=now, limit=10)]
+    assert ids == [high.id, mid.id, low.id]
+
+    assert repo.mark_dispatched([high.id], now=now) == [high.id]
+    assert repo.mark_dispatched([high.id], now=now) == []  # already published
+    assert repo.outstanding_by_queue() == {"e31.gpu24": 1}
+    assert [c.id for c in repo.dispatch_candidates("e31.gpu24", now=now, limit=10)] == [mid.id, low.id]
+
+    assert repo.expire_dispatches(now=now + timedelta(seconds=121), timeout_s=120) == 1
+    assert repo.outstanding_by_queue() == {}
