@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import uuid
 from datetime import datetime
 
@@ -28,6 +29,7 @@ from e31.store import Repo
 log = logging.getLogger(__name__)
 
 LEADER_TTL_TICKS = 3       # the lock outlives a few missed ticks, no more
+WAKE_POLL_MAX_S = 1.0      # one BLPOP wait; below redis-py's default 5 s socket timeout
 CANDIDATE_BATCH = 500      # most jobs read per queue per tick
 
 _RENEW = """
@@ -136,10 +138,19 @@ class Scheduler:
                     log.info("scheduler_leading")
                     leading = True
                 self.tick()
-                popped = self._redis.blpop([keys.WAKE], timeout=tick_s)
-                if popped:
-                    self._redis.delete(keys.WAKE)  # one tick serves every wake-up so far
+                self._wait_for_wake(stop, tick_s)
             except (redis.RedisError, StoreError) as exc:
                 log.warning("scheduler_error %s: %s; retrying", type(exc).__name__, exc)
                 stop.wait(tick_s)
         self.resign()
+
+    def _wait_for_wake(self, stop: threading.Event, tick_s: float) -> None:
+        """Return on a wake-up signal, on `stop`, or after `tick_s`."""
+        deadline = time.monotonic() + tick_s
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._redis.blpop([keys.WAKE], timeout=min(left, WAKE_POLL_MAX_S)):
+                self._redis.delete(keys.WAKE)  # one tick serves every wake-up so far
+                return

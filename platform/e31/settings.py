@@ -107,7 +107,8 @@ class Settings(BaseModel):
         """Build settings from defaults, the config file, `E31_*` variables and `overrides`."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        config_path = _config_path(env)
+        home_override = (overrides or {}).get("home")
+        config_path = _config_path(env, home_override)
         if config_path is not None:
             values.update(_read_toml(config_path))
         for name in cls.model_fields:
@@ -126,18 +127,20 @@ class Settings(BaseModel):
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"])
-            raise ConfigError(f"setting {field}: {first['msg']} "
-                              f"(E31_{str(first['loc'][0]).upper()} or config file)") from exc
+            top = str(first["loc"][0]) if first["loc"] else ""
+            where = ("config file" if top in ("retries", "size_classes")
+                     else f"E31_{top.upper()} or config file")
+            raise ConfigError(f"setting {field}: {first['msg']} ({where})") from exc
 
 
-def _config_path(env: Mapping[str, str]) -> Path | None:
+def _config_path(env: Mapping[str, str], home: Any = None) -> Path | None:
     if env.get("E31_CONFIG"):
         path = Path(env["E31_CONFIG"]).expanduser()
         if not path.is_file():
             raise ConfigError(f"E31_CONFIG: no such file {path}")
         return path
-    home = Path(env.get("E31_HOME") or "~/.e31").expanduser()
-    candidate = home / "e31.toml"
+    base = Path(str(home or env.get("E31_HOME") or "~/.e31")).expanduser()
+    candidate = base / "e31.toml"
     return candidate if candidate.is_file() else None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from e31.errors import SpecError
+from e31.errors import ConfigError, SpecError
 from e31.settings import SizeClass
 from e31.spec import JobSpec
 
@@ -72,8 +72,8 @@ def class_for_gpu(mem_gb: float, classes: Sequence[SizeClass]) -> SizeClass:
     fitting = [c for c in gpu_classes(classes) if c.gpu_mem_gb <= mem_gb * GPU_MEM_TOLERANCE]
     if not fitting:
         smallest = gpu_classes(classes)[0]
-        raise SpecError.one("gpus", f"a {mem_gb:g} GB GPU is smaller than the smallest class "
-                                    f"{smallest.name} ({smallest.gpu_mem_gb} GB)")
+        raise ConfigError(f"a {mem_gb:g} GB GPU is smaller than the smallest class "
+                          f"{smallest.name} ({smallest.gpu_mem_gb} GB); leave it out with --gpus")
     return fitting[-1]
 
 

@@ -74,7 +74,7 @@ class JobSpec(_Strict):
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint_form(cls, v: str | None) -> str | None:
-        if v is not None and not _ENTRYPOINT.match(v):
+        if v is not None and not _ENTRYPOINT.fullmatch(v):
             raise ValueError("must look like 'package.module:function'")
         return v
 

@@ -40,14 +40,16 @@ class Stack:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     home = tmp_path_factory.mktemp("e31home")
-    env = dict(os.environ, E31_HOME=str(home), E31_REDIS_URL=redis_url,
+    # No E31_REDIS_URL: `e31 up` starts its own private redis-server, as on a user's machine,
+    # and the stack's workers stay away from the Redis the integration tests use.
+    env = dict(os.environ, E31_HOME=str(home),
                E31_API_PORT=str(free_port()), E31_FLOWER_PORT=str(free_port()),
                E31_HEARTBEAT_INTERVAL_S="0.5", E31_KILL_GRACE_S="2", E31_SCHEDULER_TICK_S="1",
                PYTHONPATH=os.pathsep.join([str(JOBS_DIR), os.environ.get("PYTHONPATH", "")]))
-    env.pop("E31_URL", None)
-    env.pop("E31_TOKEN", None)
+    for var in ("E31_URL", "E31_TOKEN", "E31_REDIS_URL", "E31_DATABASE_URL", "E31_CONFIG"):
+        env.pop(var, None)
     log = open(home / "up.out", "w")
     proc = subprocess.Popen([sys.executable, "-m", "e31.cli", "up", "--simulate-gpus", "1x24,1x48",
                              "--cpu-slots", "2", "--no-flower"], env=env, stdout=log,

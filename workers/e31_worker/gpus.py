@@ -92,9 +92,14 @@ def select(gpus: list[Gpu], which: str) -> list[Gpu]:
     for part in filter(None, (p.strip() for p in which.split(","))):
         lo, _, hi = part.partition("-")
         try:
-            wanted.extend(range(int(lo), int(hi or lo) + 1))
+            first, last = int(lo), int(hi or lo)
         except ValueError as exc:
             raise ConfigError(f"--gpus: {part!r} is not an index or a range like 0-3") from exc
+        if last < first:
+            raise ConfigError(f"--gpus: range {part!r} runs backwards")
+        wanted.extend(range(first, last + 1))
+    if len(set(wanted)) != len(wanted):
+        raise ConfigError(f"--gpus: {which!r} names a GPU twice; each GPU gets one worker")
     by_index = {g.index: g for g in gpus}
     missing = [i for i in wanted if i not in by_index]
     if missing:
