@@ -10,18 +10,17 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 import redis
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
-
 from e31.redisserver import start_redis
 from e31.settings import Settings
 from e31.store import Repo, make_engine
 from e31.store.migrate import upgrade
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 BACKENDS = ["sqlite", "postgres"]
 

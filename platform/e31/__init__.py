@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from e31.client import Client, JobHandle
     from e31.errors import E31Error, JobFailed
 
-__all__ = ["Client", "JobHandle", "JobFailed", "E31Error", "__version__"]
+__all__ = ["Client", "E31Error", "JobFailed", "JobHandle", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -75,7 +75,7 @@ class ArtifactStore:
         path = self._path(tenant_id, job_id, "outputs", _safe(rel))
         if not self._fs.isfile(path):
             raise NotFound(f"job {job_id} has no output {rel!r}")
-        return self._fs.open(path, "rb")  # type: ignore[no-any-return]
+        return self._fs.open(path, "rb")
 
     def log_attempts(self, tenant_id: str, job_id: str) -> list[int]:
         base = self._path(tenant_id, job_id, "logs")
@@ -90,7 +90,7 @@ class ArtifactStore:
             return b""
         with self._fs.open(path, "rb") as f:
             f.seek(offset)
-            return f.read()  # type: ignore[no-any-return]
+            return f.read()
 
 
 def log_name(attempt: int) -> str:

@@ -11,7 +11,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -93,18 +93,18 @@ def _pairs(items: list[str], flag: str) -> dict[str, Any]:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def submit(
     ctx: typer.Context,
-    spec_file: Optional[Path] = typer.Argument(None, help="a job spec in YAML or JSON"),
-    entrypoint: Optional[str] = typer.Option(None, "--entrypoint", "-e", help="module:function"),
+    spec_file: Path | None = typer.Argument(None, help="a job spec in YAML or JSON"),
+    entrypoint: str | None = typer.Option(None, "--entrypoint", "-e", help="module:function"),
     param: list[str] = typer.Option([], "--param", "-p", help="KEY=VALUE (VALUE parsed as JSON if it can be)"),
     env: list[str] = typer.Option([], "--env", help="KEY=VALUE for the job's environment"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs (0: the cpu class)"),
-    gpu_mem_gb: Optional[float] = typer.Option(None, "--gpu-mem", help="GB of GPU memory needed"),
-    size_class: Optional[str] = typer.Option(None, "--size-class", help="e.g. gpu80"),
-    timeout_s: Optional[float] = typer.Option(None, "--timeout", help="seconds per attempt"),
-    retries: Optional[int] = typer.Option(None, "--retries", help="retries after a failed attempt"),
-    backoff_s: Optional[float] = typer.Option(None, "--backoff", help="first retry delay, seconds"),
-    priority: Optional[int] = typer.Option(None, "--priority", help="0..9, higher first"),
-    name: Optional[str] = typer.Option(None, "--name"),
+    gpus: int | None = typer.Option(None, "--gpus", help="GPUs (0: the cpu class)"),
+    gpu_mem_gb: float | None = typer.Option(None, "--gpu-mem", help="GB of GPU memory needed"),
+    size_class: str | None = typer.Option(None, "--size-class", help="e.g. gpu80"),
+    timeout_s: float | None = typer.Option(None, "--timeout", help="seconds per attempt"),
+    retries: int | None = typer.Option(None, "--retries", help="retries after a failed attempt"),
+    backoff_s: float | None = typer.Option(None, "--backoff", help="first retry delay, seconds"),
+    priority: int | None = typer.Option(None, "--priority", help="0..9, higher first"),
+    name: str | None = typer.Option(None, "--name"),
     wait: bool = typer.Option(False, "--wait", help="wait for the end, with a progress bar"),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -177,7 +177,7 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
 
 
 @app.command("ls")
-def list_jobs(state: Optional[str] = typer.Option(None, "--state"),
+def list_jobs(state: str | None = typer.Option(None, "--state"),
               limit: int = typer.Option(50, "--limit"), as_json: bool = JsonOpt) -> None:
     """Your jobs, newest first."""
     jobs = _call(_client().list, state=state, limit=limit)
@@ -193,7 +193,7 @@ def list_jobs(state: Optional[str] = typer.Option(None, "--state"),
 
 @app.command()
 def logs(job_id: str, follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends"),
-         attempt: Optional[int] = typer.Option(None, "--attempt", help="one attempt only")) -> None:
+         attempt: int | None = typer.Option(None, "--attempt", help="one attempt only")) -> None:
     """A job's log (every attempt, or one)."""
     job = _call(_client().get, job_id)
     if not follow:
@@ -215,7 +215,7 @@ def logs(job_id: str, follow: bool = typer.Option(False, "--follow", "-f", help=
 
 
 @app.command()
-def result(job_id: str, download: Optional[Path] = typer.Option(None, "--download", help="fetch outputs into DIR"),
+def result(job_id: str, download: Path | None = typer.Option(None, "--download", help="fetch outputs into DIR"),
            as_json: bool = JsonOpt) -> None:
     """A finished job's result (and its output files with --download)."""
     job = _call(_client().get, job_id)
@@ -244,7 +244,7 @@ def cancel(job_id: str, as_json: bool = JsonOpt) -> None:
         out.print(f"{job_id} {'cancelled' if st['state'] == 'cancelled' else 'cancelling'}")
 
 
-def _wait(job: Any, *, as_json: bool, timeout: Optional[float]) -> None:
+def _wait(job: Any, *, as_json: bool, timeout: float | None) -> None:
     try:
         st = _call(job.wait, timeout=timeout, progress=not as_json)
     except JobFailed as exc:
@@ -258,7 +258,7 @@ def _wait(job: Any, *, as_json: bool, timeout: Optional[float]) -> None:
 
 
 @app.command("wait")
-def wait_cmd(job_id: str, timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds"),
+def wait_cmd(job_id: str, timeout: float | None = typer.Option(None, "--timeout", help="seconds"),
              as_json: bool = JsonOpt) -> None:
     """Wait for a job with a progress bar; exit 1 unless it succeeded."""
     _wait(_call(_client().get, job_id), as_json=as_json, timeout=timeout)
@@ -282,7 +282,7 @@ def usage(all_tenants: bool = typer.Option(False, "--all-tenants", help="every t
 
 # -- operations -------------------------------------------------------------------------
 
-from e31.cliops import register_ops  # noqa: E402  (ops commands live beside, same app)
+from e31.cliops import register_ops
 
 register_ops(app, db_app, tenant_app)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 
@@ -37,7 +39,7 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -52,22 +54,22 @@ class Client:
             raise _error(response)
         return response
 
-    def submit(self, spec: dict[str, Any] | None = None, /, **fields: Any) -> "JobHandle":
+    def submit(self, spec: dict[str, Any] | None = None, /, **fields: Any) -> JobHandle:
         """Submit one job from a spec mapping and/or the spec's fields as keywords."""
         body = {**(spec or {}), **fields}
         status = self.request("POST", "/v1/jobs", json=body).json()
         return JobHandle(self, status["id"], status)
 
-    def get(self, job_id: str) -> "JobHandle":
+    def get(self, job_id: str) -> JobHandle:
         return JobHandle(self, job_id, self.request("GET", f"/v1/jobs/{job_id}").json())
 
-    def list(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    def list(self, state: str | None = None, limit: int = 100) -> builtins.list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": limit}
         if state:
             params["state"] = state
         return list(self.request("GET", "/v1/jobs", params=params).json()["jobs"])
 
-    def usage(self, all_tenants: bool = False) -> list[dict[str, Any]]:
+    def usage(self, all_tenants: bool = False) -> builtins.list[dict[str, Any]]:
         params = {"all_tenants": "true"} if all_tenants else {}
         return list(self.request("GET", "/v1/usage", params=params).json()["usage"])
 
@@ -136,8 +138,7 @@ class JobHandle:
                     r.read()
                     raise _error(r)
                 with open(target, "wb") as f:
-                    for chunk in r.iter_bytes():
-                        f.write(chunk)
+                    f.writelines(r.iter_bytes())
             paths.append(target)
         return paths
 

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -31,8 +31,8 @@ def _logging(level: str) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
-def _worker_argv(gpus: str, cpu_slots: int, simulate_gpus: Optional[str], spill: bool,
-                 group: int, hostname: Optional[str]) -> list[str]:
+def _worker_argv(gpus: str, cpu_slots: int, simulate_gpus: str | None, spill: bool,
+                 group: int, hostname: str | None) -> list[str]:
     argv = ["--gpus", gpus, "--cpu-slots", str(cpu_slots), "--group", str(group),
             "--spill" if spill else "--no-spill"]
     if simulate_gpus:
@@ -53,9 +53,9 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
     host_opt = typer.Option(None, "--hostname", help="node-name suffix (default: this host's name)")
 
     @app.command()
-    def worker(gpus: str = gpus_opt, cpu_slots: int = cpu_opt, simulate_gpus: Optional[str] = sim_opt,
-               spill: bool = spill_opt, group: int = group_opt, hostname: Optional[str] = host_opt,
-               home: Optional[Path] = HomeOpt, loglevel: str = typer.Option("INFO", "--loglevel")) -> None:
+    def worker(gpus: str = gpus_opt, cpu_slots: int = cpu_opt, simulate_gpus: str | None = sim_opt,
+               spill: bool = spill_opt, group: int = group_opt, hostname: str | None = host_opt,
+               home: Path | None = HomeOpt, loglevel: str = typer.Option("INFO", "--loglevel")) -> None:
         """One pinned Celery worker per GPU (or group, or CPU slot); SIGTERM drains them."""
         from e31_worker.gpus import discover, parse_simulated, select
         from e31_worker.launcher import Launcher, default_host, plan_slots
@@ -73,9 +73,9 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
         raise typer.Exit(Launcher(settings=settings, slots=slots, loglevel=loglevel).run())
 
     @app.command()
-    def api(host: Optional[str] = typer.Option(None, "--host", help="[env E31_API_HOST]"),
-            port: Optional[int] = typer.Option(None, "--port", help="[env E31_API_PORT]"),
-            home: Optional[Path] = HomeOpt) -> None:
+    def api(host: str | None = typer.Option(None, "--host", help="[env E31_API_HOST]"),
+            port: int | None = typer.Option(None, "--port", help="[env E31_API_PORT]"),
+            home: Path | None = HomeOpt) -> None:
         """Serve the HTTP API (OpenAPI at /docs)."""
         import uvicorn
 
@@ -88,7 +88,7 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
                     log_level="warning")
 
     @app.command()
-    def scheduler(home: Optional[Path] = HomeOpt) -> None:
+    def scheduler(home: Path | None = HomeOpt) -> None:
         """Publish queued jobs into their class queues (one leader; a second one waits)."""
         import redis
 
@@ -107,7 +107,7 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
                   celery=make_celery(settings)).run(stop)
 
     @app.command()
-    def flower(home: Optional[Path] = HomeOpt) -> None:
+    def flower(home: Path | None = HomeOpt) -> None:
         """Flower on the same broker and settings, with basic auth, on a private address."""
         from e31.celeryapp import make_celery
         from e31.profile import read_profile
@@ -121,7 +121,7 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
                                      "--persistent=False", "--purge_offline_workers=60"])
 
     @db_app.command("upgrade")
-    def db_upgrade(home: Optional[Path] = HomeOpt) -> None:
+    def db_upgrade(home: Path | None = HomeOpt) -> None:
         """Create or migrate the store's schema to the newest revision."""
         from e31.store import make_engine
         from e31.store.migrate import upgrade
@@ -131,7 +131,7 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
 
     @tenant_app.command("create")
     def tenant_create(name: str, admin: bool = typer.Option(False, "--admin", help="may read every tenant's usage"),
-                      home: Optional[Path] = HomeOpt, as_json: bool = JsonOpt) -> None:
+                      home: Path | None = HomeOpt, as_json: bool = JsonOpt) -> None:
         """Create a tenant; its token is printed once (only its hash is stored)."""
         from e31.clock import utcnow
         from e31.store import Repo, make_engine
@@ -149,11 +149,11 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
             out.print(f"tenant {tenant.name} created; its token (shown once):\n{token}")
 
     @app.command()
-    def up(gpus: str = gpus_opt, cpu_slots: Optional[int] = typer.Option(None, "--cpu-slots",
+    def up(gpus: str = gpus_opt, cpu_slots: int | None = typer.Option(None, "--cpu-slots",
            help="cpu-class workers (default: 1, or 2 without GPUs)"),
-           simulate_gpus: Optional[str] = sim_opt, spill: bool = spill_opt, group: int = group_opt,
-           home: Optional[Path] = HomeOpt, port: Optional[int] = typer.Option(None, "--port", help="API port [env E31_API_PORT]"),
-           flower_port: Optional[int] = typer.Option(None, "--flower-port"),
+           simulate_gpus: str | None = sim_opt, spill: bool = spill_opt, group: int = group_opt,
+           home: Path | None = HomeOpt, port: int | None = typer.Option(None, "--port", help="API port [env E31_API_PORT]"),
+           flower_port: int | None = typer.Option(None, "--flower-port"),
            no_flower: bool = typer.Option(False, "--no-flower"),
            detach: bool = typer.Option(False, "--detach", "-d", help="return once ready; `e31 down` stops it")) -> None:
         """Start the whole stack on this machine: Redis, store, API, scheduler, workers, Flower."""
@@ -187,7 +187,7 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
         out.print("E31 Batch stopped.")
 
     @app.command()
-    def down(home: Optional[Path] = HomeOpt) -> None:
+    def down(home: Path | None = HomeOpt) -> None:
         """Stop the stack `e31 up` started from this home (running jobs are drained)."""
         from e31.local import stop_stack
         settings = _settings(home=home)

@@ -32,7 +32,7 @@ class SpecError(E31Error):
         super().__init__("; ".join(f"{e['field']}: {e['reason']}" for e in errors))
 
     @classmethod
-    def one(cls, field: str, reason: str) -> "SpecError":
+    def one(cls, field: str, reason: str) -> SpecError:
         return cls([{"field": field, "reason": reason}])
 
 

@@ -115,11 +115,11 @@ class LocalStack:
                           f"see the logs in {self.settings.home / 'logs'}")
 
     def _write_state(self, *, ready: bool, profile: dict[str, str]) -> None:
-        state = {"pid": os.getpid(), "ready": ready, "url": profile["url"],
-                 "flower": profile.get("flower_url"),
-                 "children": {c.name: c.proc.pid for c in self.children if c.proc}}
+        children = {c.name: c.proc.pid for c in self.children if c.proc}
         if self._redis_proc:
-            state["children"]["redis"] = self._redis_proc.pid
+            children["redis"] = self._redis_proc.pid
+        state = {"pid": os.getpid(), "ready": ready, "url": profile["url"],
+                 "flower": profile.get("flower_url"), "children": children}
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         os.replace(tmp, self.state_path)

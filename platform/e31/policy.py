@@ -6,8 +6,8 @@ This is the scheduler's policy hook. The default admits by priority, then age (t
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from e31.store.records import Candidate
 

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from e31.client import JobHandle
 
 
-def follow(job: "JobHandle", *, timeout: float | None = None,
+def follow(job: JobHandle, *, timeout: float | None = None,
            console: Console | None = None) -> dict[str, Any]:
     status: dict[str, Any] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"),

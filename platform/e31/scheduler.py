@@ -25,6 +25,7 @@ from e31.policy import WorkerInfo, order, plan
 from e31.settings import Settings
 from e31.sizeclasses import redis_priority
 from e31.store import Repo
+from e31.store.records import Candidate
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class Scheduler:
             sent += self._publish(chosen, now)
         return sent
 
-    def _publish(self, chosen: list, now: datetime) -> int:  # type: ignore[type-arg]
+    def _publish(self, chosen: list[Candidate], now: datetime) -> int:
         ids = set(self._repo.mark_dispatched([c.id for c in chosen], now=now))
         for c in chosen:
             if c.id not in ids:

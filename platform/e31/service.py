@@ -5,8 +5,10 @@ The API is a thin HTTP layer over this; every call is scoped by the caller's ten
 
 from __future__ import annotations
 
+import builtins
 import logging
-from typing import IO, Any, Mapping
+from collections.abc import Mapping
+from typing import IO, Any
 
 import redis
 
@@ -56,7 +58,7 @@ class Service:
     def get(self, tenant: TenantRecord, job_id: str) -> JobRecord:
         return self._repo.get_job(tenant.id, job_id)
 
-    def list(self, tenant: TenantRecord, *, state: str | None, limit: int) -> list[JobRecord]:
+    def list(self, tenant: TenantRecord, *, state: str | None, limit: int) -> builtins.list[JobRecord]:
         return self._repo.list_jobs(tenant.id, state=state, limit=min(max(limit, 1), LIST_LIMIT_MAX))
 
     def cancel(self, tenant: TenantRecord, job_id: str) -> JobRecord:
@@ -76,7 +78,7 @@ class Service:
             parts.append(self._artifacts.read_log(tenant.id, record.id, n))
         return b"".join(parts)
 
-    def outputs(self, tenant: TenantRecord, job_id: str) -> list[dict[str, Any]]:
+    def outputs(self, tenant: TenantRecord, job_id: str) -> builtins.list[dict[str, Any]]:
         record = self._repo.get_job(tenant.id, job_id)
         return self._artifacts.list_outputs(tenant.id, record.id)
 
@@ -84,7 +86,7 @@ class Service:
         record = self._repo.get_job(tenant.id, job_id)
         return self._artifacts.open_output(tenant.id, record.id, path)
 
-    def usage(self, tenant: TenantRecord, *, all_tenants: bool) -> list[dict[str, Any]]:
+    def usage(self, tenant: TenantRecord, *, all_tenants: bool) -> builtins.list[dict[str, Any]]:
         if all_tenants and not tenant.admin:
             raise AuthError("usage of all tenants needs an admin token")
         rows = self._repo.usage(None if all_tenants else tenant.id, now=utcnow())

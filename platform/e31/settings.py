@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -103,7 +104,7 @@ class Settings(BaseModel):
 
     @classmethod
     def load(cls, overrides: Mapping[str, Any] | None = None, *,
-             environ: Mapping[str, str] | None = None) -> "Settings":
+             environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from defaults, the config file, `E31_*` variables and `overrides`."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}

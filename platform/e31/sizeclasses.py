@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from e31.errors import ConfigError, SpecError
 from e31.settings import SizeClass

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -39,7 +40,7 @@ class Resources(_Strict):
     size_class: str | None = Field(default=None, description="a size class by name, instead of gpu_mem_gb")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Resources":
+    def _consistent(self) -> Resources:
         if self.gpus == 0 and self.gpu_mem_gb is not None:
             raise ValueError("gpu_mem_gb needs gpus >= 1")
         return self
@@ -105,7 +106,7 @@ class JobSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "JobSpec":
+    def _one_kind(self) -> JobSpec:
         if (self.entrypoint is None) == (self.command is None):
             raise ValueError("give exactly one of entrypoint or command")
         if self.command is not None and self.params:
@@ -125,7 +126,7 @@ class JobSpec(_Strict):
         return Path((self.command or ["job"])[0]).name
 
     @classmethod
-    def parse(cls, data: Any) -> "JobSpec":
+    def parse(cls, data: Any) -> JobSpec:
         """Validate untrusted input; raise `SpecError` naming each bad field and why."""
         if not isinstance(data, Mapping):
             raise SpecError.one("spec", "must be a mapping of fields")

@@ -11,14 +11,14 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from e31.client import Client
 from e31.redisserver import free_port
+
 from tests.conftest import wait_for
 
 JOBS_DIR = Path(__file__).parent / "jobs"

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from e31.errors import ClientError, JobFailed
+
 from tests.conftest import wait_for
 
 from .conftest import Stack

@@ -6,14 +6,13 @@ from pathlib import Path
 
 import pytest
 import redis
-from fastapi.testclient import TestClient
-
 from e31.api import create_app
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
 from e31.service import Service
 from e31.settings import Settings
 from e31.store import Repo
+from fastapi.testclient import TestClient
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from pathlib import Path
 from e31.spec import JobSpec
 from e31.states import AttemptReason
 from e31_worker.executor import AttemptPlan, Directive, Executor
+
 from tests.conftest import wait_for
 
 

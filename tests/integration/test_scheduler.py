@@ -6,7 +6,6 @@ import json
 import threading
 
 import redis
-
 from e31 import keys
 from e31.celeryapp import make_celery
 from e31.clock import utcnow

@@ -8,7 +8,6 @@ from datetime import timedelta
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-
 from e31.clock import utcnow
 from e31.errors import NotFound
 from e31.settings import Settings

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from e31 import errors
 from e31.errors import ClientError, E31Error, JobFailed, SpecError
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from e31.errors import ConfigError
 from e31_worker.gpus import Gpu, parse_simulated, select
 

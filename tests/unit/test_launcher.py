@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from e31.errors import ConfigError
 from e31.settings import DEFAULT_SIZE_CLASSES
 from e31_worker.gpus import parse_simulated

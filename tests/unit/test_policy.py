@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from e31.policy import WorkerInfo, order, plan
 from e31.settings import DEFAULT_SIZE_CLASSES
@@ -10,7 +10,7 @@ from e31.sizeclasses import redis_priority
 from e31.store.records import Candidate
 
 GPU24, GPU48, GPU80 = "e31.gpu24", "e31.gpu48", "e31.gpu80"
-T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 def rank(queue: str) -> int:

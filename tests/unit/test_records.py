@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from e31.store.records import AttemptRecord, JobRecord
 
-T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
 CONTRACT_KEYS = {"id", "name", "state", "size_class", "queue", "submitted_at", "started_at",
                  "ended_at", "gpu_seconds", "result", "attempts"}

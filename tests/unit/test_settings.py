@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from e31.errors import ConfigError
 from e31.settings import DEFAULT_SIZE_CLASSES, Settings
 

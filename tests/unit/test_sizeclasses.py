@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from e31.errors import ConfigError, SpecError
 from e31.settings import DEFAULT_SIZE_CLASSES, SizeClass
 from e31.sizeclasses import Route, class_for_gpu, queue_name, redis_priority, route, spill_queues

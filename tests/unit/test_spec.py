@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import pytest
-
 from e31.errors import SpecError
 from e31.spec import JobSpec, RetryPolicy, load_spec_file
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from e31.states import FINAL_STATES, TRANSITIONS, AttemptReason, JobState, can_transition
 
 

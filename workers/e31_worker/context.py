@@ -33,7 +33,7 @@ class JobContext:
         self._device: str | None = None
 
     @classmethod
-    def from_env(cls, params: dict[str, Any]) -> "JobContext":
+    def from_env(cls, params: dict[str, Any]) -> JobContext:
         env = os.environ
         return cls(job_id=env["E31_JOB_ID"], attempt=int(env.get("E31_ATTEMPT", "1")),
                    params=params, output_dir=Path(env["E31_OUTPUT_DIR"]),

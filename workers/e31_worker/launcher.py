@@ -12,12 +12,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from e31.errors import ConfigError
 from e31.settings import Settings, SizeClass
 from e31.sizeclasses import class_for_gpu, cpu_class, queue_name, spill_queues
+
 from e31_worker.gpus import Gpu
 
 log = logging.getLogger(__name__)

@@ -12,11 +12,11 @@ from typing import Any
 
 import redis
 from celery import signals
-
 from e31.artifacts import ArtifactStore
 from e31.celeryapp import make_celery
 from e31.settings import Settings
 from e31.store import Repo, make_engine
+
 from e31_worker.runtime import WorkerIdentity, WorkerRuntime
 from e31_worker.task import register
 

@@ -11,8 +11,9 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from e31_worker.context import JobContext
 
@@ -26,7 +27,7 @@ def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise TypeError(f"{entrypoint} is not callable")
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def _write(path: Path, payload: dict[str, Any]) -> None:

@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 
 import redis
-
 from e31 import keys
 from e31.artifacts import ArtifactStore
 from e31.settings import Settings

@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 from celery import Celery
-
 from e31.artifacts import log_name
 from e31.celeryapp import TASK_NAME
 from e31.clock import utcnow
@@ -16,6 +15,7 @@ from e31.errors import StoreError
 from e31.scheduler import wake
 from e31.states import AttemptReason
 from e31.store.records import Claim, Outcome
+
 from e31_worker.executor import AttemptPlan, AttemptResult, Directive, Executor
 from e31_worker.runtime import WorkerRuntime
 
@@ -74,7 +74,7 @@ def _attempt(rt: WorkerRuntime, claim: Claim) -> None:
         result = executor.run()
         outputs = rt.artifacts.put_tree(plan.output_dir, claim.tenant_id, claim.job_id, "outputs")
         rt.artifacts.put_tree(plan.checkpoint_dir, claim.tenant_id, claim.job_id, "checkpoints")
-    except Exception as exc:  # noqa: BLE001 - the worker keeps serving; the job gets the reason
+    except Exception as exc:
         log.exception("attempt_crashed job=%s attempt=%d", claim.job_id, claim.attempt)
         result = AttemptResult(AttemptReason.ERROR, error=f"worker error: {type(exc).__name__}: {exc}")
     finally:

@@ -11,9 +11,10 @@ import hashlib
 import secrets
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from sqlalchemy import Engine, func, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -25,8 +26,15 @@ from e31.spec import JobSpec, RetryPolicy
 from e31.states import AttemptReason, JobState
 from e31.store.db import WRITE_OPTION
 from e31.store.models import ApiKey, Attempt, Job, Tenant
-from e31.store.records import (AttemptRecord, Candidate, Claim, JobRecord, Outcome,
-                               TenantRecord, UsageRow)
+from e31.store.records import (
+    AttemptRecord,
+    Candidate,
+    Claim,
+    JobRecord,
+    Outcome,
+    TenantRecord,
+    UsageRow,
+)
 
 TOKEN_PREFIX = "e31_"
 COUNTED_REASONS = [r.value for r in AttemptReason if r.counts_against_retries]
