@@ -1,0 +1,81 @@
+"""`e31 worker` as an operator runs it: pinning, no CUDA in the worker, restart, drain."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import redis
+
+from e31 import keys
+from tests.conftest import wait_for
+
+from .conftest import Stack
+
+WAIT_S = 60
+
+
+@pytest.fixture
+def gpu80_worker(stack: Stack) -> Iterator[tuple[subprocess.Popen[bytes], redis.Redis]]:
+    """An extra `e31 worker` with one simulated 80 GB GPU, a class the stack itself lacks."""
+    profile = json.loads((stack.home / "profile.json").read_text())
+    env = dict(stack.env, E31_REDIS_URL=profile["redis_url"])
+    log = open(stack.home / "logs" / "gpu80-worker.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "e31.cli", "worker", "--simulate-gpus", "1x80",
+                             "--hostname", "extra"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    r = redis.Redis.from_url(profile["redis_url"])
+    wait_for(lambda: r.get(keys.worker("gpu0@extra")), timeout_s=WAIT_S, what="the gpu80 worker")
+    yield proc, r
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def _heartbeat(r: redis.Redis) -> dict:
+    raw = r.get(keys.worker("gpu0@extra"))
+    return json.loads(raw) if raw else {}
+
+
+def test_the_worker_process_is_pinned_and_never_loads_torch_or_cuda(gpu80_worker, stack: Stack) -> None:
+    _, r = gpu80_worker
+    job = stack.client().submit(entrypoint="e31_worker.examples:matmul", params={"n": 64},
+                                resources={"gpu_mem_gb": 80})
+    status = job.wait(timeout=WAIT_S)
+    assert status["attempts"][0]["worker"] == "gpu0@extra"
+    pid = _heartbeat(r)["pid"]
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert b"CUDA_VISIBLE_DEVICES=0" in environ
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "libtorch" not in maps and "libcuda" not in maps
+    assert status["result"]["device"] == "cpu"  # the job imported torch, in its own process
+
+
+def test_a_worker_process_killed_with_sigkill_is_restarted(gpu80_worker) -> None:
+    _, r = gpu80_worker
+    first = _heartbeat(r)["pid"]
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: _heartbeat(r).get("pid") not in (None, first), timeout_s=WAIT_S,
+             what="a new worker process")
+
+
+def test_sigterm_drains_the_running_job_back_to_the_queue_without_using_a_retry(
+        gpu80_worker, stack: Stack) -> None:
+    proc, r = gpu80_worker
+    job = stack.client().submit(entrypoint="e31_worker.examples:sleep",
+                                params={"seconds": 300, "steps": 300}, resources={"gpu_mem_gb": 80})
+    wait_for(lambda: job.status()["state"] == "running", timeout_s=WAIT_S, what="the job to run")
+
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+
+    status = job.status()
+    assert status["state"] == "queued"            # no gpu80 worker is left to take it
+    assert [a["reason"] for a in status["attempts"]] == ["drained"]
+    assert r.get(keys.worker("gpu0@extra")) is None
+    job.cancel()
