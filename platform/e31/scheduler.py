@@ -16,6 +16,7 @@ from datetime import datetime
 
 import redis
 from celery import Celery
+from kombu.exceptions import OperationalError as BrokerError
 
 from e31 import keys
 from e31.celeryapp import TASK_NAME
@@ -140,7 +141,7 @@ class Scheduler:
                     leading = True
                 self.tick()
                 self._wait_for_wake(stop, tick_s)
-            except (redis.RedisError, StoreError) as exc:
+            except (redis.RedisError, BrokerError, StoreError) as exc:
                 log.warning("scheduler_error %s: %s; retrying", type(exc).__name__, exc)
                 stop.wait(tick_s)
         self.resign()

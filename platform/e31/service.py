@@ -45,7 +45,7 @@ class Service:
 
     def submit(self, tenant: TenantRecord, data: Mapping[str, Any]) -> JobRecord:
         """Validate, route and store a job as queued, then wake the scheduler."""
-        spec = JobSpec.parse(data)
+        spec = JobSpec.parse(self._with_pool_defaults(data))
         where = route(spec, self._settings.size_classes)
         record = self._repo.insert_job(tenant.id, spec, where, now=utcnow())
         log.info("job_submitted job=%s tenant=%s queue=%s", record.id, tenant.name, record.queue)
@@ -54,6 +54,13 @@ class Service:
         except redis.RedisError as exc:  # the job is stored; the next tick publishes it
             log.warning("scheduler_wake_failed job=%s: %s", record.id, exc)
         return record
+
+    def _with_pool_defaults(self, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Fill what the spec leaves out of `retries` from the pool's `[retries]` setting."""
+        given = data.get("retries")
+        if given is not None and not isinstance(given, Mapping):
+            return data  # let validation name the field
+        return {**data, "retries": {**self._settings.retries.model_dump(), **(given or {})}}
 
     def get(self, tenant: TenantRecord, job_id: str) -> JobRecord:
         return self._repo.get_job(tenant.id, job_id)

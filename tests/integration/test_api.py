@@ -112,3 +112,18 @@ def test_the_openapi_document_describes_the_job_routes(api) -> None:
     client, _, _ = api
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/usage"} <= set(paths)
+
+
+def test_the_pools_retry_policy_fills_what_a_spec_leaves_out(repo: Repo, redis_url: str,
+                                                             redis_client: redis.Redis, tmp_path: Path) -> None:
+    from e31.settings import RetryDefaults
+    settings = Settings(redis_url=redis_url, retries=RetryDefaults(max=2, backoff_s=3))
+    service = Service(settings=settings, repo=repo, artifacts=ArtifactStore(f"file://{tmp_path}"),
+                      redis_client=redis_client)
+    tenant, _ = repo.create_tenant("pool", now=utcnow())
+
+    plain = service.submit(tenant, {"entrypoint": "m:f"})
+    partial = service.submit(tenant, {"entrypoint": "m:f", "retries": {"max": 5}})
+
+    assert plain.spec["retries"] == {"max": 2, "backoff_s": 3.0, "backoff_max_s": 600.0}
+    assert partial.spec["retries"] == {"max": 5, "backoff_s": 3.0, "backoff_max_s": 600.0}

@@ -80,7 +80,7 @@ class Launcher:
         self._stop = threading.Event()
 
     def _spawn(self, slot: WorkerSlot) -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
+        env = dict(os.environ, E31_HOME=str(self._settings.home))  # --home reaches the workers
         # Pinned before Python starts in the worker: it and its jobs see only these GPUs.
         env.update(CUDA_VISIBLE_DEVICES=slot.gpus, CUDA_DEVICE_ORDER="PCI_BUS_ID")
         argv = [sys.executable, "-m", "e31_worker.process", "--node", slot.node,

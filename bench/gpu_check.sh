@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU path on a machine with real NVIDIA GPUs, in one short run (about 2 minutes):
+#   - e31 up discovers the GPUs through NVML / nvidia-smi (no --simulate-gpus);
+#   - a job sees its GPU pinned in CUDA_VISIBLE_DEVICES and runs on ctx.device == "cuda";
+#   - the worker process itself never maps libcuda (CUDA only in the job's child).
+# Usage: bash bench/gpu_check.sh   (prints a summary; exit 0 when every check holds)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv-gpu && . .venv-gpu/bin/activate
+pip install -q torch==2.13.0 || pip install -q torch
+pip install -q -e '.[worker,local]'
+export E31_HOME="$(mktemp -d)/e31" E31_API_PORT=18931 E31_FLOWER_PORT=15931
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || true
+e31 up -d --no-flower
+trap 'e31 down >/dev/null 2>&1 || true' EXIT
+out=$(e31 submit -e e31_worker.examples:matmul -p n=8192 -p repeats=50 --wait --json)
+echo "$out" | python3 -c '
+import json, sys, pathlib, redis
+st = json.load(sys.stdin)
+res, att = st["result"], st["attempts"][0]
+print("job", st["id"], "class", st["size_class"], "worker", att["worker"], "gpus", att["gpus"])
+print("device", res["device"], "GFLOP/s", res["gflops"])
+assert res["device"] == "cuda", "the job did not get CUDA"
+prof = json.loads((pathlib.Path("'"$E31_HOME"'") / "profile.json").read_text())
+r = redis.Redis.from_url(prof["redis_url"])
+for key in r.scan_iter(match="e31:worker:*"):
+    hb = json.loads(r.get(key))
+    maps = pathlib.Path(f"/proc/{hb[\"pid\"]}/maps").read_text()
+    env = pathlib.Path(f"/proc/{hb[\"pid\"]}/environ").read_bytes().split(b"\0")
+    pinned = [e.decode() for e in env if e.startswith(b"CUDA_VISIBLE_DEVICES=")]
+    print(hb["node"], pinned, "libcuda mapped:", "libcuda" in maps)
+    assert "libcuda" not in maps, "a worker process initialised CUDA"
+print("GPU path: all checks passed")
+'
