@@ -38,6 +38,18 @@ def wait_for(condition: Callable[[], object], *, timeout_s: float = 30.0, poll_s
         time.sleep(poll_s)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not yet reaped, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if os.environ.get("E31_TEST_REDIS_URL"):

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import httpx
-
 from e31.redisserver import free_port
-from tests.conftest import wait_for
+
+from tests.conftest import process_alive, wait_for
 
 from .conftest import Stack
 
@@ -68,22 +68,11 @@ def test_up_detached_then_down_stops_every_process_it_started(tmp_path: Path) ->
                           text=True, timeout=180)
     assert down.returncode == 0 and "stopped" in down.stdout
     for pid in pids:
-        wait_for(lambda: not _alive(pid), timeout_s=30, what=f"pid {pid} to exit")
+        wait_for(lambda: not process_alive(pid), timeout_s=30, what=f"pid {pid} to exit")
 
 
 def _answers(url: str) -> bool:
     try:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
-        return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
         return False

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from e31.errors import ClientError, JobFailed
 
-from tests.conftest import wait_for
+from tests.conftest import process_alive, wait_for
 
 from .conftest import Stack
 
@@ -57,7 +56,7 @@ def test_a_job_past_its_timeout_is_killed_and_fails_with_reason_timeout(stack: S
         job.wait(timeout=WAIT_S)
     assert failed.value.reason == "timeout"
     for pid in map(int, pidfile.read_text().split()):
-        wait_for(lambda: not _alive(pid), timeout_s=10, what=f"pid {pid} to be gone")
+        wait_for(lambda: not process_alive(pid), timeout_s=10, what=f"pid {pid} to be gone")
 
 
 def test_cancelling_a_running_job_kills_its_processes(stack: Stack, tmp_path: Path) -> None:
@@ -74,7 +73,7 @@ def test_cancelling_a_running_job_kills_its_processes(stack: Stack, tmp_path: Pa
     assert failed.value.status["state"] == "cancelled"
     assert failed.value.status["attempts"][-1]["reason"] == "cancelled"
     for pid in pids:
-        wait_for(lambda: not _alive(pid), timeout_s=10, what=f"pid {pid} to be gone")
+        wait_for(lambda: not process_alive(pid), timeout_s=10, what=f"pid {pid} to be gone")
 
 
 def test_cancelling_a_queued_job_means_it_never_runs(stack: Stack) -> None:
@@ -125,14 +124,3 @@ def test_tenant_b_cannot_see_or_touch_tenant_as_job(stack: Stack) -> None:
         assert hidden.value.status_code == 404
     assert job.wait(timeout=WAIT_S)["state"] == "succeeded"  # B's cancel did nothing
     assert all(j["id"] != job.id for j in other.list())
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False

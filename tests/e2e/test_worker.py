@@ -7,13 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import redis
-
 from e31 import keys
+
 from tests.conftest import wait_for
 
 from .conftest import Stack

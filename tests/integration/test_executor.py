@@ -10,7 +10,7 @@ from e31.spec import JobSpec
 from e31.states import AttemptReason
 from e31_worker.executor import AttemptPlan, Directive, Executor
 
-from tests.conftest import wait_for
+from tests.conftest import process_alive, wait_for
 
 
 def plan(tmp_path: Path, *, log_max_bytes: int = 1 << 20, **spec: object) -> AttemptPlan:
@@ -67,7 +67,7 @@ def test_a_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     result = run(p)
     assert result.reason is AttemptReason.TIMEOUT
     grandchild = int(pidfile.read_text())
-    wait_for(lambda: not _alive(grandchild), timeout_s=5, what="the grandchild to be gone")
+    wait_for(lambda: not process_alive(grandchild), timeout_s=5, what="the grandchild to be gone")
 
 
 def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
@@ -102,14 +102,3 @@ def test_the_job_environment_hides_the_workers_own_settings(tmp_path: Path) -> N
     env = p.log_path.read_text()
     assert "secret" not in env
     assert "MY_FLAG=1" in env and "CUDA_VISIBLE_DEVICES=3" in env and "E31_JOB_ID=j-test" in env
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False

@@ -9,7 +9,7 @@ ROOT = Path(__file__).parents[2]
 
 
 def _bash_blocks(text: str) -> list[str]:
-    return [b.strip() for b in re.findall(r"```bash\n(.*?)```", text, flags=re.S)]
+    return [b.strip() for b in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)]
 
 
 def test_ci_runs_exactly_the_readmes_test_command() -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from e31.states import AttemptReason
+from e31.store.records import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +70,6 @@ class AttemptPlan:
         return self.root / "progress.json"
 
 
-@dataclass(frozen=True)
-class AttemptResult:
-    reason: AttemptReason
-    result: Any = None
-    error: str | None = None
-    exit_code: int | None = None
-
-
 Tick = Callable[[tuple[float, float] | None], Directive]
 
 
@@ -91,7 +84,7 @@ class Executor:
         for d in (self._plan.work_dir, self._plan.output_dir, self._plan.checkpoint_dir):
             d.mkdir(parents=True, exist_ok=True)
 
-    def run(self) -> AttemptResult:
+    def run(self) -> Outcome:
         plan = self._plan
         self.prepare()
         argv = self._argv()
@@ -102,7 +95,7 @@ class Executor:
                                     preexec_fn=_die_with_parent)
         except OSError as exc:
             plan.log_path.write_text(f"e31: cannot start {argv[0]}: {exc}\n")
-            return AttemptResult(AttemptReason.ERROR, error=f"cannot start {argv[0]}: {exc.strerror}")
+            return Outcome(AttemptReason.ERROR, error=f"cannot start {argv[0]}: {exc.strerror}")
         assert proc.stdout is not None
         pump = threading.Thread(target=_pump_log, args=(proc.stdout, plan.log_path, plan.log_max_bytes),
                                 name=f"log-{plan.job_id}", daemon=True)
@@ -150,35 +143,35 @@ class Executor:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def _result(self, code: int, stopped_for: AttemptReason | Directive | None) -> AttemptResult:
+    def _result(self, code: int, stopped_for: AttemptReason | Directive | None) -> Outcome:
         plan = self._plan
         if stopped_for is AttemptReason.TIMEOUT:
-            return AttemptResult(AttemptReason.TIMEOUT, exit_code=code,
+            return Outcome(AttemptReason.TIMEOUT, exit_code=code,
                                  error=f"timed out after {plan.spec['timeout_s']:g} s")
         if stopped_for is Directive.CANCEL:
-            return AttemptResult(AttemptReason.CANCELLED, exit_code=code, error="cancelled by its owner")
+            return Outcome(AttemptReason.CANCELLED, exit_code=code, error="cancelled by its owner")
         if stopped_for is Directive.DRAIN:
-            return AttemptResult(AttemptReason.DRAINED, exit_code=code, error="worker shut down")
+            return Outcome(AttemptReason.DRAINED, exit_code=code, error="worker shut down")
         if stopped_for is Directive.LOST:
-            return AttemptResult(AttemptReason.LOST, exit_code=code, error="lease lost")
+            return Outcome(AttemptReason.LOST, exit_code=code, error="lease lost")
         if plan.spec.get("entrypoint"):
             return self._entrypoint_result(code)
         if code == 0:
-            return AttemptResult(AttemptReason.SUCCEEDED, exit_code=0)
-        return AttemptResult(AttemptReason.ERROR, exit_code=code, error=_exit_text(code))
+            return Outcome(AttemptReason.SUCCEEDED, exit_code=0)
+        return Outcome(AttemptReason.ERROR, exit_code=code, error=_exit_text(code))
 
-    def _entrypoint_result(self, code: int) -> AttemptResult:
+    def _entrypoint_result(self, code: int) -> Outcome:
         result_file, error_file = self._plan.root / "result.json", self._plan.root / "error.json"
         if code == 0 and result_file.is_file():
-            return AttemptResult(AttemptReason.SUCCEEDED, exit_code=0,
+            return Outcome(AttemptReason.SUCCEEDED, exit_code=0,
                                  result=json.loads(result_file.read_text())["result"])
         if error_file.is_file():
-            return AttemptResult(AttemptReason.ERROR, exit_code=code,
+            return Outcome(AttemptReason.ERROR, exit_code=code,
                                  error=json.loads(error_file.read_text())["error"])
         if code == 0:
-            return AttemptResult(AttemptReason.ERROR, exit_code=0,
+            return Outcome(AttemptReason.ERROR, exit_code=0,
                                  error="the job exited before returning a result")
-        return AttemptResult(AttemptReason.ERROR, exit_code=code, error=_exit_text(code))
+        return Outcome(AttemptReason.ERROR, exit_code=code, error=_exit_text(code))
 
     def _argv(self) -> list[str]:
         spec = self._plan.spec

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import time
@@ -16,7 +17,7 @@ from e31.scheduler import wake
 from e31.states import AttemptReason
 from e31.store.records import Claim, Outcome
 
-from e31_worker.executor import AttemptPlan, AttemptResult, Directive, Executor
+from e31_worker.executor import AttemptPlan, Directive, Executor
 from e31_worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -76,14 +77,13 @@ def _attempt(rt: WorkerRuntime, claim: Claim) -> None:
         rt.artifacts.put_tree(plan.checkpoint_dir, claim.tenant_id, claim.job_id, "checkpoints")
     except Exception as exc:
         log.exception("attempt_crashed job=%s attempt=%d", claim.job_id, claim.attempt)
-        result = AttemptResult(AttemptReason.ERROR, error=f"worker error: {type(exc).__name__}: {exc}")
+        result = Outcome(AttemptReason.ERROR, error=f"worker error: {type(exc).__name__}: {exc}")
     finally:
         _upload_log(rt, claim, plan)
     if result.reason is AttemptReason.LOST:
         log.warning("lease_lost job=%s attempt=%d node=%s", claim.job_id, claim.attempt, rt.identity.node)
         return
-    outcome = Outcome(reason=result.reason, result=result.result, error=result.error,
-                      exit_code=result.exit_code, outputs=outputs)
+    outcome = dataclasses.replace(result, outputs=outputs)
     state = _record(rt, claim, outcome)
     log.info("job_%s job=%s attempt=%d node=%s reason=%s", state or "fenced", claim.job_id,
              claim.attempt, rt.identity.node, result.reason.value)
