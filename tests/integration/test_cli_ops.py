@@ -1,0 +1,41 @@
+"""Operator commands against a real store: `e31 db upgrade`, `e31 tenant create`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sqlalchemy import inspect
+
+from e31.store import Repo, make_engine
+
+
+def e31(*args: str, home: Path, database_url: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, E31_HOME=str(home), E31_DATABASE_URL=database_url)
+    return subprocess.run([sys.executable, "-m", "e31.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_db_upgrade_creates_the_schema_and_can_run_again(database_url: str, tmp_path: Path) -> None:
+    for _ in range(2):
+        done = e31("db", "upgrade", home=tmp_path, database_url=database_url)
+        assert done.returncode == 0, done.stderr
+    tables = set(inspect(make_engine(database_url)).get_table_names())
+    assert {"tenants", "api_keys", "jobs", "attempts", "alembic_version"} <= tables
+
+
+def test_tenant_create_prints_the_token_once_and_refuses_a_taken_name(database_url: str,
+                                                                       tmp_path: Path) -> None:
+    created = e31("tenant", "create", "vision-team", "--json", home=tmp_path, database_url=database_url)
+    assert created.returncode == 0, created.stderr
+    printed = json.loads(created.stdout)
+    assert printed["tenant"] == "vision-team" and printed["token"].startswith("e31_")
+    repo = Repo(make_engine(database_url))
+    assert repo.tenant_for_token(printed["token"]).name == "vision-team"
+
+    again = e31("tenant", "create", "vision-team", home=tmp_path, database_url=database_url)
+    assert again.returncode == 2
+    assert "exists already" in again.stderr
