@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -133,7 +134,8 @@ class JobHandle:
         for item in self.outputs():
             target = root / item["path"]
             target.parent.mkdir(parents=True, exist_ok=True)
-            with self._client._http.stream("GET", f"/v1/jobs/{self.id}/outputs/{item['path']}") as r:
+            url = f"/v1/jobs/{self.id}/outputs/{quote(item['path'])}"
+            with self._client._http.stream("GET", url) as r:
                 if r.status_code >= 400:
                     r.read()
                     raise _error(r)

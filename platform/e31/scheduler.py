@@ -92,15 +92,19 @@ class Scheduler:
     def tick(self, now: datetime | None = None) -> int:
         """Publish what the idle capacity can take; returns the number of messages sent."""
         now = now or utcnow()
-        expired = self._repo.expire_dispatches(now=now, timeout_s=self._settings.dispatch_timeout_s)
+        workers, busy = read_workers(self._redis), self._repo.busy_workers()
+        idle_queues = {q for w in workers if w.busy_job is None and w.node not in busy
+                       for q in w.queues}
+        expired = self._repo.expire_dispatches(sorted(idle_queues), now=now,
+                                               timeout_s=self._settings.dispatch_timeout_s)
         if expired:
-            log.warning("dispatch_expired count=%d", expired)
+            log.warning("dispatch_expired count=%d: published again", expired)
         queues = self._repo.queues_with_work(now=now)
         if not queues:
             return 0
         candidates = {q: self._repo.dispatch_candidates(q, now=now, limit=CANDIDATE_BATCH)
                       for q in queues}
-        budget = plan(read_workers(self._redis), self._repo.busy_workers(),
+        budget = plan(workers, busy,
                       {q: len(c) for q, c in candidates.items()}, self._repo.outstanding_by_queue(),
                       headroom=self._settings.dispatch_headroom, rank=self._rank)
         sent = 0

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from e31.errors import ConfigError
+from e31.spec import RetryPolicy
 
 
 class SizeClass(BaseModel):
@@ -32,13 +33,6 @@ DEFAULT_SIZE_CLASSES = (
     SizeClass(name="gpu80", gpu_mem_gb=80),
     SizeClass(name="gpu141", gpu_mem_gb=141),
 )
-
-
-class RetryDefaults(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    max: int = Field(default=0, ge=0, le=100)
-    backoff_s: float = Field(default=10.0, ge=0)
-    backoff_max_s: float = Field(default=600.0, ge=0)
 
 
 class Settings(BaseModel):
@@ -69,7 +63,7 @@ class Settings(BaseModel):
     visibility_timeout_s: int = Field(default=86400, gt=0)
     log_max_bytes: int = Field(default=100 * 1024 * 1024, gt=0)
 
-    retries: RetryDefaults = RetryDefaults()
+    retries: RetryPolicy = RetryPolicy()  # the pool's default; a spec's own fields win
     size_classes: tuple[SizeClass, ...] = DEFAULT_SIZE_CLASSES
 
     @field_validator("size_classes")

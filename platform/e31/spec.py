@@ -24,6 +24,14 @@ DEFAULT_TIMEOUT_S = 86400     # one day, like a typical SLURM partition default
 MAX_PARAMS_BYTES = 1024 * 1024  # params travel through the store; data belongs in files
 
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME_MAX = 200
+
+
+def _no_nul(value: str, what: str) -> str:
+    if "\x00" in value:
+        raise ValueError(f"{what} must not contain a NUL character")
+    return value
 
 
 class _Strict(BaseModel):
@@ -61,7 +69,7 @@ class RetryPolicy(_Strict):
 class JobSpec(_Strict):
     """A job as submitted: what to run, with what, for how long, how often."""
 
-    name: str | None = Field(default=None, max_length=200)
+    name: str | None = Field(default=None, max_length=NAME_MAX)
     entrypoint: str | None = Field(default=None, description="module:function, called as fn(ctx, **params)")
     command: list[str] | None = Field(default=None, description="argv of a command job")
     params: dict[str, Any] = Field(default_factory=dict)
@@ -84,7 +92,14 @@ class JobSpec(_Strict):
     def _command_form(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and (not v or not v[0]):
             raise ValueError("must be a non-empty argv list")
+        for arg in v or []:
+            _no_nul(arg, "an argument")
         return v
+
+    @field_validator("name")
+    @classmethod
+    def _name_text(cls, v: str | None) -> str | None:
+        return _no_nul(v, "the name") if v is not None else v
 
     @field_validator("params")
     @classmethod
@@ -100,9 +115,12 @@ class JobSpec(_Strict):
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
+        for key, value in v.items():
+            if not _ENV_NAME.fullmatch(key):
+                raise ValueError(f"{key!r} is not a variable name (letters, digits, _)")
             if key.startswith("E31_") or key == "CUDA_VISIBLE_DEVICES":
                 raise ValueError(f"{key} is set by the worker and cannot be overridden")
+            _no_nul(value, f"the value of {key}")
         return v
 
     @model_validator(mode="after")
@@ -122,8 +140,8 @@ class JobSpec(_Strict):
         if self.name:
             return self.name
         if self.entrypoint:
-            return self.entrypoint.rsplit(":", 1)[1]
-        return Path((self.command or ["job"])[0]).name
+            return self.entrypoint.rsplit(":", 1)[1][:NAME_MAX]
+        return Path((self.command or ["job"])[0]).name[:NAME_MAX] or "job"
 
     @classmethod
     def parse(cls, data: Any) -> JobSpec:

@@ -44,6 +44,10 @@ def test_a_request_without_a_valid_token_is_refused(api) -> None:
     ({"entrypoint": "m:f", "resources": {"gpus": 64}}, "resources.gpus"),
     ({"entrypoint": "m:f", "resources": {"size_class": "gpu9000"}}, "resources.size_class"),
     ({"entrypoint": "not a callable"}, "entrypoint"),
+    ({"entrypoint": "m:f", "env": {"A=B": "1"}}, "env"),
+    ({"entrypoint": "m:f", "env": {"A": "x\u0000y"}}, "env"),
+    ({"entrypoint": "m:f", "name": "a\u0000b"}, "name"),
+    ({"command": ["sh", "-c", "nul\u0000here"]}, "command"),
 ])
 def test_a_bad_spec_gets_422_naming_the_field_and_nothing_is_stored(api, body, field) -> None:
     client, _, h = api
@@ -54,6 +58,17 @@ def test_a_bad_spec_gets_422_naming_the_field_and_nothing_is_stored(api, body, f
     assert field in [e["field"] for e in payload["errors"]], payload
     assert all(e["reason"] for e in payload["errors"])
     assert client.get("/v1/jobs", headers=h["a"]).json()["jobs"] == []
+
+
+def test_odd_but_valid_input_never_gets_a_500(api) -> None:
+    client, _, h = api
+    long_program = client.post("/v1/jobs", json={"command": ["/bin/" + "x" * 250]}, headers=h["a"])
+    assert long_program.status_code == 201 and len(long_program.json()["name"]) == 200
+    assert client.get("/v1/jobs/j-%00", headers=h["a"]).status_code == 404
+    assert client.get("/v1/jobs/" + "j" * 500, headers=h["a"]).status_code == 404
+    job_id = long_program.json()["id"]
+    assert client.get(f"/v1/jobs/{job_id}/logs", params={"attempt": 1, "offset": 10**20},
+                      headers=h["a"]).status_code == 422
 
 
 def test_a_body_that_is_not_json_is_refused_with_422(api) -> None:
@@ -116,8 +131,8 @@ def test_the_openapi_document_describes_the_job_routes(api) -> None:
 
 def test_the_pools_retry_policy_fills_what_a_spec_leaves_out(repo: Repo, redis_url: str,
                                                              redis_client: redis.Redis, tmp_path: Path) -> None:
-    from e31.settings import RetryDefaults
-    settings = Settings(redis_url=redis_url, retries=RetryDefaults(max=2, backoff_s=3))
+    from e31.spec import RetryPolicy
+    settings = Settings(redis_url=redis_url, retries=RetryPolicy(max=2, backoff_s=3))
     service = Service(settings=settings, repo=repo, artifacts=ArtifactStore(f"file://{tmp_path}"),
                       redis_client=redis_client)
     tenant, _ = repo.create_tenant("pool", now=utcnow())

@@ -8,9 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sqlalchemy import inspect
-
 from e31.store import Repo, make_engine
+from sqlalchemy import inspect
 
 
 def e31(*args: str, home: Path, database_url: str) -> subprocess.CompletedProcess[str]:

@@ -102,3 +102,30 @@ def test_the_job_environment_hides_the_workers_own_settings(tmp_path: Path) -> N
     env = p.log_path.read_text()
     assert "secret" not in env
     assert "MY_FLAG=1" in env and "CUDA_VISIBLE_DEVICES=3" in env and "E31_JOB_ID=j-test" in env
+
+
+def test_a_failing_supervisor_never_leaves_the_job_running(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    p = plan(tmp_path, command=["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"])
+
+    def broken_tick(progress: object) -> Directive:
+        raise RuntimeError("heartbeat blew up")
+
+    try:
+        Executor(p, tick=broken_tick).run()
+    except RuntimeError:
+        pass
+    wait_for(lambda: not process_alive(int(pidfile.read_text())), timeout_s=5,
+             what="the job to be killed")
+
+
+def test_a_process_that_leaves_the_group_does_not_hold_the_attempt_open(tmp_path: Path) -> None:
+    import threading
+    import time
+    p = plan(tmp_path, command=["sh", "-c", "setsid sleep 60 & sleep 0.2; echo done"])
+    started = time.monotonic()
+    result = run(p)
+    assert result.reason is AttemptReason.SUCCEEDED
+    assert time.monotonic() - started < 10
+    assert not [t for t in threading.enumerate() if t.name == "log-j-test"]
+    assert "done" in p.log_path.read_text()

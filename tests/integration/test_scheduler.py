@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import timedelta
 
 import redis
 from e31 import keys
@@ -90,6 +91,21 @@ def test_a_big_worker_that_spills_takes_its_own_class_first(repo: Repo, redis_ur
 
     assert published(redis_client, "e31.gpu80") == [big]
     assert small not in published(redis_client, "e31.gpu24")
+
+
+def test_a_message_waiting_behind_busy_workers_is_not_published_again(
+        repo: Repo, redis_url: str, redis_client: redis.Redis) -> None:
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    waiting = submit(repo, tenant.id)
+    heartbeat(redis_client, "gpu0@n", ["e31.gpu24"], busy_job="j-other")
+    scheduler = make(repo, redis_url, dispatch_headroom=1, dispatch_timeout_s=1)
+    assert scheduler.tick() == 1                       # the headroom message
+    later = utcnow() + timedelta(hours=1)
+
+    assert scheduler.tick(later) == 0                  # the worker is still busy: not lost
+    heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])   # idle, yet the job was never claimed
+    assert scheduler.tick(later) == 1                  # so its message was lost: publish again
+    assert published(redis_client, "e31.gpu24") == [waiting, waiting]
 
 
 def test_a_second_scheduler_waits_while_the_first_leads(repo: Repo, redis_url: str,

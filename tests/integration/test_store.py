@@ -176,5 +176,38 @@ def test_candidates_come_in_priority_then_submission_order_and_dispatch_marks_on
     assert repo.outstanding_by_queue() == {"e31.gpu24": 1}
     assert [c.id for c in repo.dispatch_candidates("e31.gpu24", now=now, limit=10)] == [mid.id, low.id]
 
-    assert repo.expire_dispatches(now=now + timedelta(seconds=121), timeout_s=120) == 1
+    later = now + timedelta(seconds=121)
+    assert repo.expire_dispatches(["e31.gpu48"], now=later, timeout_s=120) == 0  # other queue
+    assert repo.expire_dispatches(["e31.gpu24"], now=now + timedelta(seconds=60), timeout_s=120) == 0
+    assert repo.expire_dispatches(["e31.gpu24"], now=later, timeout_s=120) == 1
     assert repo.outstanding_by_queue() == {}
+
+
+def test_a_cancel_racing_the_workers_outcome_write_is_serialised(
+        repo: Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API has read the running job when the worker writes a retryable failure."""
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    job = submit(repo, tenant.id, retries={"max": 2, "backoff_s": 0})
+    c = claim(repo, job.id)
+    writers: list[threading.Thread] = []
+    seen: list[object] = []
+    original = Repo._job
+
+    def read_then_race(s, tenant_id, job_id, **kw):  # type: ignore[no-untyped-def]
+        found = original(s, tenant_id, job_id, **kw)
+        writer = threading.Thread(target=lambda: seen.append(repo.record_outcome(
+            job.id, c.token, Outcome(AttemptReason.ERROR, error="boom"), now=utcnow())))
+        writer.start()
+        writers.append(writer)
+        return found
+
+    monkeypatch.setattr(Repo, "_job", staticmethod(read_then_race))
+    repo.request_cancel(tenant.id, job.id, now=utcnow())
+    monkeypatch.setattr(Repo, "_job", staticmethod(original))
+    for w in writers:
+        w.join(timeout=30)
+
+    assert seen == [JobState.CANCELLED]        # the worker saw the cancel, not a stale row
+    record = repo.get_job(tenant.id, job.id)
+    assert record.state == "cancelled" and record.attempts[0].ended_at is not None
+    assert repo.dispatch_candidates("e31.gpu24", now=utcnow(), limit=5) == []

@@ -5,9 +5,11 @@ timeout and cancel through SIGTERM → grace → SIGKILL of the whole group.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from e31.states import AttemptReason
 from e31.store.records import Outcome
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 POLL_S = 0.1                  # how often the supervisor looks at its child
 PR_SET_PDEATHSIG = 1          # prctl option: signal the child when its parent thread dies
 LOG_CHUNK_BYTES = 64 * 1024
+LOG_DRAIN_S = 2.0             # output still read after the attempt ends
 
 
 class Directive(str, Enum):
@@ -88,22 +91,32 @@ class Executor:
         plan = self._plan
         self.prepare()
         argv = self._argv()
+        prctl = prctl_function()  # resolved here: the child, forked from a threaded worker, only calls it
         try:
             proc = subprocess.Popen(argv, cwd=plan.work_dir, env=self._env(),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=_die_with_parent)
-        except OSError as exc:
-            plan.log_path.write_text(f"e31: cannot start {argv[0]}: {exc}\n")
-            return Outcome(AttemptReason.ERROR, error=f"cannot start {argv[0]}: {exc.strerror}")
+                                    preexec_fn=lambda: prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
+        except (OSError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+            plan.log_path.write_text(f"e31: cannot start {argv[0]}: {reason}\n")
+            return Outcome(AttemptReason.ERROR, error=f"cannot start {argv[0]}: {reason}")
         assert proc.stdout is not None
-        pump = threading.Thread(target=_pump_log, args=(proc.stdout, plan.log_path, plan.log_max_bytes),
-                                name=f"log-{plan.job_id}", daemon=True)
+        done = threading.Event()
+        pump = threading.Thread(target=_pump_log, name=f"log-{plan.job_id}",
+                                args=(proc.stdout.fileno(), plan.log_path, plan.log_max_bytes, done),
+                                daemon=True)
         pump.start()
         log.info("attempt_started job=%s attempt=%d pid=%d gpus=%r", plan.job_id, plan.attempt,
                  proc.pid, plan.gpus)
-        stopped_for = self._supervise(proc)
-        pump.join(timeout=5)
+        try:
+            stopped_for = self._supervise(proc)
+        finally:
+            if proc.poll() is None:  # the supervisor itself failed: never leave the job behind
+                self._kill(proc, "supervisor_error")
+            done.set()  # a process that left the group may hold the pipe: stop reading anyway
+            pump.join(timeout=LOG_DRAIN_S + 1)
+            proc.stdout.close()
         return self._result(proc.returncode, stopped_for)
 
     def _supervise(self, proc: subprocess.Popen[bytes]) -> AttemptReason | Directive | None:
@@ -195,10 +208,10 @@ class Executor:
         return env
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the supervising worker thread dies."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+@functools.cache
+def prctl_function() -> Callable[..., int]:
+    """libc's prctl, loaded once in the worker (never after fork in a child)."""
+    return ctypes.CDLL("libc.so.6", use_errno=True).prctl
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -208,12 +221,27 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def _pump_log(stream: IO[bytes], path: Path, max_bytes: int) -> None:
-    """Copy the child's output to the log up to `max_bytes`, then say so and discard the rest."""
+def _pump_log(fd: int, path: Path, max_bytes: int, done: threading.Event) -> None:
+    """Copy the child's output to the log up to `max_bytes`, then say so and discard the rest.
+
+    Reads until EOF, or until LOG_DRAIN_S after `done` (the attempt is over): a process that
+    escaped the group and kept the pipe open must not keep this thread and its files alive.
+    """
     written = 0
     cut = False
+    drain_until: float | None = None
     with open(path, "ab") as out:
-        while chunk := stream.read1(LOG_CHUNK_BYTES) if hasattr(stream, "read1") else stream.read(LOG_CHUNK_BYTES):
+        while True:
+            if done.is_set() and drain_until is None:
+                drain_until = time.monotonic() + LOG_DRAIN_S
+            if drain_until is not None and time.monotonic() >= drain_until:
+                return
+            ready, _, _ = select.select([fd], [], [], POLL_S)
+            if not ready:
+                continue
+            chunk = os.read(fd, LOG_CHUNK_BYTES)
+            if not chunk:
+                return
             if cut:
                 continue
             room = max_bytes - written

@@ -19,6 +19,7 @@ from e31.errors import ConfigError
 from e31.settings import Settings, SizeClass
 from e31.sizeclasses import class_for_gpu, cpu_class, queue_name, spill_queues
 
+from e31_worker.executor import PR_SET_PDEATHSIG, prctl_function
 from e31_worker.gpus import Gpu
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,11 @@ class Launcher:
                 "--queues", ",".join(slot.queues), "--gpus", slot.gpus,
                 "--gpu-count", str(slot.gpu_count), "--size-class", slot.size_class,
                 "--loglevel", self._loglevel]
-        proc = subprocess.Popen(argv, env=env)
+        # If the launcher dies, its workers drain and exit instead of living on as orphans
+        # that a restarted launcher would double on the same GPU.
+        prctl = prctl_function()
+        proc = subprocess.Popen(argv, env=env,
+                                preexec_fn=lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM))
         log.info("worker_started node=%s pid=%d queues=%s CUDA_VISIBLE_DEVICES=%r", slot.node,
                  proc.pid, ",".join(slot.queues), slot.gpus)
         return proc

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 RECORD_TRIES = 5            # an outcome write is retried this often on a store error
 RECORD_BACKOFF_S = 1.0      # doubled after each failed try
+UPLOAD_TRIES = 3            # outputs and checkpoints: an upload is retried this often
+UPLOAD_BACKOFF_S = 1.0      # doubled after each failed try
 
 
 def register(app: Celery, runtime: WorkerRuntime) -> None:
@@ -67,38 +69,81 @@ def _attempt(rt: WorkerRuntime, claim: Claim) -> None:
                        gpus=rt.identity.gpus, root=root, kill_grace_s=rt.settings.kill_grace_s,
                        log_max_bytes=rt.settings.log_max_bytes,
                        tick_interval_s=rt.settings.heartbeat_interval_s)
-    executor = Executor(plan, tick=lambda progress: _tick(rt, claim, plan, progress))
-    outputs: list[dict[str, Any]] = []
+    shipper = LogShipper(rt, claim, plan)
+    executor = Executor(plan, tick=lambda progress: _tick(rt, claim, shipper, progress))
     try:
         executor.prepare()
         rt.artifacts.get_tree(claim.tenant_id, claim.job_id, "checkpoints", plan.checkpoint_dir)
         result = executor.run()
-        outputs = rt.artifacts.put_tree(plan.output_dir, claim.tenant_id, claim.job_id, "outputs")
-        rt.artifacts.put_tree(plan.checkpoint_dir, claim.tenant_id, claim.job_id, "checkpoints")
-    except Exception as exc:
+    except Exception as exc:  # the worker keeps serving; the job gets the reason
         log.exception("attempt_crashed job=%s attempt=%d", claim.job_id, claim.attempt)
         result = Outcome(AttemptReason.ERROR, error=f"worker error: {type(exc).__name__}: {exc}")
-    finally:
-        _upload_log(rt, claim, plan)
+    outputs, upload_error = _store_files(rt, claim, plan)
+    shipper.ship()
     if result.reason is AttemptReason.LOST:
         log.warning("lease_lost job=%s attempt=%d node=%s", claim.job_id, claim.attempt, rt.identity.node)
         return
-    outcome = dataclasses.replace(result, outputs=outputs)
-    state = _record(rt, claim, outcome)
+    if upload_error and result.reason is AttemptReason.SUCCEEDED:
+        result = Outcome(AttemptReason.ERROR, exit_code=result.exit_code,
+                         error=f"the job succeeded but its outputs could not be stored: {upload_error}")
+    state = _record(rt, claim, dataclasses.replace(result, outputs=outputs))
     log.info("job_%s job=%s attempt=%d node=%s reason=%s", state or "fenced", claim.job_id,
              claim.attempt, rt.identity.node, result.reason.value)
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _tick(rt: WorkerRuntime, claim: Claim, plan: AttemptPlan,
+def _store_files(rt: WorkerRuntime, claim: Claim, plan: AttemptPlan) -> tuple[list[dict[str, Any]], str | None]:
+    """Upload checkpoints and outputs, each retried; returns (outputs, the last error or None)."""
+    outputs: list[dict[str, Any]] = []
+    error: str | None = None
+    for prefix, local in (("checkpoints", plan.checkpoint_dir), ("outputs", plan.output_dir)):
+        delay = UPLOAD_BACKOFF_S
+        for attempt in range(1, UPLOAD_TRIES + 1):
+            try:
+                files = rt.artifacts.put_tree(local, claim.tenant_id, claim.job_id, prefix)
+            except Exception as exc:  # any fsspec backend's error
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning("upload_failed job=%s what=%s try=%d: %s", claim.job_id, prefix, attempt, error)
+                time.sleep(delay)
+                delay *= 2
+                continue
+            if prefix == "outputs":
+                outputs = files
+            break
+    return outputs, error
+
+
+class LogShipper:
+    """Copies the attempt's log to the artifact store when it has grown."""
+
+    def __init__(self, rt: WorkerRuntime, claim: Claim, plan: AttemptPlan) -> None:
+        self._rt, self._claim, self._plan = rt, claim, plan
+        self._shipped_bytes = -1
+
+    def ship(self) -> None:
+        try:
+            size = self._plan.log_path.stat().st_size
+        except OSError:
+            return
+        if size == self._shipped_bytes:
+            return
+        try:
+            self._rt.artifacts.put_file(self._plan.log_path, self._claim.tenant_id,
+                                        self._claim.job_id, log_name(self._claim.attempt))
+            self._shipped_bytes = size
+        except Exception as exc:  # a log copy is never worth failing the job for
+            log.warning("log_upload_failed job=%s: %s", self._claim.job_id, exc)
+
+
+def _tick(rt: WorkerRuntime, claim: Claim, shipper: LogShipper,
           progress: tuple[float, float] | None) -> Directive:
     """Every heartbeat: renew the lease, relay progress and the log, watch for cancel/drain."""
-    _upload_log(rt, claim, plan)
+    shipper.ship()
     try:
         ours, cancel = rt.repo.renew(claim.job_id, claim.token, now=utcnow(),
                                      lease_ttl_s=rt.settings.lease_ttl_s, progress=progress)
-    except StoreError as exc:  # keep the job running; the lease has time left
-        log.warning("lease_renew_failed job=%s: %s", claim.job_id, exc)
+    except Exception as exc:  # keep the job running; the lease has time left
+        log.warning("lease_renew_failed job=%s: %s: %s", claim.job_id, type(exc).__name__, exc)
         return Directive.DRAIN if rt.draining.is_set() else Directive.CONTINUE
     if not ours:
         return Directive.LOST
@@ -107,14 +152,6 @@ def _tick(rt: WorkerRuntime, claim: Claim, plan: AttemptPlan,
     if rt.draining.is_set():
         return Directive.DRAIN
     return Directive.CONTINUE
-
-
-def _upload_log(rt: WorkerRuntime, claim: Claim, plan: AttemptPlan) -> None:
-    if plan.log_path.is_file():
-        try:
-            rt.artifacts.put_file(plan.log_path, claim.tenant_id, claim.job_id, log_name(claim.attempt))
-        except OSError as exc:
-            log.warning("log_upload_failed job=%s: %s", claim.job_id, exc)
 
 
 def _record(rt: WorkerRuntime, claim: Claim, outcome: Outcome) -> str | None:

@@ -21,6 +21,8 @@ from e31.store import Repo, make_engine
 from e31.store.records import TenantRecord
 
 CHUNK_BYTES = 1 << 20
+MAX_LOG_OFFSET = 1 << 40   # far beyond any capped log; bigger numbers are input errors
+MAX_ATTEMPT = 10_000
 _bearer = HTTPBearer(auto_error=False, description="a tenant's API token")
 
 
@@ -62,7 +64,8 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
         return svc.cancel(t, job_id).to_status()
 
     @app.get("/v1/jobs/{job_id}/logs", tags=["jobs"], response_class=Response)
-    def logs(job_id: str, attempt: int | None = Query(None, ge=1), offset: int = Query(0, ge=0),
+    def logs(job_id: str, attempt: int | None = Query(None, ge=1, le=MAX_ATTEMPT),
+             offset: int = Query(0, ge=0, le=MAX_LOG_OFFSET),
              t: TenantRecord = Depends(tenant)) -> Response:
         return Response(svc.logs(t, job_id, attempt=attempt, offset=offset),
                         media_type="text/plain; charset=utf-8")

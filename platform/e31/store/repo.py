@@ -8,6 +8,7 @@ Every job query a tenant can reach is scoped by `tenant_id`.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import uuid
 from collections import defaultdict
@@ -17,10 +18,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, func, or_, select, update
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from e31.errors import Conflict, NotFound, StoreUnavailable
+from e31.errors import Conflict, NotFound, StoreError, StoreUnavailable
 from e31.sizeclasses import Route
 from e31.spec import JobSpec, RetryPolicy
 from e31.states import AttemptReason, JobState
@@ -37,6 +38,8 @@ from e31.store.records import (
 )
 
 TOKEN_PREFIX = "e31_"
+JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
+ERROR_MAX_CHARS = 16_384   # an attempt's error text; the whole story is in the log
 COUNTED_REASONS = [r.value for r in AttemptReason if r.counts_against_retries]
 
 
@@ -66,6 +69,10 @@ class Repo:
                 yield s
         except OperationalError as exc:
             raise StoreUnavailable(f"results store unavailable: {exc.orig}") from exc
+        except IntegrityError:
+            raise
+        except SQLAlchemyError as exc:
+            raise StoreError(f"results store error: {type(exc).__name__}: {exc}") from exc
 
     # -- tenants and tokens -------------------------------------------------------------
 
@@ -139,7 +146,9 @@ class Repo:
     def request_cancel(self, tenant_id: str, job_id: str, *, now: datetime) -> JobRecord:
         """Cancel a queued job at once; ask a running job's worker to kill it. Final jobs stay."""
         with self._session(write=True) as s:
-            job = self._job(s, tenant_id, job_id)
+            # The row lock serialises this with a concurrent claim or outcome write (PostgreSQL;
+            # SQLite's BEGIN IMMEDIATE already does): neither can act on a stale state.
+            job = self._job(s, tenant_id, job_id, lock=True)
             if job.state == JobState.QUEUED.value:
                 job.state = JobState.CANCELLED.value
                 job.reason = AttemptReason.CANCELLED.value
@@ -161,7 +170,7 @@ class Repo:
                        Job.submitted_at)
                 .join(Tenant, Tenant.id == Job.tenant_id)
                 .where(Job.state == JobState.QUEUED.value, Job.queue == queue,
-                       Job.dispatched_at.is_(None),
+                       Job.dispatched_at.is_(None), Job.cancel_requested.is_(False),
                        or_(Job.not_before.is_(None), Job.not_before <= now))
                 .order_by(Job.priority.desc(), Job.submitted_at, Job.id).limit(limit)).all()
             return [Candidate(*r) for r in rows]
@@ -196,11 +205,17 @@ class Repo:
                 .returning(Job.id)).all()
             return list(rows)
 
-    def expire_dispatches(self, *, now: datetime, timeout_s: float) -> int:
-        """Forget publications never claimed within `timeout_s`, so they are published again."""
+    def expire_dispatches(self, queues: Sequence[str], *, now: datetime, timeout_s: float) -> int:
+        """Forget publications never claimed within `timeout_s`, so they are published again.
+
+        Only for `queues` that have an idle consumer: a message waiting behind busy workers
+        is not lost, and publishing it again would only pile up duplicates.
+        """
+        if not queues:
+            return 0
         with self._session(write=True) as s:
             res = s.execute(update(Job).where(
-                Job.state == JobState.QUEUED.value,
+                Job.state == JobState.QUEUED.value, Job.queue.in_(list(queues)),
                 Job.dispatched_at < now - timedelta(seconds=timeout_s)).values(dispatched_at=None))
             return int(res.rowcount or 0)  # type: ignore[attr-defined]
 
@@ -256,7 +271,7 @@ class Repo:
             duration = 0.0
             if attempt is not None:
                 attempt.ended_at, attempt.reason = now, outcome.reason.value
-                attempt.error, attempt.exit_code = outcome.error, outcome.exit_code
+                attempt.error, attempt.exit_code = _clean(outcome.error), outcome.exit_code
                 duration = _seconds(attempt.started_at, now)
                 job.gpu_seconds += duration * attempt.gpu_count
             job.run_seconds += duration
@@ -300,11 +315,13 @@ class Repo:
     # -- helpers -------------------------------------------------------------------------
 
     @staticmethod
-    def _job(s: Session, tenant_id: str | None, job_id: str) -> Job:
+    def _job(s: Session, tenant_id: str | None, job_id: str, *, lock: bool = False) -> Job:
+        if not JOB_ID.fullmatch(job_id):
+            raise NotFound(f"no job {job_id[:64]!r}")
         q = select(Job).where(Job.id == job_id)
         if tenant_id is not None:
             q = q.where(Job.tenant_id == tenant_id)
-        job = s.scalar(q)
+        job = s.scalar(q.with_for_update() if lock else q)
         if job is None:
             raise NotFound(f"no job {job_id}")
         return job
@@ -338,6 +355,14 @@ def _job_record(j: Job, tenant: str, attempts: list[AttemptRecord] | None = None
         progress_total=j.progress_total, outputs=j.outputs or [], attempts=attempts or [])
 
 
+def _clean(text: str | None) -> str | None:
+    """Error text as every backend stores it: no NUL (PostgreSQL refuses it), bounded."""
+    if text is None:
+        return None
+    text = text.replace("\x00", "\\0")
+    return text if len(text) <= ERROR_MAX_CHARS else text[:ERROR_MAX_CHARS] + " [cut]"
+
+
 def _seconds(start: datetime | None, end: datetime) -> float:
     return max(0.0, (end - start).total_seconds()) if start else 0.0
 
@@ -368,11 +393,11 @@ def _outcome_values(job: Job, outcome: Outcome, state: JobState, now: datetime,
         delay_s = retries.delay_s(failures) if outcome.reason.counts_against_retries else 0.0
         values.update(not_before=now + timedelta(seconds=delay_s),
                       queued_since=now, dispatched_at=None, reason=outcome.reason.value,
-                      error=outcome.error)
+                      error=_clean(outcome.error))
         return values
     values.update(ended_at=now, reason=None if state is JobState.SUCCEEDED else (
         AttemptReason.CANCELLED.value if state is JobState.CANCELLED else outcome.reason.value),
-        error=None if state is JobState.SUCCEEDED else outcome.error)
+        error=None if state is JobState.SUCCEEDED else _clean(outcome.error))
     if state is JobState.SUCCEEDED:
         values["result"] = outcome.result
     return values

@@ -1,0 +1,71 @@
+"""The worker's task body against a real store and Redis: claim once, record once, keep going."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from e31.artifacts import ArtifactStore
+from e31.clock import utcnow
+from e31.settings import Settings
+from e31.sizeclasses import route
+from e31.spec import JobSpec
+from e31.store import Repo
+from e31_worker import task
+from e31_worker.runtime import WorkerIdentity, WorkerRuntime
+
+
+class OutputsFail(ArtifactStore):
+    """An artifact store whose output uploads fail, as a full disk or a lost bucket would."""
+
+    def put_tree(self, local_dir: Path, tenant_id: str, job_id: str, prefix: str) -> list[dict[str, Any]]:
+        if prefix == "outputs":
+            raise OSError(28, "No space left on device")
+        return super().put_tree(local_dir, tenant_id, job_id, prefix)
+
+
+def runtime(repo: Repo, r: redis.Redis, tmp_path: Path, artifacts: ArtifactStore) -> WorkerRuntime:
+    settings = Settings(redis_url="redis://unused", work_dir=str(tmp_path / "work"),
+                        heartbeat_interval_s=0.2, kill_grace_s=1)
+    identity = WorkerIdentity(node="cpu0@test", queues=("e31.cpu",), gpus="", gpu_count=0,
+                              size_class="cpu")
+    return WorkerRuntime(settings=settings, identity=identity, repo=repo, artifacts=artifacts,
+                         redis_client=r)
+
+
+def submit(repo: Repo, **fields: Any) -> tuple[str, str]:
+    tenant, _ = repo.create_tenant("t", now=utcnow())
+    spec = JobSpec.parse({"resources": {"gpus": 0}, **fields})
+    job = repo.insert_job(tenant.id, spec, route(spec, Settings().size_classes), now=utcnow())
+    return tenant.id, job.id
+
+
+def test_a_second_delivery_of_a_finished_job_runs_nothing(repo: Repo, redis_client: redis.Redis,
+                                                          tmp_path: Path) -> None:
+    marker = tmp_path / "runs"
+    _, job_id = submit(repo, command=["sh", "-c", f"echo run >> {marker}"])
+    rt = runtime(repo, redis_client, tmp_path, ArtifactStore(f"file://{tmp_path / 'a'}"))
+
+    task.run_job(rt, job_id)
+    task.run_job(rt, job_id)            # the same message delivered again
+    task.run_job(rt, {"not": "an id"})  # a malformed message
+
+    assert marker.read_text() == "run\n"
+    record = repo.get_job(None, job_id)
+    assert record.state == "succeeded" and len(record.attempts) == 1
+
+
+def test_outputs_that_cannot_be_stored_fail_the_attempt_with_that_reason(
+        repo: Repo, redis_client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(task, "UPLOAD_BACKOFF_S", 0.0)
+    tenant_id, job_id = submit(repo, command=["sh", "-c", "echo hi; echo x > $E31_OUTPUT_DIR/x"])
+    artifacts = OutputsFail(f"file://{tmp_path / 'a'}")
+
+    task.run_job(runtime(repo, redis_client, tmp_path, artifacts), job_id)
+
+    record = repo.get_job(None, job_id)
+    assert record.state == "failed"
+    assert "outputs could not be stored" in record.error and "No space left" in record.error
+    assert artifacts.read_log(tenant_id, job_id, 1) == b"hi\n"  # the log still made it
