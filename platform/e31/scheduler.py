@@ -92,7 +92,7 @@ class Scheduler:
     def tick(self, now: datetime | None = None) -> int:
         """Publish what the idle capacity can take; returns the number of messages sent."""
         now = now or utcnow()
-        workers, busy = read_workers(self._redis), self._repo.busy_workers()
+        workers, busy = read_workers(self._redis), self._repo.busy_workers(now=now)
         idle_queues = {q for w in workers if w.busy_job is None and w.node not in busy
                        for q in w.queues}
         expired = self._repo.expire_dispatches(sorted(idle_queues), now=now,

@@ -211,3 +211,12 @@ def test_a_cancel_racing_the_workers_outcome_write_is_serialised(
     record = repo.get_job(tenant.id, job.id)
     assert record.state == "cancelled" and record.attempts[0].ended_at is not None
     assert repo.dispatch_candidates("e31.gpu24", now=utcnow(), limit=5) == []
+
+
+def test_a_worker_is_busy_while_its_lease_lives_and_not_after_it_expired(repo: Repo) -> None:
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    job = submit(repo, tenant.id)
+    now = utcnow()
+    claim(repo, job.id, worker="gpu0@dead", now=now)              # lease of 10 s
+    assert repo.busy_workers(now=now + timedelta(seconds=5)) == {"gpu0@dead"}
+    assert repo.busy_workers(now=now + timedelta(seconds=11)) == set()

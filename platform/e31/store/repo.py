@@ -189,10 +189,13 @@ class Repo:
                 .group_by(Job.queue)).all()
             return {q: n for q, n in rows}
 
-    def busy_workers(self) -> set[str]:
+    def busy_workers(self, *, now: datetime) -> set[str]:
+        """Workers holding a live lease. A lease that expired (its worker died and came back
+        under the same name) does not keep the restarted worker from getting work."""
         with self._session() as s:
             return set(s.scalars(select(Job.lease_owner).where(
-                Job.state == JobState.RUNNING.value, Job.lease_owner.is_not(None))))
+                Job.state == JobState.RUNNING.value, Job.lease_owner.is_not(None),
+                Job.lease_expires_at > now)))
 
     def mark_dispatched(self, job_ids: Sequence[str], *, now: datetime) -> list[str]:
         """Mark jobs published; returns those still queued and unpublished (the ones to send)."""
