@@ -193,9 +193,14 @@ def list_jobs(state: str | None = typer.Option(None, "--state"),
 
 @app.command()
 def logs(job_id: str, follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends"),
-         attempt: int | None = typer.Option(None, "--attempt", help="one attempt only")) -> None:
+         attempt: int | None = typer.Option(None, "--attempt", help="one attempt only"),
+         as_json: bool = JsonOpt) -> None:
     """A job's log (every attempt, or one)."""
     job = _call(_client().get, job_id)
+    if as_json:
+        numbers = [attempt] if attempt else [a["n"] for a in _call(job.status)["attempts"]]
+        _print_json({"id": job_id, "logs": {str(n): _call(job.logs, attempt=n) for n in numbers}})
+        return
     if not follow:
         sys.stdout.write(_call(job.logs, attempt=attempt))
         return

@@ -39,6 +39,7 @@ def test_a_command_job_after_double_dash_and_its_log(stack: Stack) -> None:
     job_id = json.loads(submitted.stdout)["id"]
     assert "from-argv" in stack.e31("logs", job_id).stdout
     assert "from-argv" in stack.e31("logs", job_id, "--follow").stdout
+    assert "from-argv" in json.loads(stack.e31("logs", job_id, "--json").stdout)["logs"]["1"]
 
 
 def test_wait_exits_non_zero_when_the_job_failed(stack: Stack) -> None:
