@@ -11,6 +11,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -77,11 +78,9 @@ def _postgres_url() -> str | None:
     return Settings(database_url=url).resolved_database_url
 
 
-@pytest.fixture(params=BACKENDS)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'e31.db'}"
-        return
+@contextmanager
+def fresh_postgres_database() -> Iterator[str]:
+    """A new, empty database on the server of E31_TEST_DATABASE_URL, dropped afterwards."""
     base = _postgres_url()
     if base is None:
         pytest.skip("E31_TEST_DATABASE_URL is not set")
@@ -89,10 +88,21 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     admin = create_engine(base, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    try:
+        yield make_url(base).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'e31.db'}"
+        return
+    with fresh_postgres_database() as url:
+        yield url
 
 
 @pytest.fixture

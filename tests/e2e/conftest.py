@@ -55,7 +55,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                              "--cpu-slots", "2", "--no-flower"], env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: proc.poll() is not None or _ready(home), timeout_s=120, poll_s=0.2,
+        wait_for(lambda: proc.poll() is not None or ready(home), timeout_s=120, poll_s=0.2,
                  what="e31 up to be ready")
         assert proc.poll() is None, (home / "up.out").read_text()
         profile = json.loads((home / "profile.json").read_text())
@@ -68,7 +68,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             proc.kill()
 
 
-def _ready(home: Path) -> bool:
+def ready(home: Path) -> bool:
     try:
         return bool(json.loads((home / "stack.json").read_text()).get("ready"))
     except (OSError, ValueError):
