@@ -1,0 +1,82 @@
+"""A burst of short jobs through a real `e31 up` stack; on demand, not in CI.
+
+    python bench/burst.py --jobs 300 --cpu-slots 2 --simulate-gpus 2x24
+
+Starts a private stack (its own Redis, SQLite unless E31_DATABASE_URL is set), submits
+`--jobs` trivial entrypoint jobs at once (half cpu, half gpu24 when GPUs are simulated),
+waits for all, and prints: jobs by final state, wall time, jobs/s, queue wait p50/p99, and
+whether any process logged "database is locked" (the store must never say it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from e31.client import Client
+from e31.redisserver import free_port
+from e31_worker.gpus import parse_simulated
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=300)
+    ap.add_argument("--cpu-slots", type=int, default=2)
+    ap.add_argument("--simulate-gpus", default="2x24")
+    args = ap.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="e31-burst-"))
+    env = {k: v for k, v in os.environ.items() if k not in ("E31_URL", "E31_TOKEN", "E31_REDIS_URL")}
+    env.update(E31_HOME=str(home), E31_API_PORT=str(free_port()), E31_FLOWER_PORT=str(free_port()))
+    up = subprocess.Popen([sys.executable, "-m", "e31.cli", "up", "--no-flower",
+                           "--cpu-slots", str(args.cpu_slots), "--simulate-gpus", args.simulate_gpus],
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not (home / "stack.json").exists() or not json.loads((home / "stack.json").read_text()).get("ready"):
+            if up.poll() is not None:
+                sys.exit(f"e31 up failed; see {home}/logs")
+            time.sleep(0.2)
+        profile = json.loads((home / "profile.json").read_text())
+        client = Client(profile["url"], profile["token"])
+        started = time.monotonic()
+        specs = [{"entrypoint": "e31_worker.examples:sleep", "params": {"seconds": 0.0, "steps": 1},
+                  "resources": {"gpus": 0 if i % 2 or not args.simulate_gpus else 1}}
+                 for i in range(args.jobs)]
+        with ThreadPoolExecutor(8) as pool:
+            handles = list(pool.map(lambda s: client.submit(s), specs))
+        submitted = time.monotonic() - started
+        with ThreadPoolExecutor(8) as pool:
+            finals = list(pool.map(lambda h: next(st for st in h.watch(timeout=3600, poll_s=1.0)
+                                                  if st["state"] in ("succeeded", "failed", "cancelled")),
+                                   handles))
+        wall = time.monotonic() - started
+        states: dict[str, int] = {}
+        for st in finals:
+            states[st["state"]] = states.get(st["state"], 0) + 1
+        waits = sorted(st["queued_seconds"] for st in finals)
+        locked = [p.name for p in (home / "logs").glob("*.log") if "database is locked" in p.read_text()]
+        print(json.dumps({
+            "jobs": args.jobs, "states": states, "submit_s": round(submitted, 2),
+            "wall_s": round(wall, 2), "jobs_per_s": round(args.jobs / wall, 2),
+            "queue_wait_p50_s": round(statistics.median(waits), 2),
+            "queue_wait_p99_s": round(waits[int(0.99 * (len(waits) - 1))], 2),
+            "workers": args.cpu_slots + len(parse_simulated(args.simulate_gpus) if args.simulate_gpus else []),
+            "database_is_locked_in": locked,
+            "attempts_per_job_max": max(len(st["attempts"]) for st in finals),
+        }, indent=2))
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=120)
+
+
+if __name__ == "__main__":
+    main()
