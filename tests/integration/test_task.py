@@ -69,3 +69,27 @@ def test_outputs_that_cannot_be_stored_fail_the_attempt_with_that_reason(
     assert record.state == "failed"
     assert "outputs could not be stored" in record.error and "No space left" in record.error
     assert artifacts.read_log(tenant_id, job_id, 1) == b"hi\n"  # the log still made it
+
+
+class OutputsFailOnce(ArtifactStore):
+    """The first output upload fails, as a blip of the object store would."""
+
+    failed = False
+
+    def put_tree(self, local_dir: Path, tenant_id: str, job_id: str, prefix: str) -> list[dict[str, Any]]:
+        if prefix == "outputs" and not self.failed:
+            self.failed = True
+            raise OSError("transient")
+        return super().put_tree(local_dir, tenant_id, job_id, prefix)
+
+
+def test_an_upload_that_succeeds_on_retry_keeps_the_job_succeeded(
+        repo: Repo, redis_client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(task, "UPLOAD_BACKOFF_S", 0.0)
+    _, job_id = submit(repo, command=["sh", "-c", "echo x > $E31_OUTPUT_DIR/x.txt"])
+
+    task.run_job(runtime(repo, redis_client, tmp_path, OutputsFailOnce(f"file://{tmp_path / 'a'}")), job_id)
+
+    record = repo.get_job(None, job_id)
+    assert record.state == "succeeded" and record.outputs == [{"path": "x.txt", "size": 2}]
+    assert not (tmp_path / "work" / job_id).exists() or not any((tmp_path / "work" / job_id).iterdir())

@@ -78,24 +78,28 @@ def _attempt(rt: WorkerRuntime, claim: Claim) -> None:
     except Exception as exc:  # the worker keeps serving; the job gets the reason
         log.exception("attempt_crashed job=%s attempt=%d", claim.job_id, claim.attempt)
         result = Outcome(AttemptReason.ERROR, error=f"worker error: {type(exc).__name__}: {exc}")
-    outputs, upload_error = _store_files(rt, claim, plan)
-    shipper.ship()
-    if result.reason is AttemptReason.LOST:
-        log.warning("lease_lost job=%s attempt=%d node=%s", claim.job_id, claim.attempt, rt.identity.node)
-        return
-    if upload_error and result.reason is AttemptReason.SUCCEEDED:
-        result = Outcome(AttemptReason.ERROR, exit_code=result.exit_code,
-                         error=f"the job succeeded but its outputs could not be stored: {upload_error}")
-    state = _record(rt, claim, dataclasses.replace(result, outputs=outputs))
-    log.info("job_%s job=%s attempt=%d node=%s reason=%s", state or "fenced", claim.job_id,
-             claim.attempt, rt.identity.node, result.reason.value)
-    shutil.rmtree(root, ignore_errors=True)
+    try:
+        if result.reason is AttemptReason.LOST:  # fenced off: its files must not overwrite
+            shipper.ship()                        # those of the attempt that replaced it
+            log.warning("lease_lost job=%s attempt=%d node=%s", claim.job_id, claim.attempt,
+                        rt.identity.node)
+            return
+        outputs, upload_error = _store_files(rt, claim, plan)
+        shipper.ship()
+        if upload_error and result.reason is AttemptReason.SUCCEEDED:
+            result = Outcome(AttemptReason.ERROR, exit_code=result.exit_code,
+                             error=f"the job succeeded but {upload_error}")
+        state = _record(rt, claim, dataclasses.replace(result, outputs=outputs))
+        log.info("job_%s job=%s attempt=%d node=%s reason=%s", state or "fenced", claim.job_id,
+                 claim.attempt, rt.identity.node, result.reason.value)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _store_files(rt: WorkerRuntime, claim: Claim, plan: AttemptPlan) -> tuple[list[dict[str, Any]], str | None]:
-    """Upload checkpoints and outputs, each retried; returns (outputs, the last error or None)."""
+    """Upload checkpoints and outputs, each retried; returns (outputs, what failed or None)."""
     outputs: list[dict[str, Any]] = []
-    error: str | None = None
+    failed: list[str] = []
     for prefix, local in (("checkpoints", plan.checkpoint_dir), ("outputs", plan.output_dir)):
         delay = UPLOAD_BACKOFF_S
         for attempt in range(1, UPLOAD_TRIES + 1):
@@ -104,13 +108,16 @@ def _store_files(rt: WorkerRuntime, claim: Claim, plan: AttemptPlan) -> tuple[li
             except Exception as exc:  # any fsspec backend's error
                 error = f"{type(exc).__name__}: {exc}"
                 log.warning("upload_failed job=%s what=%s try=%d: %s", claim.job_id, prefix, attempt, error)
-                time.sleep(delay)
-                delay *= 2
+                if attempt == UPLOAD_TRIES:
+                    failed.append(f"its {prefix} could not be stored: {error}")
+                else:
+                    time.sleep(delay)
+                    delay *= 2
                 continue
             if prefix == "outputs":
                 outputs = files
             break
-    return outputs, error
+    return outputs, "; ".join(failed) or None
 
 
 class LogShipper:

@@ -7,6 +7,9 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
+
+from e31.errors import StoreUnavailable
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -20,4 +23,7 @@ def alembic_config(engine: Engine) -> Config:
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Apply every migration up to `revision`; safe to run again and from several processes."""
-    command.upgrade(alembic_config(engine), revision)
+    try:
+        command.upgrade(alembic_config(engine), revision)
+    except OperationalError as exc:
+        raise StoreUnavailable(f"cannot migrate the results store: {exc.orig}") from exc
