@@ -14,7 +14,7 @@ import pytest
 import redis
 from e31 import keys
 
-from tests.conftest import wait_for
+from tests.conftest import process_alive, wait_for
 
 from .conftest import Stack
 
@@ -78,4 +78,24 @@ def test_sigterm_drains_the_running_job_back_to_the_queue_without_using_a_retry(
     assert status["state"] == "queued"            # no gpu80 worker is left to take it
     assert [a["reason"] for a in status["attempts"]] == ["drained"]
     assert r.get(keys.worker("gpu0@extra")) is None
+    job.cancel()
+
+
+def test_a_restarted_worker_kills_what_its_dead_predecessors_job_left_running(
+        gpu80_worker, stack: Stack, tmp_path: Path) -> None:
+    _, r = gpu80_worker
+    pidfile = tmp_path / "pids"
+    job = stack.client().submit(entrypoint="e2ejobs:spin", params={"pidfile": str(pidfile)},
+                                resources={"gpu_mem_gb": 80})
+    wait_for(pidfile.exists, timeout_s=WAIT_S, what="the job to start")
+    child, grandchild = map(int, pidfile.read_text().split())
+    worker_pid = _heartbeat(r)["pid"]
+
+    os.kill(worker_pid, signal.SIGKILL)               # the worker dies mid-job
+
+    wait_for(lambda: not process_alive(child), timeout_s=10, what="the job's child to die with it")
+    wait_for(lambda: _heartbeat(r).get("pid") not in (None, worker_pid), timeout_s=WAIT_S,
+             what="the restarted worker")
+    wait_for(lambda: not process_alive(grandchild), timeout_s=10,
+             what="the orphaned grandchild to be killed by the restarted worker")
     job.cancel()

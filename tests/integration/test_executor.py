@@ -129,3 +129,23 @@ def test_a_process_that_leaves_the_group_does_not_hold_the_attempt_open(tmp_path
     assert time.monotonic() - started < 10
     assert not [t for t in threading.enumerate() if t.name == "log-j-test"]
     assert "done" in p.log_path.read_text()
+
+
+def test_reaping_leaves_a_process_group_that_is_not_the_jobs_alone(tmp_path: Path) -> None:
+    import subprocess
+
+    from e31_worker.groups import GroupRegistry
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    ours = subprocess.Popen(["sleep", "30"], start_new_session=True,
+                            env={**os.environ, "E31_JOB_ID": "j-ours"})
+    registry = GroupRegistry(tmp_path / "groups")
+    registry.add(stranger.pid, "j-recycled")   # a recorded id now used by another program
+    registry.add(ours.pid, "j-ours")
+    try:
+        assert registry.reap() == 1
+        assert ours.wait(timeout=5) == -9
+        assert stranger.poll() is None
+        assert list((tmp_path / "groups").iterdir()) == []
+    finally:
+        stranger.kill()
+        stranger.wait()

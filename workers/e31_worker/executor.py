@@ -24,6 +24,8 @@ from typing import Any
 from e31.states import AttemptReason
 from e31.store.records import Outcome
 
+from e31_worker.groups import GroupRegistry
+
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1                  # how often the supervisor looks at its child
@@ -79,9 +81,10 @@ Tick = Callable[[tuple[float, float] | None], Directive]
 class Executor:
     """Runs one attempt to its end; `tick` is called every `tick_interval_s` with the progress."""
 
-    def __init__(self, plan: AttemptPlan, *, tick: Tick) -> None:
+    def __init__(self, plan: AttemptPlan, *, tick: Tick, groups: GroupRegistry | None = None) -> None:
         self._plan = plan
         self._tick = tick
+        self._groups = groups
 
     def prepare(self) -> None:
         for d in (self._plan.work_dir, self._plan.output_dir, self._plan.checkpoint_dir):
@@ -109,6 +112,8 @@ class Executor:
         pump.start()
         log.info("attempt_started job=%s attempt=%d pid=%d gpus=%r", plan.job_id, plan.attempt,
                  proc.pid, plan.gpus)
+        if self._groups is not None:
+            self._groups.add(proc.pid, plan.job_id)  # start_new_session: pgid == pid
         try:
             stopped_for = self._supervise(proc)
         finally:
@@ -117,6 +122,8 @@ class Executor:
             done.set()  # a process that left the group may hold the pipe: stop reading anyway
             pump.join(timeout=LOG_DRAIN_S + 1)
             proc.stdout.close()
+            if self._groups is not None:
+                self._groups.remove(proc.pid)
         return self._result(proc.returncode, stopped_for)
 
     def _supervise(self, proc: subprocess.Popen[bytes]) -> AttemptReason | Directive | None:

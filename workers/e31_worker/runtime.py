@@ -17,6 +17,8 @@ from e31.artifacts import ArtifactStore
 from e31.settings import Settings
 from e31.store import Repo
 
+from e31_worker.groups import GroupRegistry
+
 log = logging.getLogger(__name__)
 
 HEARTBEAT_TTL_INTERVALS = 3  # a heartbeat key outlives this many missed beats, no more
@@ -40,6 +42,8 @@ class WorkerRuntime:
         self.artifacts = artifacts
         self.redis = redis_client
         self.draining = threading.Event()
+        # Per node: a restarted worker process finds what its predecessor left running.
+        self.groups = GroupRegistry(settings.resolved_work_dir / ".groups" / identity.node)
         self._busy_job: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -64,6 +68,7 @@ class WorkerRuntime:
         """Start the heartbeat thread (once the Celery consumer is ready)."""
         if self._thread is not None:
             return
+        self.groups.reap()
         self._thread = threading.Thread(target=self._loop, name="e31-heartbeat", daemon=True)
         self._thread.start()
         log.info("worker_ready node=%s queues=%s gpus=%r", self.identity.node,

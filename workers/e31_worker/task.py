@@ -70,7 +70,8 @@ def _attempt(rt: WorkerRuntime, claim: Claim) -> None:
                        log_max_bytes=rt.settings.log_max_bytes,
                        tick_interval_s=rt.settings.heartbeat_interval_s)
     shipper = LogShipper(rt, claim, plan)
-    executor = Executor(plan, tick=lambda progress: _tick(rt, claim, shipper, progress))
+    executor = Executor(plan, tick=lambda progress: _tick(rt, claim, shipper, progress),
+                        groups=rt.groups)
     try:
         executor.prepare()
         rt.artifacts.get_tree(claim.tenant_id, claim.job_id, "checkpoints", plan.checkpoint_dir)

@@ -1,0 +1,73 @@
+"""`GroupRegistry`: the job process groups a worker process has running, on disk.
+
+The job's child dies with its worker (PDEATHSIG), but what the job started — data loader
+workers, a `torchrun`, a shell's children — lives on in the job's process group, holding
+its GPU. Each group is recorded in a file named for its id while it runs; a worker process
+that starts and finds files left by a predecessor under the same node name kills those
+groups, but only processes that still carry that job's `E31_JOB_ID` (a recycled process
+group id of some other program is never touched).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PROC = Path("/proc")
+
+
+class GroupRegistry:
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+
+    def add(self, pgid: int, job_id: str) -> None:
+        self._dir.mkdir(parents=True, exist_ok=True)
+        (self._dir / str(pgid)).write_text(job_id)
+
+    def remove(self, pgid: int) -> None:
+        (self._dir / str(pgid)).unlink(missing_ok=True)
+
+    def reap(self) -> int:
+        """Kill what is left of groups recorded by a dead predecessor; returns processes killed."""
+        if not self._dir.is_dir():
+            return 0
+        killed = 0
+        for entry in self._dir.iterdir():
+            try:
+                pgid, job_id = int(entry.name), entry.read_text().strip()
+            except (ValueError, OSError):
+                entry.unlink(missing_ok=True)
+                continue
+            for pid in _members(pgid, job_id):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+                except ProcessLookupError:
+                    pass
+            if killed:
+                log.warning("orphans_killed job=%s pgid=%d processes=%d", job_id, pgid, killed)
+            entry.unlink(missing_ok=True)
+        return killed
+
+
+def _members(pgid: int, job_id: str) -> list[int]:
+    """Live processes of group `pgid` whose environment names `job_id`."""
+    marker = f"E31_JOB_ID={job_id}".encode()
+    found = []
+    for d in PROC.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+            if int(fields[2]) != pgid or fields[0] == "Z":
+                continue
+            if marker in (d / "environ").read_bytes().split(b"\0"):
+                found.append(int(d.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
