@@ -99,3 +99,19 @@ def test_a_restarted_worker_kills_what_its_dead_predecessors_job_left_running(
     wait_for(lambda: not process_alive(grandchild), timeout_s=10,
              what="the orphaned grandchild to be killed by the restarted worker")
     job.cancel()
+
+
+def test_a_second_worker_for_the_same_gpu_and_node_name_refuses_to_serve(
+        gpu80_worker, stack: Stack) -> None:
+    _, r = gpu80_worker
+    first = _heartbeat(r)["pid"]
+    profile = json.loads((stack.home / "profile.json").read_text())
+    env = dict(stack.env, E31_REDIS_URL=profile["redis_url"])
+    second = subprocess.Popen([sys.executable, "-m", "e31_worker.process", "--node", "gpu0@extra",
+                               "--queues", "e31.gpu80", "--gpus", "0", "--gpu-count", "1",
+                               "--size-class", "gpu80"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    output, _ = second.communicate(timeout=60)
+    assert second.returncode == 3
+    assert f"node_taken node=gpu0@extra pid={first}" in output
+    assert _heartbeat(r)["pid"] == first

@@ -21,6 +21,9 @@ from e31_worker.runtime import WorkerIdentity, WorkerRuntime
 from e31_worker.task import register
 
 
+EXIT_NODE_TAKEN = 3  # the launcher retries with back-off: the node may free up
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="e31_worker.process")
     parser.add_argument("--node", required=True)
@@ -40,6 +43,12 @@ def main(argv: list[str] | None = None) -> None:
                             repo=Repo(make_engine(settings.resolved_database_url)),
                             artifacts=ArtifactStore(settings.resolved_artifacts_url),
                             redis_client=redis.Redis.from_url(settings.redis_url))
+    taken_by = runtime.node_taken_by()
+    if taken_by is not None:
+        logging.getLogger(__name__).error(
+            "node_taken node=%s pid=%d: another worker process serves this node name; give each "
+            "`e31 worker` on a host its own --gpus or --hostname", args.node, taken_by)
+        sys.exit(EXIT_NODE_TAKEN)
     app = make_celery(settings, queues=list(queues))
     register(app, runtime)
 

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis
 from e31 import keys
@@ -49,8 +50,12 @@ class WorkerRuntime:
         self._thread: threading.Thread | None = None
 
     def set_busy(self, job_id: str | None) -> None:
+        """Record the job in hand and say so at once (the periodic beat would lag)."""
         self._busy_job = job_id
-        self.beat()
+        try:
+            self.beat()
+        except redis.RedisError as exc:  # the store's lease says it too; the next beat retries
+            log.warning("heartbeat_failed node=%s: %s", self.identity.node, exc)
 
     def beat(self) -> None:
         """Publish this worker's heartbeat now."""
@@ -63,6 +68,24 @@ class WorkerRuntime:
                    "busy_job": self._busy_job, "pid": os.getpid(), "ts": time.time()}
         ttl_ms = int(self.settings.heartbeat_interval_s * HEARTBEAT_TTL_INTERVALS * 1000)
         self.redis.set(keys.worker(ident.node), json.dumps(payload), px=ttl_ms)
+
+    def node_taken_by(self) -> int | None:
+        """The pid of another live worker process of this host serving this node name, if any.
+
+        Node names carry the host name, so a live heartbeat of another pid names a process
+        here; one that died (SIGKILL, restarted by the launcher) does not count.
+        """
+        raw = self.redis.get(keys.worker(self.identity.node))
+        if not raw:
+            return None
+        pid = int(json.loads(raw).get("pid") or 0)
+        if pid in (0, os.getpid()):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        return pid if b"e31_worker.process" in cmdline else None
 
     def start(self) -> None:
         """Start the heartbeat thread (once the Celery consumer is ready)."""

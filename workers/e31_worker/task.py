@@ -45,8 +45,13 @@ def run_job(rt: WorkerRuntime, job_id: Any) -> None:
     if rt.draining.is_set():
         log.info("claim_skipped job=%s node=%s why=draining", job_id, ident.node)
         return
-    claim = rt.repo.claim(job_id, worker=ident.node, gpus=ident.gpus, gpu_count=ident.gpu_count,
-                          now=utcnow(), lease_ttl_s=rt.settings.lease_ttl_s)
+    try:
+        claim = rt.repo.claim(job_id, worker=ident.node, gpus=ident.gpus,
+                              gpu_count=ident.gpu_count, now=utcnow(),
+                              lease_ttl_s=rt.settings.lease_ttl_s)
+    except StoreError as exc:  # the job stays queued; the scheduler publishes it again
+        log.warning("claim_failed job=%s node=%s: %s", job_id, ident.node, exc)
+        return
     if claim is None:
         log.info("claim_skipped job=%s node=%s why=not-claimable", job_id, ident.node)
         return
