@@ -28,7 +28,7 @@ from e31_worker.groups import GroupRegistry
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.1                  # how often the supervisor looks at its child
+POLL_S = 0.1                  # the log pump's longest wait for output
 PR_SET_PDEATHSIG = 1          # prctl option: signal the child when its parent thread dies
 LOG_CHUNK_BYTES = 64 * 1024
 LOG_DRAIN_S = 2.0             # output still read after the attempt ends
@@ -141,7 +141,10 @@ class Executor:
                 if directive is not Directive.CONTINUE:
                     self._kill(proc, directive.value)
                     return directive
-            time.sleep(POLL_S)
+            try:  # wakes the moment the child exits, not at the next poll
+                proc.wait(timeout=max(0.0, min(next_tick, deadline) - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
         _killpg(proc.pid, signal.SIGKILL)  # the job is over: nothing it started may linger
         return None
 
