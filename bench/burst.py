@@ -12,19 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from e31.client import Client
-from e31.redisserver import free_port
 from e31_worker.gpus import parse_simulated
+
+from stack import private_stack, submit_all, wait_all
 
 
 def main() -> None:
@@ -35,29 +30,15 @@ def main() -> None:
     args = ap.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="e31-burst-"))
-    env = {k: v for k, v in os.environ.items() if k not in ("E31_URL", "E31_TOKEN", "E31_REDIS_URL")}
-    env.update(E31_HOME=str(home), E31_API_PORT=str(free_port()), E31_FLOWER_PORT=str(free_port()))
-    up = subprocess.Popen([sys.executable, "-m", "e31.cli", "up", "--no-flower",
-                           "--cpu-slots", str(args.cpu_slots), "--simulate-gpus", args.simulate_gpus],
-                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while not (home / "stack.json").exists() or not json.loads((home / "stack.json").read_text()).get("ready"):
-            if up.poll() is not None:
-                sys.exit(f"e31 up failed; see {home}/logs")
-            time.sleep(0.2)
-        profile = json.loads((home / "profile.json").read_text())
-        client = Client(profile["url"], profile["token"])
+    up_args = ["--cpu-slots", str(args.cpu_slots), "--simulate-gpus", args.simulate_gpus]
+    with private_stack(home, up_args) as client:
         started = time.monotonic()
         specs = [{"entrypoint": "e31_worker.examples:sleep", "params": {"seconds": 0.0, "steps": 1},
                   "resources": {"gpus": 0 if i % 2 or not args.simulate_gpus else 1}}
                  for i in range(args.jobs)]
-        with ThreadPoolExecutor(8) as pool:
-            handles = list(pool.map(lambda s: client.submit(s), specs))
+        handles = submit_all(client, specs)
         submitted = time.monotonic() - started
-        with ThreadPoolExecutor(8) as pool:
-            finals = list(pool.map(lambda h: next(st for st in h.watch(timeout=3600, poll_s=1.0)
-                                                  if st["state"] in ("succeeded", "failed", "cancelled")),
-                                   handles))
+        finals = wait_all(handles, poll_s=1.0)
         wall = time.monotonic() - started
         states: dict[str, int] = {}
         for st in finals:
@@ -73,9 +54,6 @@ def main() -> None:
             "database_is_locked_in": locked,
             "attempts_per_job_max": max(len(st["attempts"]) for st in finals),
         }, indent=2))
-    finally:
-        up.send_signal(signal.SIGTERM)
-        up.wait(timeout=120)
 
 
 if __name__ == "__main__":

@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import redis
 
-from e31.client import Client
-from e31.redisserver import free_port, start_redis
+from e31.redisserver import start_redis
+
+from stack import private_stack, submit_all, wait_all
 
 CHILD = [sys.executable, "-c", "pass"]
 
@@ -77,31 +76,13 @@ def bare_celery(n: int, workers: int, url: str, tmp: Path) -> float:
 
 
 def e31(n: int, workers: int, tmp: Path) -> float:
-    home = tmp / "e31home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}
-    env.update(E31_HOME=str(home), E31_API_PORT=str(free_port()))
-    up = subprocess.Popen([sys.executable, "-m", "e31.cli", "up", "--no-flower", "--cpu-slots",
-                           str(workers)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while not (home / "stack.json").exists() or not json.loads((home / "stack.json").read_text()).get("ready"):
-            if up.poll() is not None:
-                sys.exit(f"e31 up failed; see {home}/logs")
-            time.sleep(0.2)
-        profile = json.loads((home / "profile.json").read_text())
-        client = Client(profile["url"], profile["token"])
+    with private_stack(tmp / "e31home", ["--cpu-slots", str(workers)]) as client:
         start = time.monotonic()
-        with ThreadPoolExecutor(8) as pool:
-            handles = list(pool.map(lambda _: client.submit(command=CHILD, resources={"gpus": 0}), range(n)))
-        with ThreadPoolExecutor(8) as pool:
-            states = list(pool.map(lambda h: next(s["state"] for s in h.watch(poll_s=0.5)
-                                                  if s["state"] in ("succeeded", "failed", "cancelled")),
-                                   handles))
+        handles = submit_all(client, [{"command": CHILD, "resources": {"gpus": 0}}] * n)
+        states = [st["state"] for st in wait_all(handles)]
         elapsed = time.monotonic() - start
-        assert states.count("succeeded") == n, states
-        return elapsed
-    finally:
-        up.send_signal(signal.SIGTERM)
-        up.wait(timeout=120)
+    assert states.count("succeeded") == n, states
+    return elapsed
 
 
 def main() -> None:

@@ -1,0 +1,52 @@
+"""A private `e31 up` stack for the bench scripts: its own home, ports and Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from e31.client import Client, JobHandle
+from e31.redisserver import free_port
+
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+@contextmanager
+def private_stack(home: Path, up_args: Sequence[str]) -> Iterator[Client]:
+    """`e31 up --no-flower UP_ARGS` under `home`; yields a client of its default tenant."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}
+    env.update(E31_HOME=str(home), E31_API_PORT=str(free_port()))
+    up = subprocess.Popen([sys.executable, "-m", "e31.cli", "up", "--no-flower", *up_args], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        state = home / "stack.json"
+        while not state.exists() or not json.loads(state.read_text()).get("ready"):
+            if up.poll() is not None:
+                sys.exit(f"e31 up failed; see {home}/logs")
+            time.sleep(0.2)
+        profile = json.loads((home / "profile.json").read_text())
+        yield Client(profile["url"], profile["token"])
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=120)
+
+
+def submit_all(client: Client, specs: Sequence[dict[str, Any]]) -> list[JobHandle]:
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(lambda s: client.submit(s), specs))
+
+
+def wait_all(handles: Sequence[JobHandle], poll_s: float = 0.5) -> list[dict[str, Any]]:
+    """The final status of every job."""
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(lambda h: next(st for st in h.watch(poll_s=poll_s)
+                                             if st["state"] in FINAL), handles))
