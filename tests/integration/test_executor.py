@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 from e31.spec import JobSpec
 from e31.states import AttemptReason
 from e31_worker.executor import AttemptPlan, Directive, Executor
@@ -149,3 +150,56 @@ def test_reaping_leaves_a_process_group_that_is_not_the_jobs_alone(tmp_path: Pat
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_failure_to_record_the_group_still_stops_the_job(tmp_path: Path) -> None:
+    from e31_worker.groups import GroupRegistry
+    pidfile = tmp_path / "pid"
+    (tmp_path / "not-a-dir").write_text("")
+    p = plan(tmp_path, command=["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"])
+    try:
+        Executor(p, tick=lambda progress: Directive.CONTINUE,
+                 groups=GroupRegistry(tmp_path / "not-a-dir" / "groups")).run()
+    except OSError:
+        pass
+    wait_for(pidfile.exists, timeout_s=5, what="the job to start")
+    wait_for(lambda: not process_alive(int(pidfile.read_text())), timeout_s=10,
+             what="the unrecorded job to be stopped")
+
+
+def test_the_log_is_read_even_when_the_worker_has_over_1024_files_open(tmp_path: Path) -> None:
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip("the hard limit on open files is below 2048")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        p = plan(tmp_path, timeout_s=30, command=[sys.executable, "-c", "print('y' * 200000)"])
+        result = run(p)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert result.reason is AttemptReason.SUCCEEDED
+    assert p.log_path.stat().st_size == 200001
+
+
+def test_one_process_per_node_holds_the_node_lock_until_it_dies(tmp_path: Path) -> None:
+    import subprocess
+
+    from e31_worker.groups import NodeLock
+    lock_path = tmp_path / "gpu0@h.lock"
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time; from pathlib import Path; "
+                               "from e31_worker.groups import NodeLock; "
+                               f"assert NodeLock(Path({str(lock_path)!r})).acquire() is None; "
+                               "print('held', flush=True); time.sleep(300)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert NodeLock(lock_path).acquire() == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+    assert NodeLock(lock_path).acquire() is None

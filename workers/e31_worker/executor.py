@@ -112,9 +112,9 @@ class Executor:
         pump.start()
         log.info("attempt_started job=%s attempt=%d pid=%d gpus=%r", plan.job_id, plan.attempt,
                  proc.pid, plan.gpus)
-        if self._groups is not None:
-            self._groups.add(proc.pid, plan.job_id)  # start_new_session: pgid == pid
         try:
+            if self._groups is not None:
+                self._groups.add(proc.pid, plan.job_id)  # start_new_session: pgid == pid
             stopped_for = self._supervise(proc)
         finally:
             if proc.poll() is None:  # the supervisor itself failed: never leave the job behind
@@ -240,14 +240,15 @@ def _pump_log(fd: int, path: Path, max_bytes: int, done: threading.Event) -> Non
     written = 0
     cut = False
     drain_until: float | None = None
+    poller = select.poll()  # not select.select: that fails for descriptors >= 1024
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     with open(path, "ab") as out:
         while True:
             if done.is_set() and drain_until is None:
                 drain_until = time.monotonic() + LOG_DRAIN_S
             if drain_until is not None and time.monotonic() >= drain_until:
                 return
-            ready, _, _ = select.select([fd], [], [], POLL_S)
-            if not ready:
+            if not poller.poll(POLL_S * 1000):
                 continue
             chunk = os.read(fd, LOG_CHUNK_BYTES)
             if not chunk:

@@ -10,6 +10,7 @@ group id of some other program is never touched).
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import signal
@@ -18,6 +19,34 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 PROC = Path("/proc")
+
+
+class NodeLock:
+    """An exclusive `flock` on `<node>.lock`, held by one worker process for its whole life.
+
+    The kernel drops it when the process dies, however it dies, so a second process for the
+    same node name is refused exactly while the first lives (draining included), and
+    reaping a predecessor's groups is safe once the lock is ours.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> int | None:
+        """Take the lock; None when taken, else the pid of the process that holds it."""
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            return int(holder) if holder.isdigit() else 0
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd  # never closed: released by the kernel when this process ends
+        return None
 
 
 class GroupRegistry:
@@ -32,7 +61,11 @@ class GroupRegistry:
         (self._dir / str(pgid)).unlink(missing_ok=True)
 
     def reap(self) -> int:
-        """Kill what is left of groups recorded by a dead predecessor; returns processes killed."""
+        """Kill what is left of groups recorded by a dead predecessor; returns processes killed.
+
+        Call it only while holding the node's `NodeLock`: then no live process of this node
+        can own a recorded group.
+        """
         if not self._dir.is_dir():
             return 0
         killed = 0
@@ -42,14 +75,16 @@ class GroupRegistry:
             except (ValueError, OSError):
                 entry.unlink(missing_ok=True)
                 continue
+            here = 0
             for pid in _members(pgid, job_id):
                 try:
                     os.kill(pid, signal.SIGKILL)
-                    killed += 1
+                    here += 1
                 except ProcessLookupError:
                     pass
-            if killed:
-                log.warning("orphans_killed job=%s pgid=%d processes=%d", job_id, pgid, killed)
+            if here:
+                log.warning("orphans_killed job=%s pgid=%d processes=%d", job_id, pgid, here)
+            killed += here
             entry.unlink(missing_ok=True)
         return killed
 

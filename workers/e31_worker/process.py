@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
                             repo=Repo(make_engine(settings.resolved_database_url)),
                             artifacts=ArtifactStore(settings.resolved_artifacts_url),
                             redis_client=redis.Redis.from_url(settings.redis_url))
-    taken_by = runtime.node_taken_by()
+    taken_by = runtime.node_lock.acquire()
     if taken_by is not None:
         logging.getLogger(__name__).error(
             "node_taken node=%s pid=%d: another worker process serves this node name; give each "

@@ -10,7 +10,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import redis
 from e31 import keys
@@ -18,7 +17,7 @@ from e31.artifacts import ArtifactStore
 from e31.settings import Settings
 from e31.store import Repo
 
-from e31_worker.groups import GroupRegistry
+from e31_worker.groups import GroupRegistry, NodeLock
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +43,9 @@ class WorkerRuntime:
         self.redis = redis_client
         self.draining = threading.Event()
         # Per node: a restarted worker process finds what its predecessor left running.
-        self.groups = GroupRegistry(settings.resolved_work_dir / ".groups" / identity.node)
+        groups_dir = settings.resolved_work_dir / ".groups"
+        self.groups = GroupRegistry(groups_dir / identity.node)
+        self.node_lock = NodeLock(groups_dir / f"{identity.node}.lock")
         self._busy_job: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -68,24 +69,6 @@ class WorkerRuntime:
                    "busy_job": self._busy_job, "pid": os.getpid(), "ts": time.time()}
         ttl_ms = int(self.settings.heartbeat_interval_s * HEARTBEAT_TTL_INTERVALS * 1000)
         self.redis.set(keys.worker(ident.node), json.dumps(payload), px=ttl_ms)
-
-    def node_taken_by(self) -> int | None:
-        """The pid of another live worker process of this host serving this node name, if any.
-
-        Node names carry the host name, so a live heartbeat of another pid names a process
-        here; one that died (SIGKILL, restarted by the launcher) does not count.
-        """
-        raw = self.redis.get(keys.worker(self.identity.node))
-        if not raw:
-            return None
-        pid = int(json.loads(raw).get("pid") or 0)
-        if pid in (0, os.getpid()):
-            return None
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return None
-        return pid if b"e31_worker.process" in cmdline else None
 
     def start(self) -> None:
         """Start the heartbeat thread (once the Celery consumer is ready)."""
