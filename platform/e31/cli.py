@@ -40,14 +40,6 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _settings(**overrides: Any) -> Any:
-    from e31.settings import Settings
-    try:
-        return Settings.load(overrides)
-    except ConfigError as exc:
-        _fail(exc.message, EXIT_INPUT)
-
-
 def _client() -> Any:
     from e31.client import Client
     try:
