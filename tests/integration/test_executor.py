@@ -153,18 +153,32 @@ def test_reaping_leaves_a_process_group_that_is_not_the_jobs_alone(tmp_path: Pat
 
 
 def test_a_failure_to_record_the_group_still_stops_the_job(tmp_path: Path) -> None:
+    import uuid
+
     from e31_worker.groups import GroupRegistry
-    pidfile = tmp_path / "pid"
+    mark = uuid.uuid4().hex
     (tmp_path / "not-a-dir").write_text("")
-    p = plan(tmp_path, command=["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"])
+    p = plan(tmp_path, command=["sleep", "300"], env={"TEST_MARK": mark})
     try:
         Executor(p, tick=lambda progress: Directive.CONTINUE,
                  groups=GroupRegistry(tmp_path / "not-a-dir" / "groups")).run()
     except OSError:
         pass
-    wait_for(pidfile.exists, timeout_s=5, what="the job to start")
-    wait_for(lambda: not process_alive(int(pidfile.read_text())), timeout_s=10,
+    # The job may be killed before or after it got going; either way none of it may live on.
+    wait_for(lambda: not _processes_with_env(f"TEST_MARK={mark}".encode()), timeout_s=10,
              what="the unrecorded job to be stopped")
+
+
+def _processes_with_env(entry: bytes) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if entry in (d / "environ").read_bytes().split(b"\0") and process_alive(int(d.name)):
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
 
 
 def test_the_log_is_read_even_when_the_worker_has_over_1024_files_open(tmp_path: Path) -> None:
