@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 from e31_worker.gpus import parse_simulated
-
 from stack import private_stack, submit_all, wait_all
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from e31.client import Client, JobHandle
+from e31.local import stack_ready
 from e31.redisserver import free_port
 
 FINAL = ("succeeded", "failed", "cancelled")
@@ -28,8 +29,7 @@ def private_stack(home: Path, up_args: Sequence[str]) -> Iterator[Client]:
     up = subprocess.Popen([sys.executable, "-m", "e31.cli", "up", "--no-flower", *up_args], env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        state = home / "stack.json"
-        while not state.exists() or not json.loads(state.read_text()).get("ready"):
+        while not stack_ready(home):
             if up.poll() is not None:
                 sys.exit(f"e31 up failed; see {home}/logs")
             time.sleep(0.2)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -199,12 +198,12 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
 
 def _detach(home: Path, err: Any, out: Any) -> None:
     """Run `e31 up` (without -d) in the background and return when it is ready."""
+    from e31.local import STATE_FILE, stack_ready
     argv = [a for a in sys.argv[1:] if a not in ("-d", "--detach")]
     home.mkdir(parents=True, exist_ok=True)
     (home / "logs").mkdir(exist_ok=True)
     log_path = home / "logs" / "up.log"
-    state = home / "stack.json"
-    state.unlink(missing_ok=True)
+    (home / STATE_FILE).unlink(missing_ok=True)
     proc = subprocess.Popen([sys.executable, "-m", "e31.cli", *argv], env=dict(os.environ, E31_HOME=str(home)),
                             stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
@@ -213,14 +212,11 @@ def _detach(home: Path, err: Any, out: Any) -> None:
         if proc.poll() is not None:
             err.print(f"error: e31 up exited with code {proc.returncode}; see {log_path}")
             raise typer.Exit(proc.returncode or 3)
-        try:
-            if json.loads(state.read_text()).get("ready"):
-                lines = log_path.read_text().strip().splitlines()
-                print(next((line for line in reversed(lines) if "is ready" in line),
-                           "E31 Batch is ready."))
-                return
-        except (OSError, ValueError):
-            pass
+        if stack_ready(home):
+            lines = log_path.read_text().strip().splitlines()
+            print(next((line for line in reversed(lines) if "is ready" in line),
+                       "E31 Batch is ready."))
+            return
         time.sleep(0.3)
     err.print(f"error: the stack was not ready in {DETACH_READY_TIMEOUT_S:g} s; see {log_path}")
     raise typer.Exit(3)

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 90.0        # API answering and every worker beating
 STOP_TIMEOUT_S = 30.0         # per process, after SIGTERM (workers get kill_grace_s more)
 DEFAULT_TENANT = "default"
+STATE_FILE = "stack.json"     # under home: the up process, its children, ready or not
 
 
 @dataclass
@@ -43,7 +44,6 @@ class Child:
     name: str
     argv: list[str]
     proc: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
 
 
 @dataclass
@@ -57,7 +57,7 @@ class LocalStack:
 
     @property
     def state_path(self) -> Path:
-        return self.settings.home / "stack.json"
+        return self.settings.home / STATE_FILE
 
     def start(self) -> dict[str, str]:
         """Start everything; returns the profile (url, token, flower address)."""
@@ -130,7 +130,6 @@ class LocalStack:
             for child in self.children:
                 if child.proc and child.proc.poll() is not None:
                     log.warning("%s exited with code %s; restarting", child.name, child.proc.returncode)
-                    child.restarts += 1
                     self._spawn(child, self._env)
 
     def request_stop(self) -> None:
@@ -149,6 +148,14 @@ class LocalStack:
             self._redis_proc.terminate()
             _wait_or_kill(self._redis_proc, STOP_TIMEOUT_S)
         self.state_path.unlink(missing_ok=True)
+
+
+def stack_ready(home: Path) -> bool:
+    """Whether the `e31 up` of `home` has said it is ready (its state file)."""
+    try:
+        return bool(json.loads((home / STATE_FILE).read_text()).get("ready"))
+    except (OSError, ValueError):
+        return False
 
 
 def _wait_or_kill(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -199,7 +206,7 @@ def _ensure_profile(settings: Settings, repo: Repo, redis_url: str) -> dict[str,
 
 def stop_stack(home: Path, *, timeout_s: float = 120.0) -> bool:
     """`e31 down`: ask the `e31 up` of `home` to stop and wait for it; False if none ran."""
-    state_path = home / "stack.json"
+    state_path = home / STATE_FILE
     try:
         pid = int(json.loads(state_path.read_text())["pid"])
     except (OSError, ValueError, KeyError):

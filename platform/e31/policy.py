@@ -22,6 +22,11 @@ class WorkerInfo:
     busy_job: str | None = None
 
 
+def idle_workers(workers: Sequence[WorkerInfo], busy_nodes: set[str]) -> list[WorkerInfo]:
+    """Workers free for a job: their heartbeat says so and they hold no live lease."""
+    return [w for w in workers if w.busy_job is None and w.node not in busy_nodes]
+
+
 def plan(workers: Sequence[WorkerInfo], busy_nodes: set[str], demand: Mapping[str, int],
          outstanding: Mapping[str, int], *, headroom: int,
          rank: Callable[[str], int]) -> dict[str, int]:
@@ -33,7 +38,7 @@ def plan(workers: Sequence[WorkerInfo], busy_nodes: set[str], demand: Mapping[st
     published and not yet claimed (`outstanding`) use up slots. Headroom is only given to
     queues that have at least one live consumer, so a class without workers gets none.
     """
-    idle = [w for w in workers if w.busy_job is None and w.node not in busy_nodes]
+    idle = idle_workers(workers, busy_nodes)
     assigned: set[str] = set()
     result: dict[str, int] = {}
     for queue in sorted(demand, key=rank):

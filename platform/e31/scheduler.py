@@ -22,7 +22,7 @@ from e31 import keys
 from e31.celeryapp import TASK_NAME
 from e31.clock import utcnow
 from e31.errors import StoreError
-from e31.policy import WorkerInfo, order, plan
+from e31.policy import WorkerInfo, idle_workers, order, plan
 from e31.settings import Settings
 from e31.sizeclasses import redis_priority
 from e31.store import Repo
@@ -93,8 +93,7 @@ class Scheduler:
         """Publish what the idle capacity can take; returns the number of messages sent."""
         now = now or utcnow()
         workers, busy = read_workers(self._redis), self._repo.busy_workers(now=now)
-        idle_queues = {q for w in workers if w.busy_job is None and w.node not in busy
-                       for q in w.queues}
+        idle_queues = {q for w in idle_workers(workers, busy) for q in w.queues}
         expired = self._repo.expire_dispatches(sorted(idle_queues), now=now,
                                                timeout_s=self._settings.dispatch_timeout_s)
         if expired:

@@ -7,7 +7,6 @@ returns a valid spec or raises `SpecError` whose entries name the field and the 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -186,12 +185,3 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SpecError.one("spec", f"{p} must hold a mapping of fields")
     return data
-
-
-def is_finite_json(value: Any) -> bool:
-    """Whether `value` is JSON (no NaN/Infinity, only JSON types)."""
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        return False
-    return not (isinstance(value, float) and not math.isfinite(value))

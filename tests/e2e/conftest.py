@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from e31.client import Client
+from e31.local import stack_ready
 from e31.redisserver import free_port
 
 from tests.conftest import wait_for
@@ -30,6 +31,15 @@ class Stack:
     url: str
     token: str
     env: dict[str, str]
+
+    @property
+    def redis_url(self) -> str:
+        """The private Redis `e31 up` started (the profile records it)."""
+        return str(json.loads((self.home / "profile.json").read_text())["redis_url"])
+
+    def env_with_redis(self, **extra: str) -> dict[str, str]:
+        """The stack's environment plus its Redis: for extra processes that join the stack."""
+        return dict(self.env, E31_REDIS_URL=self.redis_url, **extra)
 
     def client(self, token: str | None = None) -> Client:
         return Client(self.url, token or self.token)
@@ -55,7 +65,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                              "--cpu-slots", "2", "--no-flower"], env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: proc.poll() is not None or ready(home), timeout_s=120, poll_s=0.2,
+        wait_for(lambda: proc.poll() is not None or stack_ready(home), timeout_s=120, poll_s=0.2,
                  what="e31 up to be ready")
         assert proc.poll() is None, (home / "up.out").read_text()
         profile = json.loads((home / "profile.json").read_text())
@@ -66,10 +76,3 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-def ready(home: Path) -> bool:
-    try:
-        return bool(json.loads((home / "stack.json").read_text()).get("ready"))
-    except (OSError, ValueError):
-        return False

@@ -20,10 +20,8 @@ WAIT_S = 90
 
 
 def test_flower_shows_jobs_as_tenant_and_name_behind_basic_auth(stack: Stack) -> None:
-    profile = json.loads((stack.home / "profile.json").read_text())
     port = free_port()
-    env = dict(stack.env, E31_REDIS_URL=profile["redis_url"], E31_FLOWER_PORT=str(port),
-               E31_FLOWER_PASSWORD="s3cret")
+    env = stack.env_with_redis(E31_FLOWER_PORT=str(port), E31_FLOWER_PASSWORD="s3cret")
     log = open(stack.home / "logs" / "flower-test.log", "ab")
     flower = subprocess.Popen([sys.executable, "-m", "e31.cli", "flower"], env=env, stdout=log,
                               stderr=subprocess.STDOUT)

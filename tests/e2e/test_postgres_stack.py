@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 from e31.client import Client
+from e31.local import stack_ready
 from e31.redisserver import free_port
 from sqlalchemy import create_engine, text
 
 from tests.conftest import fresh_postgres_database, wait_for
-
-from .conftest import ready
 
 
 @pytest.fixture
@@ -36,7 +35,7 @@ def test_a_stack_on_postgresql_runs_a_gpu_job_and_bills_it(postgres_url: str, tm
                            "--cpu-slots", "0", "--no-flower"], env=env,
                           stdout=open(tmp_path / "up.out", "w"), stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: up.poll() is not None or ready(home), timeout_s=120, poll_s=0.2,
+        wait_for(lambda: up.poll() is not None or stack_ready(home), timeout_s=120, poll_s=0.2,
                  what="e31 up on PostgreSQL")
         assert up.poll() is None, (tmp_path / "up.out").read_text()
         profile = json.loads((home / "profile.json").read_text())

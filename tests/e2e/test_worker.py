@@ -24,12 +24,11 @@ WAIT_S = 60
 @pytest.fixture
 def gpu80_worker(stack: Stack) -> Iterator[tuple[subprocess.Popen[bytes], redis.Redis]]:
     """An extra `e31 worker` with one simulated 80 GB GPU, a class the stack itself lacks."""
-    profile = json.loads((stack.home / "profile.json").read_text())
-    env = dict(stack.env, E31_REDIS_URL=profile["redis_url"])
+    env = stack.env_with_redis()
     log = open(stack.home / "logs" / "gpu80-worker.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "e31.cli", "worker", "--simulate-gpus", "1x80",
                              "--hostname", "extra"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    r = redis.Redis.from_url(profile["redis_url"])
+    r = redis.Redis.from_url(stack.redis_url)
     wait_for(lambda: r.get(keys.worker("gpu0@extra")), timeout_s=WAIT_S, what="the gpu80 worker")
     yield proc, r
     if proc.poll() is None:
@@ -105,8 +104,7 @@ def test_a_second_worker_for_the_same_gpu_and_node_name_refuses_to_serve(
         gpu80_worker, stack: Stack) -> None:
     _, r = gpu80_worker
     first = _heartbeat(r)["pid"]
-    profile = json.loads((stack.home / "profile.json").read_text())
-    env = dict(stack.env, E31_REDIS_URL=profile["redis_url"])
+    env = stack.env_with_redis()
     second = subprocess.Popen([sys.executable, "-m", "e31_worker.process", "--node", "gpu0@extra",
                                "--queues", "e31.gpu80", "--gpus", "0", "--gpu-count", "1",
                                "--size-class", "gpu80"], env=env, stdout=subprocess.PIPE,

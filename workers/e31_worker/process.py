@@ -20,7 +20,6 @@ from e31.store import Repo, make_engine
 from e31_worker.runtime import WorkerIdentity, WorkerRuntime
 from e31_worker.task import register
 
-
 EXIT_NODE_TAKEN = 3  # the launcher retries with back-off: the node may free up
 
 

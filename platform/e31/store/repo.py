@@ -110,10 +110,6 @@ class Repo:
                 ApiKey.token_hash == hash_token(token), ApiKey.revoked_at.is_(None)))
             return _tenant(row) if row else None
 
-    def list_tenants(self) -> list[TenantRecord]:
-        with self._session() as s:
-            return [_tenant(t) for t in s.scalars(select(Tenant).order_by(Tenant.name))]
-
     # -- submit, read, cancel -------------------------------------------------------------
 
     def insert_job(self, tenant_id: str, spec: JobSpec, route: Route, *, now: datetime) -> JobRecord:
