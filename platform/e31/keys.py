@@ -7,6 +7,10 @@ PREFIX = "e31"
 WAKE = f"{PREFIX}:scheduler:wake"           # list: pushed on submit / job end; scheduler BLPOPs it
 LEADER = f"{PREFIX}:scheduler:leader"       # string: the leading scheduler's token, with a TTL
 WORKER_PREFIX = f"{PREFIX}:worker:"         # string per worker node: its heartbeat JSON, with a TTL
+DRAIN_PREFIX = f"{PREFIX}:drain:"           # string per worker node: an operator asked it to drain
+# string, no TTL: set by the scheduler; when it is missing, Redis restarted empty or was
+# flushed, and every message in flight went with it
+BROKER_EPOCH = f"{PREFIX}:broker:epoch"
 
 
 def worker(node: str) -> str:
@@ -16,3 +20,8 @@ def worker(node: str) -> str:
 
 def worker_pattern() -> str:
     return f"{WORKER_PREFIX}*"
+
+
+def drain(node: str) -> str:
+    """Drain request of one worker node (set by `e31 worker --drain`)."""
+    return f"{DRAIN_PREFIX}{node}"

@@ -1,8 +1,9 @@
 """The scheduler: the only publisher into Celery (ARCHITECTURE §2, steps 2 and 6).
 
 One leader at a time, elected with a Redis lock; a second scheduler waits. The leader
-wakes on a signal (a submit, a job's end) or every tick, and publishes as many queued jobs
-per queue as the idle worker slots can take, plus a small headroom.
+wakes on a signal (a submit, a job's end) or every tick, recovers what died (expired
+leases, messages a restarted or flushed Redis lost), and publishes as many queued jobs per
+queue as the idle worker slots can take, plus a small headroom.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class Scheduler:
         classes = settings.size_classes
         self._rank = lambda queue: redis_priority(queue.split(".")[1], classes)
         self._standby_logged = False
+        # Lease expiry is judged only after a full TTL of this scheduler leading with a
+        # working store: workers that could not reach the store either get a chance to renew.
+        self._expire_leases_after = 0.0   # time.monotonic()
 
     # -- leadership ----------------------------------------------------------------------
 
@@ -92,6 +96,7 @@ class Scheduler:
     def tick(self, now: datetime | None = None) -> int:
         """Publish what the idle capacity can take; returns the number of messages sent."""
         now = now or utcnow()
+        self.reconcile(now)
         workers, busy = read_workers(self._redis), self._repo.busy_workers(now=now)
         idle_queues = {q for w in idle_workers(workers, busy) for q in w.queues}
         expired = self._repo.expire_dispatches(sorted(idle_queues), now=now,
@@ -111,6 +116,25 @@ class Scheduler:
             chosen = order(candidates[queue])[:n]
             sent += self._publish(chosen, now)
         return sent
+
+    def hold_lease_expiry(self) -> None:
+        """Judge no lease for one TTL: after taking the lead, or after the store was unreachable
+        (the workers could not renew then either, and their jobs are alive)."""
+        self._expire_leases_after = time.monotonic() + self._settings.lease_ttl_s
+
+    def reconcile(self, now: datetime) -> None:
+        """Recover what died: jobs whose lease expired, and messages the broker lost."""
+        if time.monotonic() >= self._expire_leases_after:
+            for job_id, state in self._repo.expire_leases(now=now,
+                                                          lease_ttl_s=self._settings.lease_ttl_s):
+                log.warning("lease_expired job=%s: attempt lost, job %s", job_id, state.value)
+        if not self._redis.exists(keys.BROKER_EPOCH):
+            # Redis restarted without its data or was flushed: the published messages are gone.
+            republish = self._repo.expire_dispatches(None, now=now, timeout_s=0)
+            self._redis.set(keys.BROKER_EPOCH, now.isoformat())
+            if republish:
+                log.warning("broker_reset: %d published jobs lost their messages; published again",
+                            republish)
 
     def _publish(self, chosen: list[Candidate], now: datetime) -> int:
         ids = set(self._repo.mark_dispatched([c.id for c in chosen], now=now))
@@ -142,10 +166,13 @@ class Scheduler:
                 if not leading:
                     log.info("scheduler_leading")
                     leading = True
+                    self.hold_lease_expiry()
                 self.tick()
                 self._wait_for_wake(stop, tick_s)
             except (redis.RedisError, BrokerError, StoreError) as exc:
                 log.warning("scheduler_error %s: %s; retrying", type(exc).__name__, exc)
+                if isinstance(exc, StoreError):
+                    self.hold_lease_expiry()
                 stop.wait(tick_s)
         self.resign()
 

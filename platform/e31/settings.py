@@ -62,6 +62,7 @@ class Settings(BaseModel):
     kill_grace_s: float = Field(default=10.0, ge=0)
     visibility_timeout_s: int = Field(default=86400, gt=0)
     log_max_bytes: int = Field(default=100 * 1024 * 1024, gt=0)
+    store_retry_max_s: float = Field(default=600.0, ge=0)  # a worker retries store writes this long
 
     retries: RetryPolicy = RetryPolicy()  # the pool's default; a spec's own fields win
     size_classes: tuple[SizeClass, ...] = DEFAULT_SIZE_CLASSES

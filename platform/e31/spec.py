@@ -21,6 +21,7 @@ MAX_GPUS_PER_JOB = 8          # one node's worth; multi-node jobs are out of sco
 MAX_TIMEOUT_S = 14 * 86400    # two weeks: longer runs should checkpoint and resubmit
 DEFAULT_TIMEOUT_S = 86400     # one day, like a typical SLURM partition default
 MAX_PARAMS_BYTES = 1024 * 1024  # params travel through the store; data belongs in files
+MAX_HOST_MEM_GB = 16384       # host memory per job: more than any node has, so a typo is caught
 
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -45,6 +46,9 @@ class Resources(_Strict):
     gpu_mem_gb: float | None = Field(default=None, gt=0,
                                      description="memory per GPU; picks the smallest class that fits")
     size_class: str | None = Field(default=None, description="a size class by name, instead of gpu_mem_gb")
+    mem_gb: float | None = Field(default=None, gt=0, le=MAX_HOST_MEM_GB,
+                                 description="host memory the job may use; past it the kernel "
+                                             "OOM-kills the job (reason oom) where workers have cgroups")
 
     @model_validator(mode="after")
     def _consistent(self) -> Resources:
@@ -59,6 +63,9 @@ class RetryPolicy(_Strict):
     max: int = Field(default=0, ge=0, le=100, description="retries after the first attempt")
     backoff_s: float = Field(default=10.0, ge=0, le=86400)
     backoff_max_s: float = Field(default=600.0, ge=0, le=7 * 86400)
+    max_lost: int = Field(default=3, ge=1, le=100,
+                          description="attempts lost with their worker before the job fails "
+                                      "as a poison job (lost attempts are not retries)")
 
     def delay_s(self, attempt: int) -> float:
         """Back-off before the attempt after `attempt` (1-based): backoff_s × 2^(attempt-1), capped."""

@@ -43,16 +43,20 @@ class AttemptReason(str, Enum):
     SUCCEEDED = "succeeded"
     ERROR = "error"
     TIMEOUT = "timeout"
+    OOM = "oom"               # out of memory: a CUDA OOM in the job, or the kernel's OOM kill
     CANCELLED = "cancelled"
     LOST = "lost"
     DRAINED = "drained"
 
     @property
     def is_retryable(self) -> bool:
-        return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT, AttemptReason.LOST,
-                        AttemptReason.DRAINED}
+        return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT, AttemptReason.OOM,
+                        AttemptReason.LOST, AttemptReason.DRAINED}
 
     @property
     def counts_against_retries(self) -> bool:
-        """Infrastructure failures (a lost worker, a drain) are not the user's failures."""
-        return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT}
+        """Infrastructure failures (a lost worker, a drain) are not the user's failures.
+
+        Lost attempts have their own cap (`retries.max_lost`), which stops a poison job.
+        """
+        return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT, AttemptReason.OOM}

@@ -140,5 +140,7 @@ def test_the_pools_retry_policy_fills_what_a_spec_leaves_out(repo: Repo, redis_u
     plain = service.submit(tenant, {"entrypoint": "m:f"})
     partial = service.submit(tenant, {"entrypoint": "m:f", "retries": {"max": 5}})
 
-    assert plain.spec["retries"] == {"max": 2, "backoff_s": 3.0, "backoff_max_s": 600.0}
-    assert partial.spec["retries"] == {"max": 5, "backoff_s": 3.0, "backoff_max_s": 600.0}
+    assert plain.spec["retries"] == {"max": 2, "backoff_s": 3.0, "backoff_max_s": 600.0,
+                                     "max_lost": 3}
+    assert partial.spec["retries"] == {"max": 5, "backoff_s": 3.0, "backoff_max_s": 600.0,
+                                       "max_lost": 3}

@@ -7,6 +7,7 @@ Every job query a tenant can reach is scoped by `tenant_id`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import secrets
@@ -41,6 +42,7 @@ TOKEN_PREFIX = "e31_"
 JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
 ERROR_MAX_CHARS = 16_384   # an attempt's error text; the whole story is in the log
 COUNTED_REASONS = [r.value for r in AttemptReason if r.counts_against_retries]
+EXPIRE_BATCH = 100         # most expired leases recovered per call (the next tick does the rest)
 
 
 def hash_token(token: str) -> str:
@@ -204,18 +206,22 @@ class Repo:
                 .returning(Job.id)).all()
             return list(rows)
 
-    def expire_dispatches(self, queues: Sequence[str], *, now: datetime, timeout_s: float) -> int:
+    def expire_dispatches(self, queues: Sequence[str] | None, *, now: datetime,
+                          timeout_s: float) -> int:
         """Forget publications never claimed within `timeout_s`, so they are published again.
 
         Only for `queues` that have an idle consumer: a message waiting behind busy workers
-        is not lost, and publishing it again would only pile up duplicates.
+        is not lost, and publishing it again would only pile up duplicates. `queues=None`
+        means every queue (the broker lost its messages: nothing is waiting anywhere).
         """
-        if not queues:
+        if queues is not None and not queues:
             return 0
         with self._session(write=True) as s:
-            res = s.execute(update(Job).where(
-                Job.state == JobState.QUEUED.value, Job.queue.in_(list(queues)),
-                Job.dispatched_at < now - timedelta(seconds=timeout_s)).values(dispatched_at=None))
+            q = update(Job).where(Job.state == JobState.QUEUED.value,
+                                  Job.dispatched_at < now - timedelta(seconds=timeout_s))
+            if queues is not None:
+                q = q.where(Job.queue.in_(list(queues)))
+            res = s.execute(q.values(dispatched_at=None))
             return int(res.rowcount or 0)  # type: ignore[attr-defined]
 
     # -- worker: claim, renew, record ------------------------------------------------------
@@ -265,25 +271,69 @@ class Repo:
             job = s.scalar(select(Job).where(Job.id == job_id).with_for_update())
             if job is None or job.state != JobState.RUNNING.value or job.lease_token != token:
                 return None
-            attempt = s.scalar(select(Attempt).where(Attempt.job_id == job_id,
-                                                     Attempt.n == job.attempts_used))
-            duration = 0.0
-            if attempt is not None:
-                attempt.ended_at, attempt.reason = now, outcome.reason.value
-                attempt.error, attempt.exit_code = _clean(outcome.error), outcome.exit_code
-                duration = _seconds(attempt.started_at, now)
-                job.gpu_seconds += duration * attempt.gpu_count
-            job.run_seconds += duration
-            s.flush()
-            failures = s.scalar(select(func.count()).select_from(Attempt).where(
-                Attempt.job_id == job_id, Attempt.reason.in_(COUNTED_REASONS))) or 0
-            state = _next_state(job, outcome, failures)
-            values = _outcome_values(job, outcome, state, now, failures)
-            res = s.execute(update(Job).where(Job.id == job_id, Job.lease_token == token,
-                                              Job.state == JobState.RUNNING.value).values(**values))
-            if not res.rowcount:  # type: ignore[attr-defined]
-                return None
-            return state
+            return self._end_attempt(s, job, outcome, ended_at=now, now=now)
+
+    def expire_leases(self, *, now: datetime, lease_ttl_s: float,
+                      limit: int = EXPIRE_BATCH) -> list[tuple[str, JobState]]:
+        """Recover running jobs whose lease expired: their worker or node died or was cut off.
+
+        Each one's attempt ends as `lost` when its lease was last renewed (so the user is
+        billed for what the worker last confirmed, not for the time it was silent), and the
+        job is queued again at once, or fails when `retries.max_lost` attempts were lost.
+        The fencing token stays, so the old worker's late writes are refused.
+        """
+        with self._session(write=True) as s:
+            jobs = s.scalars(select(Job).where(
+                Job.state == JobState.RUNNING.value, Job.lease_expires_at < now)
+                .order_by(Job.lease_expires_at).limit(limit).with_for_update()).all()
+            done = []
+            for job in jobs:
+                assert job.lease_expires_at is not None
+                renewed = job.lease_expires_at - timedelta(seconds=lease_ttl_s)
+                outcome = Outcome(AttemptReason.LOST, error=(
+                    f"lease of worker {job.lease_owner} expired at "
+                    f"{job.lease_expires_at.isoformat()}: the worker or its node died or was cut off"))
+                state = self._end_attempt(s, job, outcome, ended_at=renewed, now=now)
+                if state is not None:
+                    done.append((job.id, state))
+            return done
+
+    def release_dispatch(self, job_id: str) -> bool:
+        """Forget a publication that a worker received but will not claim (it is draining),
+        so the scheduler publishes the job again at once instead of after the dispatch timeout."""
+        with self._session(write=True) as s:
+            res = s.execute(update(Job).where(
+                Job.id == job_id, Job.state == JobState.QUEUED.value,
+                Job.dispatched_at.is_not(None)).values(dispatched_at=None))
+            return bool(res.rowcount)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime,
+                     now: datetime) -> JobState | None:
+        """End the running attempt of a row-locked `job` with `outcome`, bill it, move the job on."""
+        token = job.lease_token
+        attempt = s.scalar(select(Attempt).where(Attempt.job_id == job.id,
+                                                 Attempt.n == job.attempts_used))
+        duration = 0.0
+        if attempt is not None:
+            ended_at = max(ended_at, attempt.started_at)
+            attempt.ended_at, attempt.reason = ended_at, outcome.reason.value
+            attempt.error, attempt.exit_code = _clean(outcome.error), outcome.exit_code
+            duration = _seconds(attempt.started_at, ended_at)
+            job.gpu_seconds += duration * attempt.gpu_count
+        job.run_seconds += duration
+        s.flush()
+        tally = dict(s.execute(select(Attempt.reason, func.count()).where(
+            Attempt.job_id == job.id).group_by(Attempt.reason)).tuples().all())
+        failures = sum(n for reason, n in tally.items() if reason in COUNTED_REASONS)
+        lost = tally.get(AttemptReason.LOST.value, 0)
+        state, error = _next_state(job, outcome, failures, lost)
+        values = _outcome_values(job, dataclasses.replace(outcome, error=error), state, now, failures)
+        res = s.execute(update(Job).where(Job.id == job.id, Job.lease_token == token,
+                                          Job.state == JobState.RUNNING.value).values(**values))
+        if not res.rowcount:  # type: ignore[attr-defined]
+            return None
+        return state
 
     # -- usage ---------------------------------------------------------------------------
 
@@ -366,18 +416,26 @@ def _seconds(start: datetime | None, end: datetime) -> float:
     return max(0.0, (end - start).total_seconds()) if start else 0.0
 
 
-def _next_state(job: Job, outcome: Outcome, failures: int) -> JobState:
-    """`failures`: attempts so far, this one included, that count against `retries.max`."""
+def _next_state(job: Job, outcome: Outcome, failures: int, lost: int) -> tuple[JobState, str | None]:
+    """The job's next state and its error text.
+
+    `failures`: attempts so far, this one included, that count against `retries.max`;
+    `lost`: attempts lost with their worker, capped separately by `retries.max_lost`.
+    """
     if outcome.reason is AttemptReason.SUCCEEDED:
-        return JobState.SUCCEEDED
+        return JobState.SUCCEEDED, None
     if outcome.reason is AttemptReason.CANCELLED or job.cancel_requested:
-        return JobState.CANCELLED
+        return JobState.CANCELLED, outcome.error
     if not outcome.reason.is_retryable:
-        return JobState.FAILED
-    if not outcome.reason.counts_against_retries:
-        return JobState.QUEUED
+        return JobState.FAILED, outcome.error
     retries = RetryPolicy.model_validate(job.spec.get("retries") or {})
-    return JobState.QUEUED if failures <= retries.max else JobState.FAILED
+    if outcome.reason is AttemptReason.LOST and lost >= retries.max_lost:
+        return JobState.FAILED, (
+            f"poison job: lost its worker {lost} times (retries.max_lost={retries.max_lost}); "
+            f"it may be killing the workers it runs on. Last: {outcome.error}")
+    if not outcome.reason.counts_against_retries:
+        return JobState.QUEUED, outcome.error
+    return (JobState.QUEUED if failures <= retries.max else JobState.FAILED), outcome.error
 
 
 def _outcome_values(job: Job, outcome: Outcome, state: JobState, now: datetime,
