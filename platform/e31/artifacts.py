@@ -6,8 +6,10 @@ Layout under the store's root: `<tenant>/<job>/outputs/...`, `<tenant>/<job>/log
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import re
+import uuid
 from pathlib import Path
 from typing import IO, Any
 
@@ -16,6 +18,7 @@ import fsspec
 from e31.errors import NotFound
 
 _LOG_NAME = re.compile(r"^attempt-(\d+)\.log$")
+TMP_PREFIX = ".e31-upload-"  # an upload in progress; never listed, never downloaded
 
 
 class ArtifactStore:
@@ -35,9 +38,19 @@ class ArtifactStore:
     # -- writing (workers) ---------------------------------------------------------------
 
     def put_file(self, local: Path, tenant_id: str, job_id: str, rel: str) -> None:
+        """Upload atomically: to a temporary name beside the target, then renamed over it,
+        so a reader (the next attempt loading a checkpoint) never sees half a file."""
         target = self._path(tenant_id, job_id, _safe(rel))
-        self._fs.makedirs(posixpath.dirname(target), exist_ok=True)
-        self._fs.put_file(str(local), target)
+        parent = posixpath.dirname(target)
+        self._fs.makedirs(parent, exist_ok=True)
+        tmp = posixpath.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex[:12]}-{posixpath.basename(target)}")
+        try:
+            self._fs.put_file(str(local), tmp)
+            self._fs.mv(tmp, target)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._fs.rm(tmp)
+            raise
 
     def put_tree(self, local_dir: Path, tenant_id: str, job_id: str, prefix: str) -> list[dict[str, Any]]:
         """Copy every file under `local_dir` to `<prefix>/`; returns [{path, size}] sorted."""
@@ -55,6 +68,8 @@ class ArtifactStore:
             return 0
         count = 0
         for remote in self._fs.find(base):
+            if posixpath.basename(remote).startswith(TMP_PREFIX):
+                continue  # an upload that never finished
             rel = posixpath.relpath(remote, base)
             target = local_dir / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +84,8 @@ class ArtifactStore:
         if not self._fs.exists(base):
             return []
         return [{"path": posixpath.relpath(p, base), "size": int(info.get("size") or 0)}
-                for p, info in sorted(self._fs.find(base, detail=True).items())]
+                for p, info in sorted(self._fs.find(base, detail=True).items())
+                if not posixpath.basename(p).startswith(TMP_PREFIX)]
 
     def open_output(self, tenant_id: str, job_id: str, rel: str) -> IO[bytes]:
         path = self._path(tenant_id, job_id, "outputs", _safe(rel))

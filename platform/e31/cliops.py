@@ -18,6 +18,7 @@ from e31.errors import ConfigError, Conflict, E31Error
 
 EXIT_INPUT = 2
 DETACH_READY_TIMEOUT_S = 120.0
+DRAIN_EXTRA_S = 60.0        # beyond the kill grace: a job's checkpoint upload and the record
 
 
 def _settings(**overrides: Any) -> Any:
@@ -54,14 +55,22 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
     @app.command()
     def worker(gpus: str = gpus_opt, cpu_slots: int = cpu_opt, simulate_gpus: str | None = sim_opt,
                spill: bool = spill_opt, group: int = group_opt, hostname: str | None = host_opt,
-               home: Path | None = HomeOpt, loglevel: str = typer.Option("INFO", "--loglevel")) -> None:
-        """One pinned Celery worker per GPU (or group, or CPU slot); SIGTERM drains them."""
+               home: Path | None = HomeOpt, loglevel: str = typer.Option("INFO", "--loglevel"),
+               drain: bool = typer.Option(False, "--drain", help="drain the live workers of this "
+                                          "host (or --hostname, or --node) instead of starting any"),
+               node: list[str] = typer.Option([], "--node", help="with --drain: a node name, e.g. gpu0@host"),
+               wait: bool = typer.Option(True, "--wait/--no-wait", help="with --drain: wait until they stopped"),
+               as_json: bool = JsonOpt) -> None:
+        """One pinned Celery worker per GPU (or group, or CPU slot); SIGTERM or --drain drains them."""
         from e31_worker.gpus import discover, parse_simulated, select
         from e31_worker.launcher import Launcher, default_host, plan_slots
         _logging(loglevel)
         settings = _settings(home=home)
         if not settings.redis_url:
             _fail("E31_REDIS_URL is not set: a worker needs the shared Redis", EXIT_INPUT)
+        if drain:
+            _drain(settings, nodes=node, host=hostname or default_host(), wait=wait, as_json=as_json)
+            return
         try:
             found = parse_simulated(simulate_gpus) if simulate_gpus else discover()
             chosen = select(found, gpus) if found else []
@@ -70,6 +79,26 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
         except E31Error as exc:
             _fail(exc.message, EXIT_INPUT)
         raise typer.Exit(Launcher(settings=settings, slots=slots, loglevel=loglevel).run())
+
+    def _drain(settings: Any, *, nodes: list[str], host: str, wait: bool, as_json: bool) -> None:
+        import redis
+
+        from e31.drain import live_nodes, request_drain, wait_drained
+        r = redis.Redis.from_url(settings.redis_url)
+        targets = nodes or live_nodes(r, host=host)
+        if not targets:
+            _fail(f"no live worker on host {host!r}: nothing to drain (see Flower, or pass --node)",
+                  EXIT_INPUT)
+        request_drain(r, targets)
+        left = wait_drained(r, targets, timeout_s=settings.kill_grace_s + DRAIN_EXTRA_S) if wait else []
+        if as_json:
+            _print_json({"draining": targets, "still_live": left, "waited": wait})
+        else:
+            out.print(f"drain requested: {', '.join(targets)}")
+            if wait:
+                out.print("all drained" if not left else f"still live: {', '.join(left)}")
+        if left:
+            raise typer.Exit(1)
 
     @app.command()
     def api(host: str | None = typer.Option(None, "--host", help="[env E31_API_HOST]"),

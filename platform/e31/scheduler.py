@@ -132,9 +132,8 @@ class Scheduler:
             # Redis restarted without its data or was flushed: the published messages are gone.
             republish = self._repo.expire_dispatches(None, now=now, timeout_s=0)
             self._redis.set(keys.BROKER_EPOCH, now.isoformat())
-            if republish:
-                log.warning("broker_reset: %d published jobs lost their messages; published again",
-                            republish)
+            log.warning("broker_reset: Redis is new, restarted empty or was flushed; %d published "
+                        "jobs lost their messages and are published again", republish)
 
     def _publish(self, chosen: list[Candidate], now: datetime) -> int:
         ids = set(self._repo.mark_dispatched([c.id for c in chosen], now=now))

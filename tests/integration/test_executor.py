@@ -217,3 +217,70 @@ def test_one_process_per_node_holds_the_node_lock_until_it_dies(tmp_path: Path) 
         holder.kill()
         holder.wait()
     assert NodeLock(lock_path).acquire() is None
+
+
+def _job_module(tmp_path: Path, name: str, source: str) -> None:
+    """Put a job module on the children's PYTHONPATH for this test."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir(exist_ok=True)
+    (jobs / f"{name}.py").write_text(source)
+    os.environ["PYTHONPATH"] = f"{jobs}:{os.environ.get('PYTHONPATH', '')}"
+
+
+@pytest.fixture
+def job_modules(tmp_path: Path):
+    saved = os.environ.get("PYTHONPATH")
+    yield lambda name, source: _job_module(tmp_path, name, source)
+    if saved is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = saved
+
+
+def test_an_out_of_memory_exception_in_the_job_ends_the_attempt_as_oom(tmp_path: Path, job_modules) -> None:
+    job_modules("oom_job", "class OutOfMemoryError(RuntimeError):\n    pass\n\n"
+                "def main(ctx):\n    raise OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n")
+    result = run(plan(tmp_path, entrypoint="oom_job:main"))
+    assert result.reason is AttemptReason.OOM
+    assert "CUDA out of memory" in result.error
+
+
+@pytest.fixture
+def cgroups():
+    from e31_worker.cgroups import JobCgroups
+    groups = JobCgroups.for_node(f"test-{os.getpid()}@executor")
+    if groups is None:
+        pytest.skip("this machine lets the tests create no memory cgroup")
+    yield groups
+    groups.reap()
+
+
+def test_the_kernels_oom_kill_of_a_job_over_its_mem_gb_is_reported_as_oom(
+        tmp_path: Path, cgroups) -> None:
+    # Given a job capped at 64 MiB of host memory that allocates 1 GiB
+    p = plan(tmp_path, command=[sys.executable, "-c", "b = bytearray(1 << 30); print(len(b))"],
+             resources={"gpus": 0, "mem_gb": 0.0625})
+
+    # When it runs in its cgroup
+    result = Executor(p, tick=lambda progress: Directive.CONTINUE, cgroups=cgroups).run()
+
+    # Then the kernel killed it and the attempt says why
+    assert result.reason is AttemptReason.OOM, result
+    assert result.exit_code == -9
+    assert "OOM killer" in result.error and "mem_gb=0.0625" in result.error
+
+
+def test_a_process_that_left_the_group_is_still_killed_through_the_cgroup(
+        tmp_path: Path, cgroups) -> None:
+    # Given a job that starts a process in a new session (out of its process group) and exits
+    pidfile = tmp_path / "escaped.pid"
+    p = plan(tmp_path, command=["sh", "-c", f"setsid sleep 300 & echo $! > {pidfile}"],
+             resources={"gpus": 0})
+
+    # When the attempt ends
+    result = Executor(p, tick=lambda progress: Directive.CONTINUE, cgroups=cgroups).run()
+
+    # Then the escaped process is gone too
+    assert result.reason is AttemptReason.SUCCEEDED
+    pid = int(pidfile.read_text())
+    wait_for(lambda: not process_alive(pid), timeout_s=5, what="the escaped process to be killed")

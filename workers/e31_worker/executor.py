@@ -24,6 +24,7 @@ from typing import Any
 from e31.states import AttemptReason
 from e31.store.records import Outcome
 
+from e31_worker.cgroups import JobCgroup, JobCgroups
 from e31_worker.groups import GroupRegistry
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,12 @@ class AttemptPlan:
     tick_interval_s: float
 
     @property
+    def memory_max_bytes(self) -> int | None:
+        """The job's host-memory cap from `resources.mem_gb`, enforced by its cgroup."""
+        mem_gb = (self.spec.get("resources") or {}).get("mem_gb")
+        return int(mem_gb * 1024 ** 3) if mem_gb else None
+
+    @property
     def work_dir(self) -> Path:
         return self.root / "work"
 
@@ -81,10 +88,13 @@ Tick = Callable[[tuple[float, float] | None], Directive]
 class Executor:
     """Runs one attempt to its end; `tick` is called every `tick_interval_s` with the progress."""
 
-    def __init__(self, plan: AttemptPlan, *, tick: Tick, groups: GroupRegistry | None = None) -> None:
+    def __init__(self, plan: AttemptPlan, *, tick: Tick, groups: GroupRegistry | None = None,
+                 cgroups: JobCgroups | None = None) -> None:
         self._plan = plan
         self._tick = tick
         self._groups = groups
+        self._cgroups = cgroups
+        self._cgroup: JobCgroup | None = None
 
     def prepare(self) -> None:
         for d in (self._plan.work_dir, self._plan.output_dir, self._plan.checkpoint_dir):
@@ -94,15 +104,18 @@ class Executor:
         plan = self._plan
         self.prepare()
         argv = self._argv()
-        prctl = prctl_function()  # resolved here: the child, forked from a threaded worker, only calls it
+        if self._cgroups is not None:
+            self._cgroup = self._cgroups.create(plan.job_id, plan.attempt,
+                                                memory_max_bytes=plan.memory_max_bytes)
         try:
             proc = subprocess.Popen(argv, cwd=plan.work_dir, env=self._env(),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=lambda: prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
-        except (OSError, ValueError) as exc:
+                                    preexec_fn=_child_setup(self._cgroup))
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else str(exc)
             plan.log_path.write_text(f"e31: cannot start {argv[0]}: {reason}\n")
+            self._remove_cgroup()
             return Outcome(AttemptReason.ERROR, error=f"cannot start {argv[0]}: {reason}")
         assert proc.stdout is not None
         done = threading.Event()
@@ -124,7 +137,15 @@ class Executor:
             proc.stdout.close()
             if self._groups is not None:
                 self._groups.remove(proc.pid)
-        return self._result(proc.returncode, stopped_for)
+        oom_kills = self._cgroup.oom_kills() if self._cgroup is not None else 0
+        self._remove_cgroup()
+        return self._result(proc.returncode, stopped_for, oom_kills)
+
+    def _remove_cgroup(self) -> None:
+        """Kill whatever of the job is left, even processes that left its group, and clean up."""
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
 
     def _supervise(self, proc: subprocess.Popen[bytes]) -> AttemptReason | Directive | None:
         plan = self._plan
@@ -166,8 +187,14 @@ class Executor:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def _result(self, code: int, stopped_for: AttemptReason | Directive | None) -> Outcome:
+    def _result(self, code: int, stopped_for: AttemptReason | Directive | None,
+                oom_kills: int = 0) -> Outcome:
         plan = self._plan
+        if stopped_for is None and oom_kills:
+            limit = (f" (its limit: resources.mem_gb={plan.spec['resources']['mem_gb']:g})"
+                     if plan.memory_max_bytes else "")
+            return Outcome(AttemptReason.OOM, exit_code=code,
+                           error=f"killed by the kernel's OOM killer: out of host memory{limit}")
         if stopped_for is AttemptReason.TIMEOUT:
             return Outcome(AttemptReason.TIMEOUT, exit_code=code,
                                  error=f"timed out after {plan.spec['timeout_s']:g} s")
@@ -189,8 +216,9 @@ class Executor:
             return Outcome(AttemptReason.SUCCEEDED, exit_code=0,
                                  result=json.loads(result_file.read_text())["result"])
         if error_file.is_file():
-            return Outcome(AttemptReason.ERROR, exit_code=code,
-                                 error=json.loads(error_file.read_text())["error"])
+            failure = json.loads(error_file.read_text())
+            reason = AttemptReason.OOM if failure.get("reason") == "oom" else AttemptReason.ERROR
+            return Outcome(reason, exit_code=code, error=failure["error"])
         if code == 0:
             return Outcome(AttemptReason.ERROR, exit_code=0,
                                  error="the job exited before returning a result")
@@ -216,6 +244,28 @@ class Executor:
             "E31_PROGRESS_PATH": str(plan.progress_path), "PYTHONUNBUFFERED": "1",
         })
         return env
+
+
+def _child_setup(cgroup: JobCgroup | None) -> Callable[[], None]:
+    """What the child does between fork and exec: die with its supervisor, and enter its
+    cgroup (so the memory cap and OOM accounting cover it from its first byte).
+
+    It runs in a child forked from a threaded worker, so it only calls what was resolved
+    before the fork and raw system calls (no locks, no Python I/O objects).
+    """
+    prctl = prctl_function()
+    procs = str(cgroup.path / "cgroup.procs").encode() if cgroup is not None else None
+
+    def setup() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if procs is not None:
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+
+    return setup
 
 
 @functools.cache

@@ -15,12 +15,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import redis
+from e31.drain import clear_drain
 from e31.errors import ConfigError
 from e31.settings import Settings, SizeClass
 from e31.sizeclasses import class_for_gpu, cpu_class, queue_name, spill_queues
 
 from e31_worker.executor import PR_SET_PDEATHSIG, prctl_function
 from e31_worker.gpus import Gpu
+from e31_worker.process import EXIT_DRAINED
 
 log = logging.getLogger(__name__)
 
@@ -101,15 +104,21 @@ class Launcher:
         """Start every slot and supervise until SIGTERM/SIGINT; returns the exit code."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
+        self._clear_drain_requests()
         backoff = {s.node: RESTART_BACKOFF_S for s in self._slots}
         started = {}
+        drained: set[str] = set()
         for slot in self._slots:
             self._procs[slot.node] = self._spawn(slot)
             started[slot.node] = time.monotonic()
         while not self._stop.wait(0.5):
             for slot in self._slots:
                 proc = self._procs[slot.node]
-                if proc.poll() is None:
+                if proc.poll() is None or slot.node in drained:
+                    continue
+                if proc.returncode == EXIT_DRAINED:
+                    log.warning("worker_drained node=%s: not restarted", slot.node)
+                    drained.add(slot.node)
                     continue
                 quick = time.monotonic() - started[slot.node] < 60
                 delay = backoff[slot.node] if quick else RESTART_BACKOFF_S
@@ -120,8 +129,23 @@ class Launcher:
                 backoff[slot.node] = min(delay * 2, RESTART_BACKOFF_MAX_S)
                 self._procs[slot.node] = self._spawn(slot)
                 started[slot.node] = time.monotonic()
+            if len(drained) == len(self._slots):
+                log.warning("launcher_drained: every worker of this launcher was drained; exiting")
+                break
         self.stop()
         return 0
+
+    def _clear_drain_requests(self) -> None:
+        """Starting again after a drain puts the nodes back in service."""
+        if not self._settings.redis_url:
+            return
+        client = redis.Redis.from_url(self._settings.redis_url)
+        try:
+            clear_drain(client, [s.node for s in self._slots])
+        except redis.RedisError as exc:
+            log.warning("drain_clear_failed: %s", exc)
+        finally:
+            client.close()
 
     def stop(self) -> None:
         """Drain: SIGTERM every worker (running jobs get the grace period), then SIGKILL stragglers."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from typing import Any
 
@@ -21,6 +23,7 @@ from e31_worker.runtime import WorkerIdentity, WorkerRuntime
 from e31_worker.task import register
 
 EXIT_NODE_TAKEN = 3  # the launcher retries with back-off: the node may free up
+EXIT_DRAINED = 4     # an operator drained this node: the launcher does not restart it
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,9 +62,16 @@ def main(argv: list[str] | None = None) -> None:
 
     signals.worker_ready.connect(_ready, weak=False)
     signals.worker_shutting_down.connect(_shutting_down, weak=False)
-    app.worker_main(["worker", "--pool", "threads", "--concurrency", "1", "--hostname", args.node,
-                     "--queues", ",".join(queues), "--loglevel", args.loglevel,
-                     "--without-gossip", "--without-mingle", "--task-events"])
+    # An operator's drain takes Celery's own warm-shutdown path, exactly as SIGTERM does.
+    runtime.on_drain = lambda: os.kill(os.getpid(), signal.SIGTERM)
+    try:
+        app.worker_main(["worker", "--pool", "threads", "--concurrency", "1", "--hostname", args.node,
+                         "--queues", ",".join(queues), "--loglevel", args.loglevel,
+                         "--without-gossip", "--without-mingle", "--task-events"])
+    finally:
+        if runtime.drain_requested.is_set():
+            logging.getLogger(__name__).warning("worker_drained node=%s", args.node)
+            sys.exit(EXIT_DRAINED)
 
 
 if __name__ == "__main__":

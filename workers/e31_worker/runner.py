@@ -30,6 +30,14 @@ def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
     return obj
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A CUDA out-of-memory error (torch.OutOfMemoryError, or older torch's RuntimeError
+    saying so) or Python's MemoryError: the attempt ends with reason `oom`."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc)
+
+
 def _write(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(payload, allow_nan=False))
@@ -53,7 +61,8 @@ def main(argv: list[str]) -> int:
         value = fn(ctx, **job["params"])
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
-        _write(error_path, {"error": f"{type(exc).__name__}: {exc}"})
+        _write(error_path, {"error": f"{type(exc).__name__}: {exc}",
+                            "reason": "oom" if is_out_of_memory(exc) else "error"})
         return EXIT_ERROR
     try:
         _write(result_path, {"result": value})

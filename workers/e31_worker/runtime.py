@@ -9,6 +9,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -17,6 +18,7 @@ from e31.artifacts import ArtifactStore
 from e31.settings import Settings
 from e31.store import Repo
 
+from e31_worker.cgroups import JobCgroups
 from e31_worker.groups import GroupRegistry, NodeLock
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,9 @@ class WorkerRuntime:
         groups_dir = settings.resolved_work_dir / ".groups"
         self.groups = GroupRegistry(groups_dir / identity.node)
         self.node_lock = NodeLock(groups_dir / f"{identity.node}.lock")
+        self.cgroups: JobCgroups | None = None  # set up in start()
+        self.drain_requested = threading.Event()  # an operator ran `e31 worker --drain`
+        self.on_drain: Callable[[], None] = lambda: None
         self._busy_job: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -75,6 +80,9 @@ class WorkerRuntime:
         if self._thread is not None:
             return
         self.groups.reap()
+        self.cgroups = JobCgroups.for_node(self.identity.node)
+        if self.cgroups is not None:
+            self.cgroups.reap()
         self._thread = threading.Thread(target=self._loop, name="e31-heartbeat", daemon=True)
         self._thread.start()
         log.info("worker_ready node=%s queues=%s gpus=%r", self.identity.node,
@@ -93,6 +101,16 @@ class WorkerRuntime:
         while not self._stop.is_set():
             try:
                 self.beat()
+                self._check_drain()
             except redis.RedisError as exc:
                 log.warning("heartbeat_failed node=%s: %s", self.identity.node, exc)
             self._stop.wait(self.settings.heartbeat_interval_s)
+
+    def _check_drain(self) -> None:
+        """An operator's drain request: stop as on SIGTERM, and tell the launcher not to restart."""
+        if self.drain_requested.is_set() or not self.redis.exists(keys.drain(self.identity.node)):
+            return
+        log.warning("worker_drain_requested node=%s busy_job=%s: stopping after the running job "
+                    "is requeued", self.identity.node, self._busy_job)
+        self.drain_requested.set()
+        self.on_drain()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from celery import Celery
 from e31.artifacts import log_name
@@ -22,8 +24,7 @@ from e31_worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
-RECORD_TRIES = 5            # an outcome write is retried this often on a store error
-RECORD_BACKOFF_S = 1.0      # doubled after each failed try
+STORE_RETRY_FIRST_S = 0.25  # first wait after a store error; doubled up to the heartbeat
 UPLOAD_TRIES = 3            # outputs and checkpoints: an upload is retried this often
 UPLOAD_BACKOFF_S = 1.0      # doubled after each failed try
 
@@ -42,18 +43,20 @@ def run_job(rt: WorkerRuntime, job_id: Any) -> None:
     if not isinstance(job_id, str) or not job_id:
         log.error("message_malformed node=%s payload=%r", ident.node, job_id)
         return
-    if rt.draining.is_set():
-        log.info("claim_skipped job=%s node=%s why=draining", job_id, ident.node)
+    if rt.draining.is_set():  # hand it back at once rather than after the dispatch timeout
+        released = _with_store_retries(rt, "release", job_id, lambda: rt.repo.release_dispatch(job_id))
+        log.info("claim_skipped job=%s node=%s why=draining released=%s", job_id, ident.node, released)
         return
     try:
-        claim = rt.repo.claim(job_id, worker=ident.node, gpus=ident.gpus,
-                              gpu_count=ident.gpu_count, now=utcnow(),
-                              lease_ttl_s=rt.settings.lease_ttl_s)
+        claim = _with_store_retries(rt, "claim", job_id, lambda: rt.repo.claim(
+            job_id, worker=ident.node, gpus=ident.gpus, gpu_count=ident.gpu_count, now=utcnow(),
+            lease_ttl_s=rt.settings.lease_ttl_s))
     except StoreError as exc:  # the job stays queued; the scheduler publishes it again
         log.warning("claim_failed job=%s node=%s: %s", job_id, ident.node, exc)
         return
     if claim is None:
-        log.info("claim_skipped job=%s node=%s why=not-claimable", job_id, ident.node)
+        log.info("claim_skipped job=%s node=%s why=not-claimable (unknown, final, running "
+                 "elsewhere or not due yet)", job_id, ident.node)
         return
     log.info("job_claimed job=%s attempt=%d node=%s gpus=%r", job_id, claim.attempt, ident.node,
              ident.gpus)
@@ -74,24 +77,30 @@ def _attempt(rt: WorkerRuntime, claim: Claim) -> None:
                        gpus=rt.identity.gpus, root=root, kill_grace_s=rt.settings.kill_grace_s,
                        log_max_bytes=rt.settings.log_max_bytes,
                        tick_interval_s=rt.settings.heartbeat_interval_s)
-    shipper = LogShipper(rt, claim, plan)
-    executor = Executor(plan, tick=lambda progress: _tick(rt, claim, shipper, progress),
-                        groups=rt.groups)
+    shipper = Shipper(rt, claim, plan)
+    executor = Executor(plan, tick=LeaseKeeper(rt, claim, shipper), groups=rt.groups,
+                        cgroups=rt.cgroups)
     try:
         executor.prepare()
-        rt.artifacts.get_tree(claim.tenant_id, claim.job_id, "checkpoints", plan.checkpoint_dir)
+        restored = rt.artifacts.get_tree(claim.tenant_id, claim.job_id, "checkpoints",
+                                         plan.checkpoint_dir)
+        if restored:
+            log.info("checkpoint_restored job=%s attempt=%d files=%d", claim.job_id,
+                     claim.attempt, restored)
+        shipper.mark_checkpoints()  # what came down needs no upload
         result = executor.run()
     except Exception as exc:  # the worker keeps serving; the job gets the reason
         log.exception("attempt_crashed job=%s attempt=%d", claim.job_id, claim.attempt)
         result = Outcome(AttemptReason.ERROR, error=f"worker error: {type(exc).__name__}: {exc}")
     try:
+        shipper.finish()
         if result.reason is AttemptReason.LOST:  # fenced off: its files must not overwrite
-            shipper.ship()                        # those of the attempt that replaced it
+            shipper.ship_log()                    # those of the attempt that replaced it
             log.warning("lease_lost job=%s attempt=%d node=%s", claim.job_id, claim.attempt,
                         rt.identity.node)
             return
         outputs, upload_error = _store_files(rt, claim, plan)
-        shipper.ship()
+        shipper.ship_log()
         if upload_error and result.reason is AttemptReason.SUCCEEDED:
             result = Outcome(AttemptReason.ERROR, exit_code=result.exit_code,
                              error=f"the job succeeded but {upload_error}")
@@ -126,61 +135,147 @@ def _store_files(rt: WorkerRuntime, claim: Claim, plan: AttemptPlan) -> tuple[li
     return outputs, "; ".join(failed) or None
 
 
-class LogShipper:
-    """Copies the attempt's log to the artifact store when it has grown."""
+class Shipper:
+    """Copies the attempt's log, and its checkpoints when they changed, to the artifact store.
+
+    Heartbeats start a copy in the background, one at a time, so a slow store never delays
+    the lease renewal; a checkpoint saved mid-run is therefore safe before the attempt ends
+    (a SIGKILLed worker's job resumes from it). Only a tick that still holds the lease
+    starts a copy: a fenced-off attempt must not overwrite its successor's files.
+    """
 
     def __init__(self, rt: WorkerRuntime, claim: Claim, plan: AttemptPlan) -> None:
         self._rt, self._claim, self._plan = rt, claim, plan
-        self._shipped_bytes = -1
+        self._log_bytes = -1
+        self._checkpoints: tuple[tuple[str, int, int], ...] = ()
+        self._thread: threading.Thread | None = None
 
-    def ship(self) -> None:
+    def poke(self) -> None:
+        """Start a background copy of what changed, unless one is still running."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(target=self._ship_all, name=f"ship-{self._claim.job_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    def finish(self) -> None:
+        """Wait for a copy in flight (the final copies follow it)."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def mark_checkpoints(self) -> None:
+        self._checkpoints = self._fingerprint()
+
+    def _ship_all(self) -> None:
+        self.ship_log()
+        current = self._fingerprint()
+        if current == self._checkpoints:
+            return
+        try:
+            self._rt.artifacts.put_tree(self._plan.checkpoint_dir, self._claim.tenant_id,
+                                        self._claim.job_id, "checkpoints")
+            self._checkpoints = current
+            log.info("checkpoint_stored job=%s attempt=%d", self._claim.job_id, self._claim.attempt)
+        except Exception as exc:  # noqa: BLE001 - the next beat tries again; the end retries too
+            log.warning("checkpoint_upload_failed job=%s: %s", self._claim.job_id, exc)
+
+    def _fingerprint(self) -> tuple[tuple[str, int, int], ...]:
+        root = self._plan.checkpoint_dir
+        try:
+            return tuple(sorted((p.relative_to(root).as_posix(), st.st_mtime_ns, st.st_size)
+                                for p in root.rglob("*") if p.is_file() for st in [p.stat()]))
+        except OSError:  # a file replaced while we looked: the next beat looks again
+            return self._checkpoints
+
+    def ship_log(self) -> None:
         try:
             size = self._plan.log_path.stat().st_size
         except OSError:
             return
-        if size == self._shipped_bytes:
+        if size == self._log_bytes:
             return
         try:
             self._rt.artifacts.put_file(self._plan.log_path, self._claim.tenant_id,
                                         self._claim.job_id, log_name(self._claim.attempt))
-            self._shipped_bytes = size
-        except Exception as exc:  # a log copy is never worth failing the job for
+            self._log_bytes = size
+        except Exception as exc:  # noqa: BLE001 - a log copy is never worth failing the job for
             log.warning("log_upload_failed job=%s: %s", self._claim.job_id, exc)
 
 
-def _tick(rt: WorkerRuntime, claim: Claim, shipper: LogShipper,
-          progress: tuple[float, float] | None) -> Directive:
-    """Every heartbeat: renew the lease, relay progress and the log, watch for cancel/drain."""
-    shipper.ship()
-    try:
-        ours, cancel = rt.repo.renew(claim.job_id, claim.token, now=utcnow(),
-                                     lease_ttl_s=rt.settings.lease_ttl_s, progress=progress)
-    except Exception as exc:  # keep the job running; the lease has time left
-        log.warning("lease_renew_failed job=%s: %s: %s", claim.job_id, type(exc).__name__, exc)
-        return Directive.DRAIN if rt.draining.is_set() else Directive.CONTINUE
-    if not ours:
-        return Directive.LOST
-    if cancel:
-        return Directive.CANCEL
-    if rt.draining.is_set():
-        return Directive.DRAIN
-    return Directive.CONTINUE
+class LeaseKeeper:
+    """The executor's tick: renews the lease each beat, relays progress, log and checkpoints,
+    and watches for cancel and drain.
+
+    A worker that cannot renew for a whole TTL (its store or its network is gone) stops
+    its job as `lost` on its own: by then the scheduler may have started the job elsewhere,
+    and two copies must not run on for longer than that.
+    """
+
+    def __init__(self, rt: WorkerRuntime, claim: Claim, shipper: Shipper) -> None:
+        self._rt, self._claim, self._shipper = rt, claim, shipper
+        self._renewed = time.monotonic()
+
+    def __call__(self, progress: tuple[float, float] | None) -> Directive:
+        rt, claim = self._rt, self._claim
+        try:
+            ours, cancel = rt.repo.renew(claim.job_id, claim.token, now=utcnow(),
+                                         lease_ttl_s=rt.settings.lease_ttl_s, progress=progress)
+        except Exception as exc:  # noqa: BLE001 - keep the job running while the lease lasts
+            silent_s = time.monotonic() - self._renewed
+            log.warning("lease_renew_failed job=%s silent_s=%.1f: %s: %s", claim.job_id, silent_s,
+                        type(exc).__name__, exc)
+            if silent_s > rt.settings.lease_ttl_s:
+                log.error("lease_expired_locally job=%s attempt=%d: no renewal for %.1f s; "
+                          "stopping the job (it is recovered elsewhere)", claim.job_id,
+                          claim.attempt, silent_s)
+                return Directive.LOST
+            return Directive.DRAIN if rt.draining.is_set() else Directive.CONTINUE
+        if not ours:
+            return Directive.LOST
+        self._renewed = time.monotonic()
+        self._shipper.poke()
+        if cancel:
+            return Directive.CANCEL
+        if rt.draining.is_set():
+            return Directive.DRAIN
+        return Directive.CONTINUE
 
 
 def _record(rt: WorkerRuntime, claim: Claim, outcome: Outcome) -> str | None:
-    delay = RECORD_BACKOFF_S
-    for attempt in range(1, RECORD_TRIES + 1):
+    """Write the outcome, retrying through a store outage; None when fenced off or lost."""
+    try:
+        state = _with_store_retries(rt, "outcome_write", claim.job_id, lambda: rt.repo.record_outcome(
+            claim.job_id, claim.token, outcome, now=utcnow()))
+    except StoreError:
+        # The lease has long expired: the scheduler recovers the job as `lost`.
+        log.error("outcome_lost job=%s attempt=%d: store unreachable for %.0f s", claim.job_id,
+                  claim.attempt, rt.settings.store_retry_max_s)
+        return None
+    if state is None:
+        log.warning("outcome_fenced job=%s attempt=%d token=%d: the job was recovered elsewhere",
+                    claim.job_id, claim.attempt, claim.token)
+        return None
+    return state.value
+
+
+T = TypeVar("T")
+
+
+def _with_store_retries(rt: WorkerRuntime, what: str, job_id: str, call: Callable[[], T]) -> T:
+    """`call()`, retried with back-off while the store is unreachable, for up to
+    `store_retry_max_s`; the back-off stays below the heartbeat interval, so a write lands
+    within a beat of the store's return (before the scheduler's grace period ends)."""
+    deadline = time.monotonic() + rt.settings.store_retry_max_s
+    delay = STORE_RETRY_FIRST_S
+    tries = 0
+    while True:
+        tries += 1
         try:
-            state = rt.repo.record_outcome(claim.job_id, claim.token, outcome, now=utcnow())
+            return call()
         except StoreError as exc:
-            log.warning("outcome_write_failed job=%s try=%d: %s", claim.job_id, attempt, exc)
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s_failed job=%s try=%d: %s; retrying in %.1f s", what, job_id, tries,
+                        exc, delay)
             time.sleep(delay)
-            delay *= 2
-            continue
-        if state is None:
-            log.warning("outcome_fenced job=%s attempt=%d token=%d", claim.job_id, claim.attempt,
-                        claim.token)
-            return None
-        return state.value
-    log.error("outcome_lost job=%s attempt=%d: store unreachable", claim.job_id, claim.attempt)
-    return None
+            delay = min(delay * 2, rt.settings.heartbeat_interval_s)

@@ -1,0 +1,91 @@
+"""Kills: a worker SIGKILLed mid-job, only the job's child SIGKILLed, a poison job."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+from e31.errors import JobFailed
+
+from tests.conftest import process_alive, wait_for
+
+from .conftest import LEASE_TTL_S, Cluster, billed_seconds, parse_ts, trail
+
+WAIT_S = 90
+
+
+def _started(cluster: Cluster, job_id: str) -> list[str]:
+    return [line for line in trail(cluster.trail_dir, job_id) if line.startswith("start")]
+
+
+def _pid(line: str) -> int:
+    match = re.search(r"pid=(\d+)", line)
+    assert match, line
+    return int(match.group(1))
+
+
+def test_the_job_of_a_sigkilled_worker_runs_again_within_two_ttls_and_succeeds_once(
+        cluster: Cluster) -> None:
+    # Given a job running on one of two workers
+    job = cluster.client().submit(entrypoint="chaosjobs:marked", resources={"gpus": 1},
+                                  params={"trail": str(cluster.trail_dir), "seconds": 4},
+                                  retries={"max": 0})
+    host = cluster.running_on(job.id)
+    wait_for(lambda: _started(cluster, job.id), timeout_s=30, what="the job to start")
+    first_pid = _pid(_started(cluster, job.id)[0])
+    beat = cluster.heartbeat(host)
+    assert beat is not None
+
+    # When its worker process is SIGKILLed
+    killed_at = time.time()
+    os.kill(beat["pid"], signal.SIGKILL)
+
+    # Then its job process dies with it, the job runs again within 2 × TTL, and ends once
+    wait_for(lambda: not process_alive(first_pid), timeout_s=10, what="the orphaned job to die")
+    status = job.wait(timeout=WAIT_S)
+    assert [a["reason"] for a in status["attempts"]] == ["lost", "succeeded"]
+    assert status["result"] == {"attempt": 2}
+    recovery_s = parse_ts(status["attempts"][1]["started_at"]).timestamp() - killed_at
+    assert recovery_s <= 2 * LEASE_TTL_S, f"recovered after {recovery_s:.1f} s"
+    events = trail(cluster.trail_dir, job.id)
+    assert sum(e.startswith("done") for e in events) == 1, events
+    assert status["gpu_seconds"] == pytest.approx(billed_seconds(status), abs=0.01)
+    assert "lease_expired job=" + job.id in cluster.log("scheduler")
+
+
+def test_a_job_whose_own_process_is_sigkilled_fails_that_attempt_and_is_retried(
+        cluster: Cluster) -> None:
+    # Given a running job with one retry
+    job = cluster.client().submit(entrypoint="chaosjobs:marked", resources={"gpus": 1},
+                                  params={"trail": str(cluster.trail_dir), "seconds": 3},
+                                  retries={"max": 1, "backoff_s": 0})
+    wait_for(lambda: _started(cluster, job.id), timeout_s=30, what="the job to start")
+
+    # When only the job's process is SIGKILLed (not by the kernel's OOM killer)
+    os.kill(_pid(_started(cluster, job.id)[0]), signal.SIGKILL)
+
+    # Then that attempt is an error that names the signal, and the retry succeeds once
+    status = job.wait(timeout=WAIT_S)
+    assert [a["reason"] for a in status["attempts"]] == ["error", "succeeded"]
+    assert status["attempts"][0]["error"] == "killed by signal SIGKILL"
+    events = trail(cluster.trail_dir, job.id)
+    assert sum(e.startswith("done") for e in events) == 1, events
+    assert status["gpu_seconds"] == pytest.approx(billed_seconds(status), abs=0.01)
+
+
+def test_a_job_that_kills_every_worker_it_lands_on_fails_as_a_poison_job(cluster: Cluster) -> None:
+    # Given a job that SIGKILLs its own worker process, allowed to be lost twice
+    job = cluster.client().submit(entrypoint="chaosjobs:kill_worker", resources={"gpus": 1},
+                                  retries={"max": 5, "max_lost": 2})
+
+    # When it runs
+    with pytest.raises(JobFailed) as failed:
+        job.wait(timeout=WAIT_S)
+
+    # Then it fails after two lost attempts, saying why, without using its five retries
+    status = failed.value.status
+    assert [a["reason"] for a in status["attempts"]] == ["lost", "lost"]
+    assert status["reason"] == "lost" and "poison job" in status["error"]
