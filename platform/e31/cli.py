@@ -21,6 +21,8 @@ from e31.errors import ClientError, ConfigError, E31Error, JobFailed, SpecError
 
 EXIT_FAILED, EXIT_INPUT, EXIT_UNAVAILABLE = 1, 2, 3
 FOLLOW_POLL_S = 1.0
+ARRAY_PREFIX = "a-"        # array ids; job ids start with "j-"
+ITEMS_SHOWN = 50           # items `e31 status a-…` lists in a table (--json lists all)
 
 app = typer.Typer(help="E31 Batch: batch GPU jobs on a shared pool.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -97,16 +99,30 @@ def submit(
     backoff_s: float | None = typer.Option(None, "--backoff", help="first retry delay, seconds"),
     priority: int | None = typer.Option(None, "--priority", help="0..9, higher first"),
     name: str | None = typer.Option(None, "--name"),
+    sweep_file: Path | None = typer.Option(
+        None, "--sweep", help="a sweep file (grid: or list: of params): one job per item, "
+                              "submitted as one array over the spec file and flags"),
     wait: bool = typer.Option(False, "--wait", help="wait for the end, with a progress bar"),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Submit a job: a spec file, or flags, or `-- argv...` for a command job."""
+    """Submit a job: a spec file, or flags, or `-- argv...` for a command job; with a sweep
+    file (--sweep, or as the spec file), an array of jobs."""
     from e31.spec import load_spec_file
+    from e31.sweep import Sweep, is_sweep, load_sweep_file, merge_item, parse_sweep
     argv = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
     if argv and spec_file is not None and str(spec_file) == argv[0]:
         spec_file = None  # Click hands the first word after `--` to the positional argument
+    sweep: Sweep | None = None
     try:
         body: dict[str, Any] = load_spec_file(spec_file) if spec_file else {}
+        if sweep_file is not None:
+            sweep = load_sweep_file(sweep_file)
+        if is_sweep(body):            # a sweep file given as the spec file
+            if sweep is not None:
+                _fail("give one sweep file, not two", EXIT_INPUT)
+            sweep, sweep_file, body = parse_sweep(body), spec_file, {}
+        if sweep is not None:
+            body = merge_item(sweep.base, body)   # flags > spec file > the sweep's base
     except SpecError as exc:
         _fail(exc.message, EXIT_INPUT)
     if argv:
@@ -133,6 +149,16 @@ def submit(
         if value is not None:
             body[key] = value
     client = _client()
+    if sweep is not None:
+        array_name = body.pop("name", None) or Path(str(sweep_file)).stem
+        array = _call(client.submit_many, sweep.items(), name=array_name, **body)
+        if wait:
+            _wait_array(array, as_json=as_json, timeout=None)
+        elif as_json:
+            _print_json(_call(array.status))
+        else:
+            out.print(array.id)
+        return
     job = _call(client.submit, body)
     if wait:
         _wait(job, as_json=as_json, timeout=None)
@@ -145,7 +171,10 @@ def submit(
 
 @app.command()
 def status(job_id: str, as_json: bool = JsonOpt) -> None:
-    """A job's state, attempts, result and usage."""
+    """A job's state, attempts, result and usage; an array's counts and items."""
+    if _is_array(job_id):
+        _array_status(job_id, as_json=as_json)
+        return
     st = _call(lambda: _client().get(job_id).status())
     if as_json:
         _print_json(st)
@@ -214,7 +243,10 @@ def logs(job_id: str, follow: bool = typer.Option(False, "--follow", "-f", help=
 @app.command()
 def result(job_id: str, download: Path | None = typer.Option(None, "--download", help="fetch outputs into DIR"),
            as_json: bool = JsonOpt) -> None:
-    """A finished job's result (and its output files with --download)."""
+    """A finished job's result (and its output files with --download); an array's manifest."""
+    if _is_array(job_id):
+        _array_result(job_id, download=download, as_json=as_json)
+        return
     job = _call(_client().get, job_id)
     try:
         value = _call(job.result)
@@ -231,7 +263,11 @@ def result(job_id: str, download: Path | None = typer.Option(None, "--download",
 
 @app.command()
 def cancel(job_id: str, as_json: bool = JsonOpt) -> None:
-    """Cancel a job: a queued one never runs, a running one is killed within seconds."""
+    """Cancel a job: a queued one never runs, a running one is killed within seconds.
+    An array id cancels every item."""
+    if _is_array(job_id):
+        _array_cancel(job_id, as_json=as_json)
+        return
     st = _call(lambda: _client().get(job_id).cancel())
     if as_json:
         _print_json(st)
@@ -257,8 +293,89 @@ def _wait(job: Any, *, as_json: bool, timeout: float | None) -> None:
 @app.command("wait")
 def wait_cmd(job_id: str, timeout: float | None = typer.Option(None, "--timeout", help="seconds"),
              as_json: bool = JsonOpt) -> None:
-    """Wait for a job with a progress bar; exit 1 unless it succeeded."""
+    """Wait for a job (or every item of an array) with a progress bar; exit 1 unless it
+    (every item) succeeded."""
+    if _is_array(job_id):
+        _wait_array(_call(_client().get_array, job_id), as_json=as_json, timeout=timeout)
+        return
     _wait(_call(_client().get, job_id), as_json=as_json, timeout=timeout)
+
+
+# -- arrays -----------------------------------------------------------------------------
+
+def _is_array(some_id: str) -> bool:
+    return some_id.startswith(ARRAY_PREFIX)
+
+
+def _counts(st: dict[str, Any]) -> str:
+    shown = [f"{st[k]} {k}" for k in ("succeeded", "failed", "cancelled", "running", "queued")
+             if st.get(k)]
+    return f"{st['done']}/{st['total']} done" + (f": {', '.join(shown)}" if shown else "")
+
+
+def _wait_array(array: Any, *, as_json: bool, timeout: float | None) -> None:
+    st = _call(array.wait, timeout=timeout, progress=not as_json)
+    if as_json:
+        _print_json(st)
+    else:
+        out.print(f"{array.id} {st['state']}, {_counts(st)}", highlight=False)
+    if st["state"] != "succeeded":
+        bad = [i for i in st.get("items", []) if i["state"] != "succeeded"]
+        listed = ", ".join(f"[{i['index']}] {i['id']} {i['reason'] or i['state']}" for i in bad[:5])
+        _fail(f"array {array.id}: {st['failed']} failed, {st['cancelled']} cancelled of "
+              f"{st['total']}" + (f" ({listed}{', …' if len(bad) > 5 else ''})" if listed else ""),
+              EXIT_FAILED)
+
+
+def _array_status(array_id: str, *, as_json: bool) -> None:
+    st = _call(lambda: _client().get_array(array_id).status())
+    if as_json:
+        _print_json(st)
+        return
+    table = Table(show_header=False, box=None)
+    for key in ("id", "name", "state", "submitted_at"):
+        table.add_row(f"[bold]{key}[/bold]", str(st[key]))
+    table.add_row("[bold]progress[/bold]", _counts(st))
+    out.print(table)
+    items = Table("index", "job", "state", "reason")
+    for item in st["items"][:ITEMS_SHOWN]:
+        items.add_row(str(item["index"]), item["id"], item["state"], item["reason"] or "")
+    out.print(items)
+    if len(st["items"]) > ITEMS_SHOWN:
+        out.print(f"… {len(st['items']) - ITEMS_SHOWN} more items (--json lists them all)")
+
+
+def _array_cancel(array_id: str, *, as_json: bool) -> None:
+    st = _call(lambda: _client().get_array(array_id).cancel())
+    if as_json:
+        _print_json(st)
+        return
+    ended = st["succeeded"] + st["failed"]
+    out.print(f"{array_id}: {st['cancelled']} cancelled, {st['running']} cancelling, "
+              f"{ended} already ended", highlight=False)
+
+
+def _array_result(array_id: str, *, download: Path | None, as_json: bool) -> None:
+    from e31.client import JobHandle
+    client = _client()
+    manifest = _call(lambda: client.get_array(array_id).manifest())
+    files: list[Path] = []
+    for item in manifest["items"] if download else []:
+        if item["outputs"]:
+            job = JobHandle(client, item["id"])
+            files += _call(job.download, Path(download or ".") / str(item["index"]))
+    if as_json:
+        _print_json({**manifest, "downloaded": [str(p) for p in files]})
+    else:
+        out.print_json(json.dumps(manifest))
+        for p in files:
+            err.print(f"downloaded {p}")
+    live = manifest["total"] - manifest["done"]
+    if live:
+        err.print(f"{live} of {manifest['total']} items not finished yet (e31 wait {array_id})")
+    if manifest["failed"] or manifest["cancelled"]:
+        _fail(f"array {array_id}: {manifest['failed']} failed, {manifest['cancelled']} cancelled "
+              f"of {manifest['total']}", EXIT_FAILED)
 
 
 @app.command()

@@ -1,11 +1,11 @@
-"""`Client` and `JobHandle`: the Python interface over the HTTP API."""
+"""`Client`, `JobHandle` and `ArrayHandle`: the Python interface over the HTTP API."""
 
 from __future__ import annotations
 
 import builtins
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -63,6 +63,21 @@ class Client:
 
     def get(self, job_id: str) -> JobHandle:
         return JobHandle(self, job_id, self.request("GET", f"/v1/jobs/{job_id}").json())
+
+    def submit_many(self, items: Iterable[Mapping[str, Any]], /, name: str | None = None,
+                    **common: Any) -> ArrayHandle:
+        """Submit N jobs as one array in one request: each item a spec mapping, `common` spec
+        fields laid under every item (the item wins; `params` and `env` merge key by key).
+        All or nothing: one bad item refuses the array with a `ClientError` (422) naming it."""
+        body: dict[str, Any] = {"items": [dict(item) for item in items], "defaults": common}
+        if name is not None:
+            body["name"] = name
+        status = self.request("POST", "/v1/arrays", json=body).json()
+        return ArrayHandle(self, status["id"], job_ids=status["jobs"])
+
+    def get_array(self, array_id: str) -> ArrayHandle:
+        status = self.request("GET", f"/v1/arrays/{array_id}").json()
+        return ArrayHandle(self, array_id, job_ids=[i["id"] for i in status["items"]])
 
     def list(self, state: str | None = None, limit: int = 100) -> builtins.list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": limit}
@@ -153,6 +168,80 @@ class JobHandle:
     def cancel(self) -> dict[str, Any]:
         self._last = self._client.request("POST", f"/v1/jobs/{self.id}/cancel").json()
         return self._last
+
+
+class ArrayHandle:
+    """A submitted array (a sweep): its items are jobs, and it is followed as a whole."""
+
+    def __init__(self, client: Client, array_id: str, *, job_ids: builtins.list[str]) -> None:
+        self._client = client
+        self.id = array_id
+        self.job_ids = job_ids          # in item order: job_ids[i] is item i
+
+    def __repr__(self) -> str:
+        return f"ArrayHandle({self.id!r}, size={len(self.job_ids)})"
+
+    def status(self, items: bool = True) -> dict[str, Any]:
+        """id, name, state, total, done (ended either way), succeeded, failed, cancelled,
+        running, queued, and `items` ([{index, id, state, reason}]) unless `items=False`."""
+        params = {} if items else {"items": "false"}
+        return dict(self._client.request("GET", f"/v1/arrays/{self.id}", params=params).json())
+
+    def watch(self, timeout: float | None = None, poll_s: float = POLL_S) -> Iterator[dict[str, Any]]:
+        """Yield the counts (no items) at each poll until every item is final; `JobTimeout`
+        after `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status(items=False)
+            yield status
+            if status["done"] >= status["total"]:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobTimeout(f"array {self.id}: {status['done']} of {status['total']} items "
+                                 f"done after {timeout:g} s")
+            time.sleep(poll_s)
+
+    def wait(self, timeout: float | None = None, progress: bool = False) -> dict[str, Any]:
+        """Block until every item is final and return the status, with its items.
+
+        Unlike `JobHandle.wait`, this does not raise when items failed: look at `failed`,
+        `cancelled` or `state` (`succeeded` only when every item did), or at `manifest()`.
+        """
+        if progress:
+            _follow_array(self, timeout)
+        else:
+            for _ in self.watch(timeout):
+                pass
+        return self.status()
+
+    def cancel(self) -> dict[str, Any]:
+        """Cancel every item: queued ones at once, running ones within seconds; ended ones stay."""
+        return dict(self._client.request("POST", f"/v1/arrays/{self.id}/cancel").json())
+
+    def manifest(self) -> dict[str, Any]:
+        """The status and, per item in index order: index, id, state, params, result, outputs,
+        reason and error."""
+        return dict(self._client.request("GET", f"/v1/arrays/{self.id}/manifest").json())
+
+    def jobs(self) -> builtins.list[JobHandle]:
+        """A `JobHandle` per item, in index order."""
+        return [JobHandle(self._client, job_id) for job_id in self.job_ids]
+
+
+def _follow_array(array: ArrayHandle, timeout: float | None) -> None:
+    """A progress bar of the whole array on stderr: items done of the total."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[counts]}"), TimeElapsedColumn(),
+                  console=Console(stderr=True)) as bar:
+        task = bar.add_task(array.id, total=None, counts="")
+        for st in array.watch(timeout):
+            counts = ", ".join(f"{st[k]} {k}" for k in ("running", "succeeded", "failed",
+                                                          "cancelled") if st.get(k))
+            bar.update(task, total=st["total"], completed=st["done"], counts=counts,
+                       description=f"{st.get('name') or array.id} ({array.id})")
 
 
 def _error(response: httpx.Response) -> ClientError:

@@ -1,4 +1,4 @@
-"""The operations of E31 Batch — submit, get, list, cancel, logs, outputs, usage.
+"""The operations of E31 Batch — submit, get, list, cancel, logs, outputs, usage, arrays.
 
 The API is a thin HTTP layer over this; every call is scoped by the caller's tenant.
 """
@@ -7,24 +7,27 @@ from __future__ import annotations
 
 import builtins
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 import redis
 
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
-from e31.errors import AuthError
+from e31.errors import AuthError, SpecError
 from e31.scheduler import wake
 from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
+from e31.sizeclasses import Route, route
+from e31.spec import NAME_MAX, JobSpec
 from e31.store import Repo
-from e31.store.records import JobRecord, TenantRecord
+from e31.store.records import ArrayManifest, ArrayRecord, JobRecord, TenantRecord
+from e31.sweep import MAX_ARRAY_ITEMS, merge_item
 
 log = logging.getLogger(__name__)
 
 LIST_LIMIT_MAX = 1000
+ITEM_ERRORS_MAX = 20      # bad items named in one answer; a bad default would name them all
+DEFAULT_ARRAY_NAME = "array"
 
 
 class Service:
@@ -49,11 +52,65 @@ class Service:
         where = route(spec, self._settings.size_classes)
         record = self._repo.insert_job(tenant.id, spec, where, now=utcnow())
         log.info("job_submitted job=%s tenant=%s queue=%s", record.id, tenant.name, record.queue)
+        self._wake(record.id)
+        return record
+
+    def submit_many(self, tenant: TenantRecord, items: Sequence[Any], *, name: str | None = None,
+                    defaults: Mapping[str, Any] | None = None) -> ArrayRecord:
+        """Validate and route every item (`defaults` merged under each), then store them all as
+        one array in one transaction and wake the scheduler once. One bad item refuses the
+        whole array with a `SpecError` naming it (`items[3].resources.gpus`); nothing is stored."""
+        array_name = _array_name(name)
+        if not isinstance(items, Sequence) or isinstance(items, str | bytes) or not items:
+            raise SpecError.one("items", "must be a non-empty list of job specs")
+        if len(items) > MAX_ARRAY_ITEMS:
+            raise SpecError.one("items", f"{len(items)} items; at most {MAX_ARRAY_ITEMS} per array "
+                                         "(submit several arrays)")
+        if defaults is not None and not isinstance(defaults, Mapping):
+            raise SpecError.one("defaults", "must be a mapping of spec fields")
+        parsed: list[tuple[JobSpec, Route]] = []
+        errors: list[dict[str, str]] = []
+        bad, named = 0, 0
+        for i, item in enumerate(items):
+            data = merge_item(defaults or {}, _named(item, array_name, i, given=name is not None))
+            try:
+                if not isinstance(data, Mapping):
+                    raise SpecError.one("spec", "must be a mapping of fields")
+                spec = JobSpec.parse(self._with_pool_defaults(data))
+                parsed.append((spec, route(spec, self._settings.size_classes)))
+            except SpecError as exc:
+                bad += 1
+                if named < ITEM_ERRORS_MAX:
+                    named += 1
+                    errors.extend({"field": _item_field(i, e["field"]), "reason": e["reason"]}
+                                  for e in exc.errors)
+        if errors:
+            if bad > named:
+                errors.append({"field": "items", "reason": f"{bad} of {len(items)} items are "
+                                                           f"invalid; the first {named} are named"})
+            raise SpecError(errors)
+        record = self._repo.insert_array(tenant.id, array_name, parsed, now=utcnow())
+        log.info("array_submitted array=%s tenant=%s size=%d", record.id, tenant.name, record.size)
+        self._wake(record.id)
+        return record
+
+    def get_array(self, tenant: TenantRecord, array_id: str, *, items: bool = True) -> ArrayRecord:
+        return self._repo.get_array(tenant.id, array_id, items=items)
+
+    def cancel_array(self, tenant: TenantRecord, array_id: str) -> ArrayRecord:
+        record = self._repo.cancel_array(tenant.id, array_id, now=utcnow())
+        log.info("array_cancel_requested array=%s cancelled=%d running=%d", array_id,
+                 record.counts.get("cancelled", 0), record.counts.get("running", 0))
+        return record
+
+    def array_manifest(self, tenant: TenantRecord, array_id: str) -> ArrayManifest:
+        return self._repo.array_manifest(tenant.id, array_id)
+
+    def _wake(self, what: str) -> None:
         try:
             wake(self._redis)
-        except redis.RedisError as exc:  # the job is stored; the next tick publishes it
-            log.warning("scheduler_wake_failed job=%s: %s", record.id, exc)
-        return record
+        except redis.RedisError as exc:  # the work is stored; the next tick publishes it
+            log.warning("scheduler_wake_failed for=%s: %s", what, exc)
 
     def _with_pool_defaults(self, data: Mapping[str, Any]) -> Mapping[str, Any]:
         """Fill what the spec leaves out of `retries` from the pool's `[retries]` setting."""
@@ -98,3 +155,23 @@ class Service:
             raise AuthError("usage of all tenants needs an admin token")
         rows = self._repo.usage(None if all_tenants else tenant.id, now=utcnow())
         return [r.to_dict() for r in rows]
+
+
+def _array_name(name: Any) -> str:
+    if name is None:
+        return DEFAULT_ARRAY_NAME
+    if not isinstance(name, str) or not name or len(name) > NAME_MAX or "\x00" in name:
+        raise SpecError.one("name", f"must be text of 1 to {NAME_MAX} characters, without NUL")
+    return name
+
+
+def _named(item: Any, array_name: str, index: int, *, given: bool) -> Any:
+    """An item without a name of its own is called `<array name>[<index>]` when the array has one."""
+    if not given or not isinstance(item, Mapping) or item.get("name") is not None:
+        return item
+    suffix = f"[{index}]"
+    return {**item, "name": array_name[:NAME_MAX - len(suffix)] + suffix}
+
+
+def _item_field(index: int, field: str) -> str:
+    return f"items[{index}]" if field == "spec" else f"items[{index}].{field}"

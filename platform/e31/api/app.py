@@ -9,6 +9,7 @@ import redis
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
 
 from e31 import __version__
 from e31.api import errors
@@ -19,11 +20,24 @@ from e31.spec import JobSpec
 from e31.states import JobState
 from e31.store import Repo, make_engine
 from e31.store.records import TenantRecord
+from e31.sweep import MAX_ARRAY_ITEMS
 
 CHUNK_BYTES = 1 << 20
 MAX_LOG_OFFSET = 1 << 40   # far beyond any capped log; bigger numbers are input errors
 MAX_ATTEMPT = 10_000
 _bearer = HTTPBearer(auto_error=False, description="a tenant's API token")
+
+
+class ArraySubmission(BaseModel):
+    """N jobs as one array. Items are validated one by one, so an error names its item."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(default=None, description="the array's name; items without a name "
+                                                       "of their own are called NAME[i]")
+    items: list[Any] = Field(description=f"job specs as for POST /v1/jobs, 1 to {MAX_ARRAY_ITEMS}")
+    defaults: dict[str, Any] | None = Field(
+        default=None, description="spec fields under every item (the item wins; params and env "
+                                  "merge key by key)")
 
 
 def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI:
@@ -84,6 +98,25 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
                     yield block
 
         return StreamingResponse(chunks(), media_type="application/octet-stream")
+
+    @app.post("/v1/arrays", status_code=201, tags=["arrays"])
+    def submit_array(body: ArraySubmission, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+        status = svc.submit_many(t, body.items, name=body.name, defaults=body.defaults).to_status()
+        status["jobs"] = [item["id"] for item in status.pop("items")]
+        return status
+
+    @app.get("/v1/arrays/{array_id}", tags=["arrays"])
+    def get_array(array_id: str, items: bool = Query(True, description="list every item"),
+                  t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+        return svc.get_array(t, array_id, items=items).to_status()
+
+    @app.post("/v1/arrays/{array_id}/cancel", tags=["arrays"])
+    def cancel_array(array_id: str, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+        return svc.cancel_array(t, array_id).to_status()
+
+    @app.get("/v1/arrays/{array_id}/manifest", tags=["arrays"])
+    def array_manifest(array_id: str, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+        return svc.array_manifest(t, array_id).to_dict()
 
     @app.get("/v1/usage", tags=["usage"])
     def usage(all_tenants: bool = False, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:

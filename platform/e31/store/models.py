@@ -1,4 +1,4 @@
-"""SQLAlchemy 2.0 typed models of the results store: tenants, API keys, jobs, attempts."""
+"""SQLAlchemy 2.0 typed models of the results store: tenants, API keys, arrays, jobs, attempts."""
 
 from __future__ import annotations
 
@@ -52,6 +52,19 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
+class Array(Base):
+    """N jobs submitted together (a sweep): each job row points back with its index."""
+
+    __tablename__ = "arrays"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    size: Mapped[int] = mapped_column(Integer)              # item count, fixed at submission
+    submitted_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (Index("ix_arrays_tenant_submitted", "tenant_id", "submitted_at"),)
+
+
 class Job(Base):
     __tablename__ = "jobs"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
@@ -91,11 +104,17 @@ class Job(Base):
     queued_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     outputs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
 
+    # Set for an item of an array: the array and the item's 0-based index in it.
+    array_id: Mapped[str | None] = mapped_column(ForeignKey("arrays.id"), nullable=True)
+    array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
     __table_args__ = (
         # The scheduler's candidate scan and the dispatch count per queue.
         Index("ix_jobs_dispatch", "state", "queue", "dispatched_at", "priority", "submitted_at"),
         Index("ix_jobs_tenant_submitted", "tenant_id", "submitted_at"),
         Index("ix_jobs_state_lease", "state", "lease_expires_at"),
+        # An array's items in index order; one row per (array, index).
+        Index("ix_jobs_array", "array_id", "array_index", unique=True),
     )
 
 

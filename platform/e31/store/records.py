@@ -64,6 +64,8 @@ class JobRecord:
     progress_total: float | None
     outputs: list[dict[str, Any]]
     attempts: list[AttemptRecord] = field(default_factory=list)
+    array_id: str | None = None      # the array this job is an item of, if any
+    array_index: int | None = None
 
     def to_status(self) -> dict[str, Any]:
         """The status dict of the public contract (`job.status()`, `e31 status --json`)."""
@@ -80,7 +82,97 @@ class JobRecord:
                          if self.progress_done is not None else None),
             "result": self.result, "outputs": self.outputs,
             "attempts": [a.to_dict() for a in self.attempts],
+            "array_id": self.array_id, "array_index": self.array_index,
         }
+
+
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+ARRAY_COUNTS = ("queued", "running", *FINAL_STATES)
+
+
+def array_state(counts: dict[str, int]) -> str:
+    """One word for a whole array: `queued` until an item starts, `running` until every item
+    is final, then `succeeded` if all did, else `failed` if any did, else `cancelled`."""
+    total = sum(counts.values())
+    final = sum(counts.get(s, 0) for s in FINAL_STATES)
+    if final < total:
+        return "queued" if counts.get("queued", 0) == total else "running"
+    if counts.get("succeeded", 0) == total:
+        return "succeeded"
+    return "failed" if counts.get("failed", 0) else "cancelled"
+
+
+@dataclass(frozen=True)
+class ArrayItem:
+    """One item of an array as its status lists it."""
+
+    index: int
+    id: str
+    state: str
+    reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "id": self.id, "state": self.state, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class ArrayRecord:
+    """An array and how far it got: item counts by state, and its items when asked for."""
+
+    id: str
+    tenant: str
+    name: str
+    size: int
+    submitted_at: datetime
+    counts: dict[str, int]
+    items: list[ArrayItem] | None = None
+
+    @property
+    def done(self) -> int:
+        """Items that ended, whichever way."""
+        return sum(self.counts.get(s, 0) for s in FINAL_STATES)
+
+    def to_status(self) -> dict[str, Any]:
+        """The array status of the public contract (`array.status()`, `e31 status a-… --json`)."""
+        status: dict[str, Any] = {
+            "id": self.id, "name": self.name, "tenant": self.tenant,
+            "submitted_at": iso(self.submitted_at), "state": array_state(self.counts),
+            "total": self.size, "done": self.done,
+            **{s: self.counts.get(s, 0) for s in ARRAY_COUNTS},
+        }
+        if self.items is not None:
+            status["items"] = [i.to_dict() for i in self.items]
+        return status
+
+
+@dataclass(frozen=True)
+class ManifestItem:
+    """One item of an array's manifest: what it was given and what it left."""
+
+    index: int
+    id: str
+    state: str
+    params: dict[str, Any]
+    result: Any
+    outputs: list[dict[str, Any]]
+    reason: str | None
+    error: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "id": self.id, "state": self.state, "params": self.params,
+                "result": self.result, "outputs": self.outputs, "reason": self.reason,
+                "error": self.error}
+
+
+@dataclass(frozen=True)
+class ArrayManifest:
+    """Every item's result, outputs and error, in index order."""
+
+    array: ArrayRecord
+    items: list[ManifestItem]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.array.to_status(), "items": [i.to_dict() for i in self.items]}
 
 
 @dataclass(frozen=True)

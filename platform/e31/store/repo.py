@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, func, or_, select, update
+from sqlalchemy import Engine, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -27,12 +27,16 @@ from e31.sizeclasses import Route
 from e31.spec import JobSpec, RetryPolicy
 from e31.states import AttemptReason, JobState
 from e31.store.db import WRITE_OPTION
-from e31.store.models import ApiKey, Attempt, Job, Tenant
+from e31.store.models import ApiKey, Array, Attempt, Job, Tenant
 from e31.store.records import (
+    ArrayItem,
+    ArrayManifest,
+    ArrayRecord,
     AttemptRecord,
     Candidate,
     Claim,
     JobRecord,
+    ManifestItem,
     Outcome,
     TenantRecord,
     UsageRow,
@@ -40,6 +44,8 @@ from e31.store.records import (
 
 TOKEN_PREFIX = "e31_"
 JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
+ARRAY_ID = re.compile(r"^a-[0-9a-f]{20}$")
+CANCEL_CHUNK = 500         # ids per `IN (...)` when cancelling an array (well under any bind limit)
 ERROR_MAX_CHARS = 16_384   # an attempt's error text; the whole story is in the log
 COUNTED_REASONS = [r.value for r in AttemptReason if r.counts_against_retries]
 EXPIRE_BATCH = 100         # most expired leases recovered per call (the next tick does the rest)
@@ -51,6 +57,10 @@ def hash_token(token: str) -> str:
 
 def new_job_id() -> str:
     return "j-" + uuid.uuid4().hex[:20]
+
+
+def new_array_id() -> str:
+    return "a-" + uuid.uuid4().hex[:20]
 
 
 class Repo:
@@ -115,12 +125,7 @@ class Repo:
     # -- submit, read, cancel -------------------------------------------------------------
 
     def insert_job(self, tenant_id: str, spec: JobSpec, route: Route, *, now: datetime) -> JobRecord:
-        job = Job(id=new_job_id(), tenant_id=tenant_id, name=spec.display_name,
-                  spec=spec.model_dump(mode="json"), size_class=route.size_class, queue=route.queue,
-                  gpus=route.gpus, priority=spec.priority, state=JobState.QUEUED.value,
-                  submitted_at=now, queued_since=now, dispatch_count=0, attempts_used=0,
-                  lease_token=0, cancel_requested=False, gpu_seconds=0.0, run_seconds=0.0,
-                  queued_seconds=0.0)
+        job = Job(**_queued_job(tenant_id, spec, route, now))
         with self._session(write=True) as s:
             s.add(job)
             s.flush()
@@ -157,6 +162,107 @@ class Repo:
                 job.cancel_requested = True
             s.flush()
             return self._record(s, job, with_attempts=True)
+
+    # -- arrays ---------------------------------------------------------------------------
+
+    def insert_array(self, tenant_id: str, name: str, items: Sequence[tuple[JobSpec, Route]], *,
+                     now: datetime) -> ArrayRecord:
+        """Store an array and every item as a queued job: one transaction, bulk inserts."""
+        array_id = new_array_id()
+        rows = [{**_queued_job(tenant_id, spec, where, now), "array_id": array_id, "array_index": i}
+                for i, (spec, where) in enumerate(items)]
+        with self._session(write=True) as s:
+            s.execute(insert(Array).values(id=array_id, tenant_id=tenant_id, name=name,
+                                           size=len(rows), submitted_at=now))
+            if rows:
+                s.execute(insert(Job), rows)
+            tenant = s.scalar(select(Tenant.name).where(Tenant.id == tenant_id)) or ""
+        queued = JobState.QUEUED.value
+        return ArrayRecord(id=array_id, tenant=tenant, name=name, size=len(rows), submitted_at=now,
+                           counts={queued: len(rows)} if rows else {},
+                           items=[ArrayItem(r["array_index"], r["id"], queued, None) for r in rows])
+
+    def get_array(self, tenant_id: str, array_id: str, *, items: bool = True) -> ArrayRecord:
+        """An array of the tenant: item counts by state, and each item's state when `items`."""
+        with self._session() as s:
+            return self._array_record(s, self._array(s, tenant_id, array_id), items=items)
+
+    def cancel_array(self, tenant_id: str, array_id: str, *, now: datetime) -> ArrayRecord:
+        """Cancel every queued item at once and ask the workers of running ones to stop them;
+        final items stay. One transaction; the live rows are locked first, as `request_cancel`
+        locks its one row, so no claim or outcome write acts on a stale state."""
+        queued, running = JobState.QUEUED.value, JobState.RUNNING.value
+        with self._session(write=True) as s:
+            array = self._array(s, tenant_id, array_id)
+            mine = (Job.array_id == array.id, Job.tenant_id == tenant_id)
+            live = s.execute(select(Job.id, Job.state, Job.queued_since)
+                             .where(*mine, Job.state.in_([queued, running]))
+                             .order_by(Job.id).with_for_update()).all()
+            waiting: dict[datetime | None, list[str]] = defaultdict(list)
+            for job_id, state, since in live:
+                if state == queued:
+                    waiting[since].append(job_id)
+            for since, ids in waiting.items():   # items queued together share their `since`
+                for start in range(0, len(ids), CANCEL_CHUNK):
+                    s.execute(update(Job).where(Job.id.in_(ids[start:start + CANCEL_CHUNK]),
+                                                Job.state == queued).values(
+                        state=JobState.CANCELLED.value, reason=AttemptReason.CANCELLED.value,
+                        ended_at=now, queued_since=None,
+                        queued_seconds=Job.queued_seconds + _seconds(since, now)),
+                        execution_options={"synchronize_session": False})
+            if any(state == running for _, state, _ in live):
+                s.execute(update(Job).where(*mine, Job.state == running)
+                          .values(cancel_requested=True),
+                          execution_options={"synchronize_session": False})
+            return self._array_record(s, array, items=True)
+
+    def array_manifest(self, tenant_id: str, array_id: str) -> ArrayManifest:
+        """Every item's params, state, result, outputs and error, in index order."""
+        with self._session() as s:
+            array = self._array(s, tenant_id, array_id)
+            rows = s.execute(select(Job.array_index, Job.id, Job.state, Job.spec, Job.result,
+                                    Job.outputs, Job.reason, Job.error)
+                             .where(Job.array_id == array.id, Job.tenant_id == tenant_id)
+                             .order_by(Job.array_index)).all()
+            items = [ManifestItem(index=i or 0, id=jid, state=state, params=(spec or {}).get("params", {}),
+                                  result=result, outputs=outputs or [], reason=reason, error=error)
+                     for i, jid, state, spec, result, outputs, reason, error in rows]
+            counts: dict[str, int] = defaultdict(int)
+            for item in items:
+                counts[item.state] += 1
+            return ArrayManifest(array=self._array_record(s, array, counts=dict(counts)),
+                                 items=items)
+
+    @staticmethod
+    def _array(s: Session, tenant_id: str, array_id: str) -> Array:
+        if not ARRAY_ID.fullmatch(array_id):
+            raise NotFound(f"no array {array_id[:64]!r}")
+        array = s.scalar(select(Array).where(Array.id == array_id, Array.tenant_id == tenant_id))
+        if array is None:
+            raise NotFound(f"no array {array_id}")
+        return array
+
+    @staticmethod
+    def _array_record(s: Session, array: Array, *, items: bool = False,
+                      counts: dict[str, int] | None = None) -> ArrayRecord:
+        """The record of `array`; its counts come from one grouped query unless given."""
+        mine = (Job.array_id == array.id, Job.tenant_id == array.tenant_id)
+        listed: list[ArrayItem] | None = None
+        if items:
+            listed = [ArrayItem(index or 0, job_id, state, reason)
+                      for index, job_id, state, reason in s.execute(
+                          select(Job.array_index, Job.id, Job.state, Job.reason).where(*mine)
+                          .order_by(Job.array_index)).tuples()]
+            tally: dict[str, int] = defaultdict(int)
+            for item in listed:
+                tally[item.state] += 1
+            counts = dict(tally)
+        elif counts is None:
+            counts = {state: int(n) for state, n in s.execute(
+                select(Job.state, func.count()).where(*mine).group_by(Job.state)).tuples()}
+        tenant = s.scalar(select(Tenant.name).where(Tenant.id == array.tenant_id)) or ""
+        return ArrayRecord(id=array.id, tenant=tenant, name=array.name, size=array.size,
+                           submitted_at=array.submitted_at, counts=counts, items=listed)
 
     # -- scheduler -----------------------------------------------------------------------
 
@@ -401,7 +507,18 @@ def _job_record(j: Job, tenant: str, attempts: list[AttemptRecord] | None = None
         result=j.result, submitted_at=j.submitted_at, started_at=j.started_at, ended_at=j.ended_at,
         not_before=j.not_before, gpu_seconds=j.gpu_seconds, run_seconds=j.run_seconds,
         queued_seconds=j.queued_seconds, progress_done=j.progress_done,
-        progress_total=j.progress_total, outputs=j.outputs or [], attempts=attempts or [])
+        progress_total=j.progress_total, outputs=j.outputs or [], attempts=attempts or [],
+        array_id=j.array_id, array_index=j.array_index)
+
+
+def _queued_job(tenant_id: str, spec: JobSpec, route: Route, now: datetime) -> dict[str, Any]:
+    """The column values of a newly submitted job (one or an array's item)."""
+    return {"id": new_job_id(), "tenant_id": tenant_id, "name": spec.display_name,
+            "spec": spec.model_dump(mode="json"), "size_class": route.size_class,
+            "queue": route.queue, "gpus": route.gpus, "priority": spec.priority,
+            "state": JobState.QUEUED.value, "submitted_at": now, "queued_since": now,
+            "dispatch_count": 0, "attempts_used": 0, "lease_token": 0, "cancel_requested": False,
+            "gpu_seconds": 0.0, "run_seconds": 0.0, "queued_seconds": 0.0}
 
 
 def _clean(text: str | None) -> str | None:

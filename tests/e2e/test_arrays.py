@@ -1,0 +1,130 @@
+"""Arrays and sweeps against a real stack: the Python client and the `e31` command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import wait_for
+
+from .conftest import Stack
+
+HELLO = {"entrypoint": "e31_worker.examples:hello", "resources": {"gpus": 0}, "timeout_s": 60}
+
+
+def test_a_four_item_array_runs_to_the_end_and_its_manifest_is_keyed_by_item(stack: Stack) -> None:
+    client = stack.client()
+    # Given three greetings and one item that fails on its only attempt
+    items = [{"params": {"name": n}} for n in ("ada", "grace", "edsger")]
+    items.append({"entrypoint": "e31_worker.examples:flaky", "params": {"succeed_on": 9},
+                  "retries": {"max": 0}})
+
+    # When they are submitted as one array and waited for
+    array = client.submit_many(items, name="greet", **HELLO)
+    status = array.wait(timeout=120)
+
+    # Then wait returns (it does not raise for the failed item) with the whole's counts
+    assert (status["total"], status["done"], status["succeeded"], status["failed"]) == (4, 4, 3, 1)
+    assert status["state"] == "failed"
+    assert [i["state"] for i in status["items"]] == ["succeeded"] * 3 + ["failed"]
+
+    # And the manifest gives each item's params, result, outputs and error by index
+    manifest = array.manifest()["items"]
+    assert [m["index"] for m in manifest] == [0, 1, 2, 3]
+    assert [m["result"]["greeting"] for m in manifest[:3]] == \
+        ["hello, ada", "hello, grace", "hello, edsger"]
+    assert manifest[1]["outputs"] == [{"path": "greeting.txt", "size": len("hello, grace\n")}]
+    assert manifest[3]["state"] == "failed" and "fails on purpose" in manifest[3]["error"]
+
+    # And every item is a job of its own, with its place in the array
+    jobs = array.jobs()
+    assert [j.id for j in jobs] == array.job_ids
+    job = jobs[2].status()
+    assert (job["name"], job["array_id"], job["array_index"]) == ("greet[2]", array.id, 2)
+
+
+def test_cancelling_an_array_stops_its_running_and_queued_items(stack: Stack) -> None:
+    client = stack.client()
+    # Given six long sleeps on a pool with two cpu slots: some run, the rest wait
+    array = client.submit_many([{"params": {"seconds": 120, "steps": 120}}] * 6, name="sleepy",
+                               entrypoint="e31_worker.examples:sleep", resources={"gpus": 0})
+    wait_for(lambda: array.status(items=False)["running"] >= 1, timeout_s=60,
+             what="an item of the array to run")
+
+    # When the whole array is cancelled
+    array.cancel()
+
+    # Then every item ends cancelled within seconds, the running ones killed by their workers
+    final = wait_for(lambda: (s := array.status())["done"] == 6 and s, timeout_s=60,
+                     what="every item to end")
+    assert isinstance(final, dict)
+    assert (final["state"], final["cancelled"]) == ("cancelled", 6)
+
+
+def test_the_cli_submits_a_sweep_over_a_spec_waits_and_prints_the_manifest(
+        stack: Stack, tmp_path: Path) -> None:
+    # Given a base spec and a grid of four names
+    base = tmp_path / "greet.yaml"
+    base.write_text("name: cli-sweep\nentrypoint: e31_worker.examples:hello\nresources: {gpus: 0}\n")
+    sweep = tmp_path / "names.yaml"
+    sweep.write_text("grid:\n  name: [ada, grace, edsger, barbara]\n")
+
+    # When the sweep is submitted over the spec and waited for
+    submitted = stack.e31("submit", str(base), "--sweep", str(sweep))
+    assert submitted.returncode == 0, submitted.stderr
+    array_id = submitted.stdout.strip()
+    assert array_id.startswith("a-")
+    waited = stack.e31("wait", array_id, timeout_s=150)
+
+    # Then the whole succeeded, and status, result and download speak of the four items
+    assert waited.returncode == 0, waited.stderr
+    assert "4/4 done" in waited.stdout
+    status = json.loads(stack.e31("status", array_id, "--json").stdout)
+    assert (status["name"], status["total"], status["succeeded"]) == ("cli-sweep", 4, 4)
+    assert "cli-sweep" in stack.e31("status", array_id).stdout
+    fetched = stack.e31("result", array_id, "--json", "--download", str(tmp_path / "dl"))
+    assert fetched.returncode == 0, fetched.stderr
+    manifest = json.loads(fetched.stdout)
+    assert [m["params"] for m in manifest["items"]] == \
+        [{"name": n} for n in ("ada", "grace", "edsger", "barbara")]
+    assert (tmp_path / "dl" / "3" / "greeting.txt").read_text() == "hello, barbara\n"
+
+
+def test_the_cli_waits_on_a_failing_sweep_with_exit_1_and_cancels_an_array(
+        stack: Stack, tmp_path: Path) -> None:
+    # Given a sweep whose second item fails
+    sweep = tmp_path / "flaky.yaml"
+    sweep.write_text("base: {entrypoint: e31_worker.examples:flaky, resources: {gpus: 0},"
+                     " retries: {max: 0}}\nlist: [{succeed_on: 1}, {succeed_on: 5}]\n")
+
+    # When it is submitted with --wait --json
+    waited = stack.e31("submit", str(sweep), "--wait", "--json", timeout_s=150)
+
+    # Then it exits 1, prints the status of the whole, and names the failed item on stderr
+    assert waited.returncode == 1, waited.stderr
+    status = json.loads(waited.stdout)
+    assert (status["state"], status["succeeded"], status["failed"]) == ("failed", 1, 1)
+    assert "[1]" in waited.stderr
+    assert stack.e31("result", status["id"]).returncode == 1
+
+    # And cancelling the finished array changes nothing, and says so
+    cancelled = stack.e31("cancel", status["id"])
+    assert cancelled.returncode == 0 and "0 cancelled" in cancelled.stdout
+
+
+def test_a_bad_sweep_is_one_line_on_stderr_and_exit_2_and_nothing_is_stored(
+        stack: Stack, tmp_path: Path) -> None:
+    before = len(json.loads(stack.e31("ls", "--json", "--limit", "1000").stdout))
+    sweep = tmp_path / "bad.yaml"
+    sweep.write_text("grid:\n  lr: 0.1\n")
+    refused = stack.e31("submit", "-e", "e31_worker.examples:hello", "--sweep", str(sweep))
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
+    assert "sweep.grid.lr" in refused.stderr
+
+    gpu_list = tmp_path / "gpus.yaml"
+    gpu_list.write_text("list: [{name: a}, {name: b}]\n")
+    refused = stack.e31("submit", "-e", "e31_worker.examples:hello", "--gpus", "64",
+                        "--sweep", str(gpu_list))
+    assert refused.returncode == 2 and "items[0].resources.gpus" in refused.stderr
+    assert len(json.loads(stack.e31("ls", "--json", "--limit", "1000").stdout)) == before
+    assert stack.e31("status", "a-" + "0" * 20).returncode == 2
