@@ -10,6 +10,9 @@ from e31.sizeclasses import queue_name
 
 TASK_NAME = "e31.run"
 PRIORITY_STEPS = list(range(10))
+BROKER_SOCKET_TIMEOUT_S = 15
+BROKER_CONNECT_TIMEOUT_S = 5
+BROKER_HEALTH_CHECK_S = 10
 
 
 def broker_transport_options(settings: Settings) -> dict[str, object]:
@@ -19,6 +22,12 @@ def broker_transport_options(settings: Settings) -> dict[str, object]:
         "priority_steps": PRIORITY_STEPS,
         "sep": ":",
         "queue_order_strategy": "priority",
+        # A broker that vanishes without closing the connection (a cut link) must not leave a
+        # publish or an ack waiting for ever; above the 1 s BRPOP of the consumers.
+        "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": BROKER_CONNECT_TIMEOUT_S,
+        "socket_keepalive": True,
+        "health_check_interval": BROKER_HEALTH_CHECK_S,
     }
 
 

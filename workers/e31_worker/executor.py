@@ -160,6 +160,10 @@ class Executor:
                 next_tick = now + plan.tick_interval_s
                 directive = self._tick(self._progress())
                 if directive is not Directive.CONTINUE:
+                    if proc.poll() is not None:
+                        # It ended on its own while the tick ran (a slow store call): report
+                        # its real outcome; a write without the lease is refused by the fence.
+                        break
                     self._kill(proc, directive.value)
                     return directive
             try:  # wakes the moment the child exits, not at the next poll

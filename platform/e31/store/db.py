@@ -7,16 +7,31 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # a writer waits this long for another's short transaction
 WRITE_OPTION = "e31_write"       # execution option: this transaction writes
+# PostgreSQL over a network that can silently drop packets (a cut link, a dead node): without
+# these a query on a dead connection waits for TCP's retransmissions, minutes, and a worker
+# could neither renew its lease nor notice that it cannot. Data sent and unacknowledged for
+# PG_TCP_USER_TIMEOUT_MS, or a connect longer than PG_CONNECT_TIMEOUT_S, fails the call, and
+# the caller's store-outage handling takes over. A long query with nothing in flight is not
+# affected; keepalives find a dead idle connection.
+PG_CONNECT_TIMEOUT_S = 5
+PG_TCP_USER_TIMEOUT_MS = 5_000
+PG_KEEPALIVE = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+                "keepalives_count": 2}
 
 
 def make_engine(url: str) -> Engine:
     """An engine for `url`; SQLite is set up to serve several processes at once."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+        return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
+                             connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S,
+                                           "tcp_user_timeout": PG_TCP_USER_TIMEOUT_MS,
+                                           **PG_KEEPALIVE})
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
@@ -40,3 +55,24 @@ def make_engine(url: str) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+class unindexed(FunctionElement[Any]):  # noqa: N801 - reads as a SQL function
+    """A column's value written so that no planner uses an index on it: `+col` on SQLite,
+    `coalesce(col, col)` elsewhere. Without statistics (SQLite never gathers them; PostgreSQL
+    lags after a bulk insert) `state = 'queued'` looks selective, and the planner scans every
+    queued job through a state index instead of looking up 32 ids by key or the few
+    published jobs by `dispatched_at`."""
+
+    inherit_cache = True
+
+
+@compiles(unindexed)
+def _opaque(element: unindexed, compiler: Any, **kw: Any) -> str:
+    col = str(compiler.process(element.clauses, **kw))
+    return f"coalesce({col}, {col})"
+
+
+@compiles(unindexed, "sqlite")
+def _sqlite_plus(element: unindexed, compiler: Any, **kw: Any) -> str:
+    return "+" + str(compiler.process(element.clauses, **kw))

@@ -58,8 +58,8 @@ def trail(directory: Path, job_id: str) -> list[str]:
 class Redis:
     """A redis-server the test can kill, restart (same port, nothing kept) and flush."""
 
-    def __init__(self, data_dir: Path, port: int) -> None:
-        self.data_dir, self.port = data_dir, port
+    def __init__(self, data_dir: Path, port: int, *, extra_bind: str | None = None) -> None:
+        self.data_dir, self.port, self.extra_bind = data_dir, port, extra_bind
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -69,7 +69,8 @@ class Redis:
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [find_redis_server(), "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+            [find_redis_server(), "--bind", "127.0.0.1", *([self.extra_bind] if self.extra_bind else []),
+             "--port", str(self.port), "--save", "",
              "--appendonly", "no", "--dir", str(self.data_dir), "--maxmemory-policy", "noeviction"],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
         client = redis.Redis.from_url(self.url)
@@ -91,10 +92,11 @@ def _pings(client: redis.Redis) -> bool:
 class Postgres:
     """A private PostgreSQL the test can stop and start (initdb as the `postgres` user)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, extra_listen: str | None = None) -> None:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="e31-pg-"))
         self._bin = Path(shutil.which("pg_ctl") or "").parent
+        self._listen = ",".join(["127.0.0.1", *([extra_listen] if extra_listen else [])])
 
     @classmethod
     def available(cls) -> str | None:
@@ -117,12 +119,15 @@ class Postgres:
         shutil.chown(self.dir, "postgres")
         self._as_postgres(str(self._bin / "initdb"), "-D", str(self.dir / "data"), "-A", "trust",
                           "-U", "postgres")
+        for address in self._listen.split(",")[1:]:  # initdb trusts only the loopback
+            with open(self.dir / "data" / "pg_hba.conf", "a") as hba:
+                hba.write(f"host all all {address.rpartition('.')[0]}.0/24 trust\n")
         self.start()
 
     def start(self) -> None:
         self._as_postgres(str(self._bin / "pg_ctl"), "-D", str(self.dir / "data"), "-w",
                           "-l", str(self.dir / "pg.log"), "-o",
-                          f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1", "start")
+                          f"-p {self.port} -k {self.dir} -c listen_addresses={self._listen}", "start")
 
     def stop(self) -> None:
         self._as_postgres(str(self._bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast",
@@ -243,9 +248,10 @@ class Cluster:
             self.redis.kill()
 
 
-def make_cluster(home: Path, *, database_url: str | None = None, **settings: str) -> Cluster:
+def make_cluster(home: Path, *, database_url: str | None = None, redis_extra_bind: str | None = None,
+                 **settings: str) -> Cluster:
     port = free_port()
-    store = Redis(home / "redis", port)
+    store = Redis(home / "redis", port, extra_bind=redis_extra_bind)
     store.start()
     api_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}
