@@ -43,3 +43,8 @@ def kill_worker(ctx: Any) -> None:
     import signal
     os.kill(os.getppid(), signal.SIGKILL)
     time.sleep(60)
+
+
+def not_json(ctx: Any) -> object:
+    """Returns something JSON cannot carry."""
+    return {1, 2, 3}
