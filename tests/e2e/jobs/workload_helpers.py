@@ -1,0 +1,26 @@
+"""Model factories for the workload end-to-end tests (on the workers' PYTHONPATH)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from e31_worker.workloads.models import digits_mlp
+
+
+def killed_once_digits_mlp(kill_at_call: int, **kwargs: Any) -> Any:
+    """`digits_mlp` whose process is SIGKILLed at forward call `kill_at_call`, on the first
+    attempt only: a job killed mid-way, as by the kernel's OOM killer or a lost node."""
+    model = digits_mlp(**kwargs)
+    if os.environ.get("E31_ATTEMPT") != "1":
+        return model
+    calls = [0]
+
+    def hook(module: Any, args: Any) -> None:
+        calls[0] += 1
+        if calls[0] == kill_at_call:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    model.register_forward_pre_hook(hook)
+    return model
