@@ -174,12 +174,16 @@ def _overlaps(slots: Sequence[Slot]) -> dict[str, int]:
 
 def decide(*, now_s: float, slots: Sequence[Slot], tenants: Mapping[str, Tenant],
            heads: Mapping[str, Sequence[Job]], outstanding: Mapping[str, int] | None = None,
-           config: AdmissionConfig = AdmissionConfig()) -> Decision:
+           config: AdmissionConfig = AdmissionConfig(),
+           outstanding_timeout_s: Mapping[str, Sequence[float]] | None = None) -> Decision:
     """Choose what to publish now; give every other candidate in `heads` a pending reason.
 
     `heads` maps a queue to its candidates, each tenant's oldest K per priority band (any
     order). `outstanding` counts messages published and not yet claimed per queue: each
     uses a free slot of that queue first (their tenants' GPUs belong in `running_gpus`).
+    `outstanding_timeout_s` optionally gives those messages' jobs' timeout_s per queue, so
+    the slot they hold counts as free again by then (else: not known), and a reservation
+    is not pushed to infinity by a job backfilled in an earlier tick.
     """
     t = _Tick(now_s=now_s, cfg=config, tenants=dict(tenants))
     for s in slots:
@@ -196,10 +200,11 @@ def decide(*, now_s: float, slots: Sequence[Slot], tenants: Mapping[str, Tenant]
         return [s for level in range(depth) for s in levels.get((queue, level), [])]
 
     for queue, n in (outstanding or {}).items():
-        for _message in range(n):
+        bounds = sorted((outstanding_timeout_s or {}).get(queue, ()), reverse=True)
+        for i in range(n):
             slot = t.find(by_queue(queue), None)[0]
-            if slot is not None:
-                t.fill(slot, math.inf)   # when its job will end is not known yet
+            if slot is not None:   # when its job will end: at the latest its timeout from now
+                t.fill(slot, now_s + bounds[i] if i < len(bounds) else math.inf)
 
     jobs = [j for queue_jobs in heads.values() for j in queue_jobs]
     _serve_overdue_big_jobs(t, jobs, by_queue)

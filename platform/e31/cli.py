@@ -89,6 +89,8 @@ def submit(
     ctx: typer.Context,
     spec_file: Path | None = typer.Argument(None, help="a job spec in YAML or JSON"),
     entrypoint: str | None = typer.Option(None, "--entrypoint", "-e", help="module:function"),
+    workload: str | None = typer.Option(None, "--workload", "-w",
+                                        help="a built-in workload: batch-inference, train, footage"),
     param: list[str] = typer.Option([], "--param", "-p", help="KEY=VALUE (VALUE parsed as JSON if it can be)"),
     env: list[str] = typer.Option([], "--env", help="KEY=VALUE for the job's environment"),
     gpus: int | None = typer.Option(None, "--gpus", help="GPUs (0: the cpu class)"),
@@ -129,6 +131,8 @@ def submit(
         body["command"] = argv
     if entrypoint:
         body["entrypoint"] = entrypoint
+    if workload:
+        body["workload"] = workload
     if param:
         body["params"] = {**body.get("params", {}), **_pairs(param, "--param")}
     if env:
@@ -188,6 +192,16 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
         table.add_row("[bold]progress[/bold]", f"{st['progress']['done']:g} / {st['progress']['total'] or '?'}")
     if st.get("result") is not None:
         table.add_row("[bold]result[/bold]", json.dumps(st["result"]))
+    if st.get("after"):
+        table.add_row("[bold]after[/bold]", ", ".join(st["after"]))
+    pending = st.get("pending")
+    if pending:
+        table.add_row("[bold]pending[/bold]", f"{pending['text']} ({pending['reason']})")
+        if pending.get("position") is not None:
+            table.add_row("[bold]position[/bold]",
+                          f"{pending['position']} jobs before it in {st['queue']}")
+        table.add_row("[bold]estimated start[/bold]",
+                      pending.get("estimated_start") or "unknown (no recent starts in its queue)")
     out.print(table)
     if st["attempts"]:
         at = Table("attempt", "worker", "gpus", "started", "ended", "reason", "error")
@@ -392,6 +406,37 @@ def usage(all_tenants: bool = typer.Option(False, "--all-tenants", help="every t
         table.add_row(r["tenant"], r["size_class"], jobs, f"{r['gpu_seconds']:.1f}",
                       f"{r['run_seconds']:.1f}", f"{r['queued_seconds']:.1f}")
     out.print(table)
+
+
+@app.command()
+def queue(as_json: bool = JsonOpt) -> None:
+    """Each size class: GPUs, busy GPUs, and per tenant the queued jobs, GPUs running and
+    share of them against share of weight (other tenants merged unless your token is admin)."""
+    view = _call(_client().queue)
+    if as_json:
+        _print_json(view)
+        return
+    table = Table("class", "GPUs", "busy", "queued", "tenant", "queued", "running GPUs",
+                  "used share", "weight share", "quota")
+    for c in view["classes"]:
+        first = True
+        for t in c["tenants"] or [None]:
+            head = [c["size_class"], str(c["gpus"]), str(c["busy_gpus"]), str(c["queued"])] \
+                if first else ["", "", "", ""]
+            first = False
+            if t is None:
+                table.add_row(*head, "-", "", "", "", "", "")
+                continue
+            table.add_row(*head, t["tenant"], str(t["queued"]), str(t["running_gpus"]),
+                          f"{t['used_share']:.0%}", f"{t['weight_share']:.0%}",
+                          "-" if t["quota"] is None else str(t["quota"]))
+    out.print(table)
+    if view.get("tenants"):
+        standing = Table("tenant", "weight", "decayed GPU-s", "usage share", "weight share")
+        for t in view["tenants"]:
+            standing.add_row(t["tenant"], f"{t['weight']:g}", f"{t['usage_gpu_s']:.0f}",
+                             f"{t['usage_share']:.0%}", f"{t['weight_share']:.0%}")
+        out.print(standing)
 
 
 # -- operations -------------------------------------------------------------------------

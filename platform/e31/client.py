@@ -89,6 +89,11 @@ class Client:
         params = {"all_tenants": "true"} if all_tenants else {}
         return list(self.request("GET", "/v1/usage", params=params).json()["usage"])
 
+    def queue(self) -> dict[str, Any]:
+        """Per size class: GPUs, busy, queued jobs and running GPUs per tenant, share used
+        against weight (`e31 queue --json` prints the same)."""
+        return dict(self.request("GET", "/v1/queue").json())
+
 
 class JobHandle:
     """A submitted job, as its owner holds it."""

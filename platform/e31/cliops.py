@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from e31.errors import ConfigError, Conflict, E31Error
+from e31.errors import ConfigError, Conflict, E31Error, NotFound, SpecError
 
 EXIT_INPUT = 2
 DETACH_READY_TIMEOUT_S = 120.0
@@ -130,7 +130,8 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        Scheduler(settings=settings, repo=Repo(make_engine(settings.resolved_database_url)),
+        Scheduler(settings=settings, repo=Repo(make_engine(settings.resolved_database_url),
+                                                half_life_s=settings.fair_share_half_life_s),
                   redis_client=redis.Redis.from_url(settings.redis_url),
                   celery=make_celery(settings)).run(stop)
 
@@ -157,24 +158,71 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
         upgrade(make_engine(settings.resolved_database_url))
         out.print(f"store at newest revision: {_redact(settings.resolved_database_url)}")
 
+    weight_opt = typer.Option(None, "--weight", help="fair-share weight (default 1): a tenant "
+                              "of weight 2 gets twice the GPU time of one of weight 1 under contention")
+    quota_opt = typer.Option([], "--quota", help="CLASS=N: at most N GPUs of the class at once "
+                             "(repeat for several classes)")
+
     @tenant_app.command("create")
     def tenant_create(name: str, admin: bool = typer.Option(False, "--admin", help="may read every tenant's usage"),
+                      weight: float | None = weight_opt, quota: list[str] = quota_opt,
                       home: Path | None = HomeOpt, as_json: bool = JsonOpt) -> None:
         """Create a tenant; its token is printed once (only its hash is stored)."""
         from e31.clock import utcnow
         from e31.store import Repo, make_engine
         from e31.store.migrate import upgrade
         settings = _settings(home=home)
+        quotas = _quotas(quota, settings)
         engine = make_engine(settings.resolved_database_url)
         upgrade(engine)
         try:
-            tenant, token = Repo(engine).create_tenant(name, admin=admin, now=utcnow())
-        except Conflict as exc:
+            tenant, token = Repo(engine).create_tenant(name, admin=admin, now=utcnow(),
+                                                       weight=1.0 if weight is None else weight,
+                                                       quotas=quotas)
+        except (Conflict, SpecError) as exc:
             _fail(exc.message, EXIT_INPUT)
         if as_json:
-            _print_json({"tenant": tenant.name, "token": token})
+            _print_json({**tenant.to_dict(), "token": token})
         else:
-            out.print(f"tenant {tenant.name} created; its token (shown once):\n{token}")
+            out.print(f"tenant {tenant.name} created (weight {tenant.weight:g}"
+                      f"{_quota_text(tenant.quotas)}); its token (shown once):\n{token}")
+
+    @tenant_app.command("update")
+    def tenant_update(name: str, weight: float | None = weight_opt, quota: list[str] = quota_opt,
+                      no_quota: list[str] = typer.Option([], "--no-quota", help="CLASS: drop the "
+                                                         "quota of the class (repeatable)"),
+                      home: Path | None = HomeOpt, as_json: bool = JsonOpt) -> None:
+        """Change a tenant's weight or quotas; the scheduler uses them from its next tick."""
+        from e31.store import Repo, make_engine
+        from e31.store.migrate import upgrade
+        settings = _settings(home=home)
+        quotas = _quotas(quota, settings)
+        if weight is None and not quotas and not no_quota:
+            _fail("nothing to change: give --weight, --quota or --no-quota", EXIT_INPUT)
+        engine = make_engine(settings.resolved_database_url)
+        upgrade(engine)
+        try:
+            tenant = Repo(engine).update_tenant(name, weight=weight, quotas=quotas,
+                                                drop_quotas=no_quota)
+        except (NotFound, SpecError) as exc:
+            _fail(exc.message, EXIT_INPUT)
+        if as_json:
+            _print_json(tenant.to_dict())
+        else:
+            out.print(f"tenant {tenant.name}: weight {tenant.weight:g}{_quota_text(tenant.quotas)}")
+
+    def _quotas(items: list[str], settings: Any) -> dict[str, int]:
+        from e31.store.tenants import check_quotas
+        raw: dict[str, Any] = {}
+        for item in items:
+            cls, sep, n = item.partition("=")
+            if not sep or not cls or not n.strip().isdigit():
+                _fail(f"--quota {item!r}: expected CLASS=N, e.g. gpu80=8", EXIT_INPUT)
+            raw[cls] = int(n)
+        try:
+            return check_quotas(raw, [c.name for c in settings.size_classes])
+        except SpecError as exc:
+            _fail(exc.message, EXIT_INPUT)
 
     @app.command()
     def up(gpus: str = gpus_opt, cpu_slots: int | None = typer.Option(None, "--cpu-slots",
@@ -249,6 +297,10 @@ def _detach(home: Path, err: Any, out: Any) -> None:
         time.sleep(0.3)
     err.print(f"error: the stack was not ready in {DETACH_READY_TIMEOUT_S:g} s; see {log_path}")
     raise typer.Exit(3)
+
+
+def _quota_text(quotas: dict[str, int]) -> str:
+    return (", quotas " + ", ".join(f"{c}={n}" for c, n in sorted(quotas.items()))) if quotas else ""
 
 
 def _redact(url: str) -> str:

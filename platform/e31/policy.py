@@ -1,15 +1,26 @@
-"""Admission policy: how many jobs each queue may publish now, and in what order.
+"""The live inputs of `e31.admission.decide`: worker slots from heartbeats and the store,
+candidates from the store's heads, tenants' fair-share view. Pure: the scheduler reads,
+this shapes, `decide` chooses.
 
-This is the scheduler's policy hook. The default admits by priority, then age (the order
-`Repo.dispatch_candidates` returns); fair share between tenants replaces `order`.
+A worker's GPUs are named `<host>:<index>` (host = the part of its node name after `@`),
+so two workers of one host that pin the same GPU (a node advertising one-GPU workers and
+a `--group 4` worker over the same GPUs) share them: the group is free only when all four
+are (docs/scheduling.md, "Capacity model").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
-from e31.store.records import Candidate
+from e31.admission import Slot
+from e31.fairshare import Job, Tenant, UsageState
+from e31.store.records import Head, RunningJob, TenantShare
+
+HEADROOM_NODE = "~headroom"   # sorts after real node names: real slots are filled first
 
 
 @dataclass(frozen=True)
@@ -20,6 +31,16 @@ class WorkerInfo:
     queues: tuple[str, ...]
     gpus: str
     busy_job: str | None = None
+    gpu_count: int = 0
+    size_class: str = ""
+
+    @property
+    def host(self) -> str:
+        return self.node.split("@", 1)[1] if "@" in self.node else self.node
+
+    @property
+    def gpu_ids(self) -> frozenset[str]:
+        return frozenset(f"{self.host}:{i.strip()}" for i in self.gpus.split(",") if i.strip())
 
 
 def idle_workers(workers: Sequence[WorkerInfo], busy_nodes: set[str]) -> list[WorkerInfo]:
@@ -27,34 +48,71 @@ def idle_workers(workers: Sequence[WorkerInfo], busy_nodes: set[str]) -> list[Wo
     return [w for w in workers if w.busy_job is None and w.node not in busy_nodes]
 
 
-def plan(workers: Sequence[WorkerInfo], busy_nodes: set[str], demand: Mapping[str, int],
-         outstanding: Mapping[str, int], *, headroom: int,
-         rank: Callable[[str], int]) -> dict[str, int]:
-    """Messages to publish per queue: the idle slots that can take it, plus `headroom`.
-
-    Queues are served from the biggest class down (`rank`, lower first), and each idle
-    worker counts once, for its own class before the smaller ones it spills to, so a
-    gpu80 worker is not promised to gpu24 work while gpu80 work waits. Messages already
-    published and not yet claimed (`outstanding`) use up slots. Headroom is only given to
-    queues that have at least one live consumer, so a class without workers gets none.
-    """
-    idle = idle_workers(workers, busy_nodes)
-    assigned: set[str] = set()
-    result: dict[str, int] = {}
-    for queue in sorted(demand, key=rank):
-        if demand[queue] <= 0:
-            continue
-        consumers = [w for w in workers if queue in w.queues]
-        eligible = sorted((w for w in idle if queue in w.queues and w.node not in assigned),
-                          key=lambda w: w.queues.index(queue))
-        pending = outstanding.get(queue, 0)
-        take = eligible[: demand[queue] + pending]
-        assigned.update(w.node for w in take)
-        slots = len(take) + (headroom if consumers else 0) - pending
-        result[queue] = max(0, min(demand[queue], slots))
-    return result
+def shared_queues(workers: Sequence[WorkerInfo]) -> set[str]:
+    """Queues with a consumer whose GPUs another worker also pins (the shared layout)."""
+    holders: dict[str, int] = defaultdict(int)
+    for w in workers:
+        for g in w.gpu_ids:
+            holders[g] += 1
+    return {q for w in workers if any(holders[g] > 1 for g in w.gpu_ids) for q in w.queues}
 
 
-def order(candidates: Sequence[Candidate]) -> list[Candidate]:
-    """Priority band first, then submission time (the store already returns this order)."""
-    return sorted(candidates, key=lambda c: (-c.priority, c.submitted_at, c.id))
+def slots(workers: Sequence[WorkerInfo], running: Sequence[RunningJob], *,
+          headroom: int) -> list[Slot]:
+    """One slot per live worker, busy when its heartbeat or a live lease says so, free at its
+    job's start + timeout_s; plus `headroom` extra slots per queue that has a consumer and
+    shares no GPU (a message may wait there for the next worker to free up). A queue of the
+    shared layout gets no headroom: a message waiting there could be taken by a worker whose
+    GPUs another worker holds."""
+    by_node: dict[str, RunningJob] = {}
+    for r in running:
+        if r.node and (r.lease_live or r.node not in by_node):
+            by_node[r.node] = r
+    out = []
+    for w in workers:
+        job = by_node.get(w.node)
+        busy = w.busy_job is not None or (job is not None and job.lease_live)
+        free_at = math.inf
+        if busy and job is not None and job.started_at is not None:
+            free_at = job.started_at.timestamp() + job.timeout_s
+        out.append(Slot(node=w.node, queues=w.queues, gpu_ids=w.gpu_ids, busy=busy,
+                        free_at_s=free_at))
+    shared = shared_queues(workers)
+    consumed = sorted({q for w in workers for q in w.queues} - shared)
+    out += [Slot(node=f"{HEADROOM_NODE}/{q}/{i}", queues=(q,))
+            for q in consumed for i in range(headroom)]
+    return out
+
+
+def heads_per_queue(all_slots: Sequence[Slot], outstanding: Mapping[str, int], *,
+                    per_tenant: int) -> dict[str, int]:
+    """K per consumed queue: at least `per_tenant`, and enough to fill every free slot that
+    takes the queue, so a lone tenant gets the whole pool in one tick."""
+    free: dict[str, int] = defaultdict(int)
+    for s in all_slots:
+        for q in s.queues:
+            free[q] += 0 if s.busy else 1
+    return {q: max(per_tenant, n - outstanding.get(q, 0)) for q, n in free.items()}
+
+
+def candidates(heads: Iterable[Head]) -> dict[str, list[Job]]:
+    """The heads as the policy's jobs, per queue (tenants by id)."""
+    out: dict[str, list[Job]] = defaultdict(list)
+    for h in heads:
+        out[h.queue].append(Job(id=h.id, tenant=h.tenant_id, queue=h.queue,
+                                size_class=h.size_class, gpus=h.gpus, priority=h.priority,
+                                submitted_at_s=h.submitted_at.timestamp(),
+                                timeout_s=h.timeout_s))
+    return dict(out)
+
+
+def tenant_views(shares: Iterable[TenantShare], running: Mapping[str, Mapping[str, int]], *,
+                 now: datetime, half_life_s: float) -> dict[str, Tenant]:
+    """Tenant id -> the policy's view: weight, quotas, decayed usage now, GPUs held per class."""
+    out = {}
+    for t in shares:
+        at_s = t.usage_at.timestamp() if t.usage_at else now.timestamp()
+        usage = UsageState(t.usage_gpu_s, at_s).at(now.timestamp(), half_life_s)
+        out[t.id] = Tenant(name=t.id, weight=t.weight, quotas=dict(t.quotas), usage_gpu_s=usage,
+                           running_gpus=dict(running.get(t.id, {})))
+    return out

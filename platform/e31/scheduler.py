@@ -2,8 +2,10 @@
 
 One leader at a time, elected with a Redis lock; a second scheduler waits. The leader
 wakes on a signal (a submit, a job's end) or every tick, recovers what died (expired
-leases, messages a restarted or flushed Redis lost), and publishes as many queued jobs per
-queue as the idle worker slots can take, plus a small headroom.
+leases, messages a restarted or flushed Redis lost), and lets `e31.admission.decide` choose
+what the free worker slots (plus a small headroom) take: priority band, then the tenant
+furthest below its fair share, then age; quotas; a reservation for a big job that waited
+too long (docs/scheduling.md). Every candidate it does not publish gets a pending reason.
 """
 
 from __future__ import annotations
@@ -19,21 +21,22 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError as BrokerError
 
-from e31 import keys
+from e31 import keys, policy
+from e31.admission import AdmissionConfig, Decision, decide
 from e31.celeryapp import TASK_NAME
 from e31.clock import utcnow
 from e31.errors import StoreError
-from e31.policy import WorkerInfo, idle_workers, order, plan
+from e31.policy import WorkerInfo, idle_workers
 from e31.settings import Settings
-from e31.sizeclasses import redis_priority
+from e31.sizeclasses import all_queues, redis_priority
 from e31.store import Repo
-from e31.store.records import Candidate
+from e31.store.records import Head, SchedulingView
+from e31.store.scheduling import running_gpus
 
 log = logging.getLogger(__name__)
 
 LEADER_TTL_TICKS = 3       # the lock outlives a few missed ticks, no more
 WAKE_POLL_MAX_S = 1.0      # one BLPOP wait; below redis-py's default 5 s socket timeout
-CANDIDATE_BATCH = 500      # most jobs read per queue per tick
 
 _RENEW = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -57,7 +60,9 @@ def read_workers(r: redis.Redis) -> list[WorkerInfo]:
             continue
         data = json.loads(raw)
         infos.append(WorkerInfo(node=data["node"], queues=tuple(data["queues"]),
-                                gpus=data.get("gpus", ""), busy_job=data.get("busy_job")))
+                                gpus=data.get("gpus", ""), busy_job=data.get("busy_job"),
+                                gpu_count=int(data.get("gpu_count") or 0),
+                                size_class=data.get("size_class", "")))
     return infos
 
 
@@ -69,8 +74,13 @@ class Scheduler:
         self._redis = redis_client
         self._celery = celery
         self._token = uuid.uuid4().hex
-        classes = settings.size_classes
-        self._rank = lambda queue: redis_priority(queue.split(".")[1], classes)
+        self._config = AdmissionConfig(half_life_s=settings.fair_share_half_life_s,
+                                       reserve_after_s=settings.reserve_after_s,
+                                       big_job_min_gpus=settings.big_job_min_gpus,
+                                       spill_max_s=settings.spill_max_s)
+        self._reserved_for: str | None = None
+        self._queues = all_queues(settings.size_classes)
+        self._tenant_names: dict[str, str] = {}   # for Flower's task names
         self._standby_logged = False
         # Lease expiry is judged only after a full TTL of this scheduler leading with a
         # working store: workers that could not reach the store either get a chance to renew.
@@ -94,28 +104,55 @@ class Scheduler:
     # -- one pass ------------------------------------------------------------------------
 
     def tick(self, now: datetime | None = None) -> int:
-        """Publish what the idle capacity can take; returns the number of messages sent."""
+        """Publish what the free capacity can take, by policy; returns the messages sent."""
         now = now or utcnow()
         self.reconcile(now)
-        workers, busy = read_workers(self._redis), self._repo.busy_workers(now=now)
+        workers = read_workers(self._redis)
+        view = self._repo.scheduling_view(now=now, queues=self._queues)
+        busy = {r.node for r in view.running if r.lease_live and r.node}
         idle_queues = {q for w in idle_workers(workers, busy) for q in w.queues}
-        expired = self._repo.expire_dispatches(sorted(idle_queues), now=now,
-                                               timeout_s=self._settings.dispatch_timeout_s)
-        if expired:
-            log.warning("dispatch_expired count=%d: published again", expired)
-        queues = self._repo.queues_with_work(now=now)
-        if not queues:
-            return 0
-        candidates = {q: self._repo.dispatch_candidates(q, now=now, limit=CANDIDATE_BATCH)
-                      for q in queues}
-        budget = plan(workers, busy,
-                      {q: len(c) for q, c in candidates.items()}, self._repo.outstanding_by_queue(),
-                      headroom=self._settings.dispatch_headroom, rank=self._rank)
-        sent = 0
-        for queue, n in budget.items():
-            chosen = order(candidates[queue])[:n]
-            sent += self._publish(chosen, now)
+        if self._repo.expire_dispatches(sorted(idle_queues), now=now,
+                                        timeout_s=self._settings.dispatch_timeout_s):
+            log.warning("dispatch_expired: published again")
+            view = self._repo.scheduling_view(now=now, queues=self._queues)
+        self._tenant_names = {t.id: t.name for t in view.tenants}
+        decision, heads = self._decide(workers, view, now)
+        sent = self._publish([heads[d.job_id] for d in decision.publish], now)
+        self._record_pending(decision, heads)
         return sent
+
+    def _decide(self, workers: list[WorkerInfo], view: SchedulingView,
+                now: datetime) -> tuple[Decision, dict[str, Head]]:
+        slots = policy.slots(workers, view.running, headroom=self._settings.dispatch_headroom)
+        outstanding: dict[str, int] = {}
+        bounds: dict[str, list[float]] = {}
+        for _tenant, queue, _cls, _gpus, timeout_s in view.outstanding:
+            outstanding[queue] = outstanding.get(queue, 0) + 1
+            bounds.setdefault(queue, []).append(timeout_s)
+        k = policy.heads_per_queue(slots, outstanding,
+                                   per_tenant=self._settings.heads_per_tenant)
+        heads = {h.id: h for h in self._repo.heads(k, now=now)} if k else {}
+        tenants = policy.tenant_views(view.tenants, running_gpus(view.running, view.outstanding),
+                                      now=now, half_life_s=self._config.half_life_s)
+        decision = decide(now_s=now.timestamp(), slots=slots, tenants=tenants,
+                          heads=policy.candidates(heads.values()), outstanding=outstanding,
+                          config=self._config, outstanding_timeout_s=bounds)
+        r = decision.reservation
+        if r is not None and r.job_id != self._reserved_for:
+            log.info("job_reserved job=%s node=%s start=%s", r.job_id, r.node,
+                     datetime.fromtimestamp(r.start_s, now.tzinfo).isoformat()
+                     if r.start_s != float("inf") else "unknown")
+        self._reserved_for = r.job_id if r is not None else None
+        return decision, heads
+
+    def _record_pending(self, decision: Decision, heads: dict[str, Head]) -> None:
+        """Store why each examined job waits, where that changed since the last tick."""
+        changes = []
+        for job_id, pending in decision.pending.items():
+            h = heads[job_id]
+            if (h.pending_reason, h.pending_detail) != (pending.reason.value, pending.detail):
+                changes.append((job_id, pending.reason.value, pending.detail[:64]))
+        self._repo.write_pending(changes)
 
     def hold_lease_expiry(self) -> None:
         """Judge no lease for one TTL: after taking the lead, or after the store was unreachable
@@ -135,7 +172,7 @@ class Scheduler:
             log.warning("broker_reset: Redis is new, restarted empty or was flushed; %d published "
                         "jobs lost their messages and are published again", republish)
 
-    def _publish(self, chosen: list[Candidate], now: datetime) -> int:
+    def _publish(self, chosen: list[Head], now: datetime) -> int:
         ids = set(self._repo.mark_dispatched([c.id for c in chosen], now=now))
         for c in chosen:
             if c.id not in ids:
@@ -143,8 +180,8 @@ class Scheduler:
             self._celery.send_task(
                 TASK_NAME, args=[c.id], queue=c.queue, routing_key=c.queue,
                 priority=redis_priority(c.size_class, self._settings.size_classes),
-                shadow=f"{c.tenant}/{c.name}")
-            log.info("job_published job=%s queue=%s tenant=%s", c.id, c.queue, c.tenant)
+                shadow=f"{self._tenant_names.get(c.tenant_id, c.tenant_id)}/{c.name}")
+            log.info("job_published job=%s queue=%s tenant=%s", c.id, c.queue, c.tenant_id)
         return len(ids)
 
     # -- loop ----------------------------------------------------------------------------

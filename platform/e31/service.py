@@ -6,26 +6,40 @@ The API is a thin HTTP layer over this; every call is scoped by the caller's ten
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import logging
+import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import IO, Any
 
 import redis
 
+from e31 import explain, policy
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
 from e31.errors import AuthError, SpecError
-from e31.scheduler import wake
+from e31.fairshare import Tenant
+from e31.scheduler import read_workers, wake
 from e31.settings import Settings
-from e31.sizeclasses import Route, route
+from e31.sizeclasses import Route, all_queues, route
 from e31.spec import NAME_MAX, JobSpec
 from e31.store import Repo
-from e31.store.records import ArrayManifest, ArrayRecord, JobRecord, TenantRecord
+from e31.store.records import (
+    ArrayManifest,
+    ArrayRecord,
+    JobRecord,
+    QueueLoad,
+    SchedulingView,
+    TenantRecord,
+)
+from e31.store.scheduling import running_gpus
 from e31.sweep import MAX_ARRAY_ITEMS, merge_item
 
 log = logging.getLogger(__name__)
 
 LIST_LIMIT_MAX = 1000
+LOAD_CACHE_S = 5.0        # a queue's backlog counts behind `pending`, reused this long
 ITEM_ERRORS_MAX = 20      # bad items named in one answer; a bad default would name them all
 DEFAULT_ARRAY_NAME = "array"
 
@@ -37,6 +51,7 @@ class Service:
         self._repo = repo
         self._artifacts = artifacts
         self._redis = redis_client
+        self._loads: dict[str, tuple[float, QueueLoad]] = {}   # queue -> (monotonic s, load)
 
     def authenticate(self, token: str | None) -> TenantRecord:
         if not token:
@@ -120,7 +135,47 @@ class Service:
         return {**data, "retries": {**self._settings.retries.model_dump(), **(given or {})}}
 
     def get(self, tenant: TenantRecord, job_id: str) -> JobRecord:
-        return self._repo.get_job(tenant.id, job_id)
+        """A job; a queued one with its `pending` reason, position and estimated start."""
+        record = self._repo.get_job(tenant.id, job_id)
+        if record.state != "queued":
+            return record
+        now = utcnow()
+        pos = self._repo.queue_position(tenant.id, job_id)
+        tenants = self._tenant_views(self._view(now))
+        return dataclasses.replace(record, pending=explain.pending(
+            record, pos, self._queue_load(record.queue, now), tenants, now=now,
+            half_life_s=self._settings.fair_share_half_life_s))
+
+    def _queue_load(self, queue: str, now: datetime) -> QueueLoad:
+        """The queue's backlog and recent starts, reused for LOAD_CACHE_S: every waiting
+        client polls its job's status, and the backlog read grows with the queue."""
+        cached = self._loads.get(queue)
+        if cached is not None and time.monotonic() - cached[0] < LOAD_CACHE_S:
+            return cached[1]
+        fresh = self._repo.queue_load(queue, now=now)
+        self._loads[queue] = (time.monotonic(), fresh)
+        return fresh
+
+    def queue(self, tenant: TenantRecord) -> dict[str, Any]:
+        """Per size class: GPUs, busy GPUs, queued jobs and running GPUs per tenant, share used
+        against weight. Only an admin token sees other tenants by name."""
+        view = self._view(utcnow())
+        try:
+            workers = read_workers(self._redis)
+        except redis.RedisError as exc:
+            log.warning("queue_workers_unknown: %s", exc)
+            workers = []
+        return explain.queue_overview(
+            classes=self._settings.size_classes, workers=workers, view=view,
+            tenants=self._tenant_views(view), queued=self._repo.queued_by_tenant(),
+            viewer=None if tenant.admin else tenant.id)
+
+    def _view(self, now: datetime) -> SchedulingView:
+        return self._repo.scheduling_view(now=now, queues=all_queues(self._settings.size_classes))
+
+    def _tenant_views(self, view: SchedulingView) -> dict[str, Tenant]:
+        return policy.tenant_views(view.tenants, running_gpus(view.running, view.outstanding),
+                                   now=utcnow(), half_life_s=self._settings.fair_share_half_life_s)
 
     def list(self, tenant: TenantRecord, *, state: str | None, limit: int) -> builtins.list[JobRecord]:
         return self._repo.list_jobs(tenant.id, state=state, limit=min(max(limit, 1), LIST_LIMIT_MAX))

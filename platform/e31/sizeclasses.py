@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from e31.errors import ConfigError, SpecError
 from e31.settings import SizeClass
-from e31.spec import JobSpec
+from e31.spec import MAX_GPUS_PER_JOB, JobSpec
 
 QUEUE_PREFIX = "e31."
 # A GPU's reported memory (GiB, from NVML) is a little under its marketed size (GB):
@@ -25,6 +25,12 @@ class Route:
 def queue_name(size_class: str, gpus: int = 1) -> str:
     """`e31.<class>` for one GPU (or cpu), `e31.<class>.x<N>` for an N-GPU group."""
     return f"{QUEUE_PREFIX}{size_class}" + (f".x{gpus}" if gpus > 1 else "")
+
+
+def all_queues(classes: Sequence[SizeClass]) -> list[str]:
+    """Every queue a job can be routed to: each GPU class once per GPU count, and cpu."""
+    return [queue_name(c.name, n) for c in classes
+            for n in (range(1, MAX_GPUS_PER_JOB + 1) if c.gpu_mem_gb else (1,))]
 
 
 def gpu_classes(classes: Sequence[SizeClass]) -> list[SizeClass]:

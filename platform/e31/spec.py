@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from e31.errors import SpecError
 
@@ -22,9 +30,12 @@ MAX_TIMEOUT_S = 14 * 86400    # two weeks: longer runs should checkpoint and res
 DEFAULT_TIMEOUT_S = 86400     # one day, like a typical SLURM partition default
 MAX_PARAMS_BYTES = 1024 * 1024  # params travel through the store; data belongs in files
 MAX_HOST_MEM_GB = 16384       # host memory per job: more than any node has, so a typo is caught
+MAX_AFTER = 64                # dependencies per job: a wider fan-in belongs in one array
 
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ITEM_REASON = re.compile(r"^(after\[\d+\]): (.*)$", re.DOTALL)
+DEP_ID = re.compile(r"^[ja]-[0-9a-f]{20}$")   # a job id j-… or an array id a-…
 NAME_MAX = 200
 
 
@@ -85,6 +96,35 @@ class JobSpec(_Strict):
                              description="wall-clock limit per attempt")
     retries: RetryPolicy = RetryPolicy()
     priority: int = Field(default=5, ge=0, le=9, description="0..9, higher first")
+    workload: str | None = Field(default=None, exclude=True,
+                                 description="a built-in workload by short name (batch-inference, "
+                                             "train, footage) instead of an entrypoint")
+    after: list[str] = Field(default_factory=list, max_length=MAX_AFTER,
+                             description="job ids (j-…) or array ids (a-…) of the same tenant "
+                                         "that must all succeed before this job runs")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _workload_alias(cls, data: Any) -> Any:
+        """`workload: train` stands for the built-in workload's entrypoint (e31.workloads)."""
+        if isinstance(data, dict) and isinstance(data.get("workload"), str) \
+                and data.get("entrypoint") is None and data.get("command") is None:
+            from e31.workloads import WORKLOADS
+            if data["workload"] in WORKLOADS:
+                data = {**data, "entrypoint": WORKLOADS[data["workload"]]}
+        return data
+
+    @field_validator("workload")
+    @classmethod
+    def _known_workload(cls, v: str | None, info: ValidationInfo) -> str | None:
+        from e31.workloads import WORKLOADS
+        if v is None:
+            return v
+        if v not in WORKLOADS:
+            raise ValueError(f"unknown workload {v!r}; known: {', '.join(sorted(WORKLOADS))}")
+        if info.data.get("command") is not None or info.data.get("entrypoint") != WORKLOADS[v]:
+            raise ValueError("give a workload or an entrypoint or a command, not two")
+        return v
 
     @field_validator("entrypoint")
     @classmethod
@@ -101,6 +141,15 @@ class JobSpec(_Strict):
         for arg in v or []:
             _no_nul(arg, "an argument")
         return v
+
+    @field_validator("after")
+    @classmethod
+    def _after_ids(cls, v: list[str]) -> list[str]:
+        for i, dep in enumerate(v):
+            if not DEP_ID.fullmatch(dep):
+                raise ValueError(f"after[{i}]: {dep[:64]!r} is not a job id (j-…) or an "
+                                 "array id (a-…)")
+        return list(dict.fromkeys(v))   # a dependency named twice counts once
 
     @field_validator("name")
     @classmethod
@@ -170,7 +219,9 @@ def describe_error(error: Any) -> dict[str, str]:
         reason = "required"
     else:
         reason = str(error.get("msg", "invalid")).removeprefix("Value error, ")
-    if not loc and "entrypoint or command" in reason:
+    if loc and loc[-1] == "after" and (m := _ITEM_REASON.match(reason)):
+        field, reason = ".".join([*loc[:-1], m.group(1)]), m.group(2)   # after[2]: why
+    elif not loc and "entrypoint or command" in reason:
         field = "entrypoint"
     elif not loc and "params go with" in reason:
         field = "params"

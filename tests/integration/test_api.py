@@ -144,3 +144,38 @@ def test_the_pools_retry_policy_fills_what_a_spec_leaves_out(repo: Repo, redis_u
                                      "max_lost": 3}
     assert partial.spec["retries"] == {"max": 5, "backoff_s": 3.0, "backoff_max_s": 600.0,
                                        "max_lost": 3}
+
+
+def test_after_another_tenants_job_is_refused_with_422_naming_the_entry(api) -> None:
+    # Given a job of team b
+    client, _, h = api
+    theirs = client.post("/v1/jobs", json={"entrypoint": "m:f"}, headers=h["b"]).json()["id"]
+    mine = client.post("/v1/jobs", json={"entrypoint": "m:f"}, headers=h["a"]).json()["id"]
+
+    # When team a submits a job, and an array item, after it
+    refused = client.post("/v1/jobs", json={"entrypoint": "m:f", "after": [mine, theirs]},
+                          headers=h["a"])
+    array = client.post("/v1/arrays", json={"items": [{"entrypoint": "m:f"}],
+                                            "defaults": {"after": [theirs]}}, headers=h["a"])
+
+    # Then both are refused naming the entry, and a job after its own job is queued with it
+    assert refused.status_code == 422
+    assert refused.json()["errors"] == [{"field": "after[1]",
+                                         "reason": f"no job {theirs} of this tenant"}]
+    assert array.status_code == 422 and array.json()["errors"][0]["field"] == "items[0].after[0]"
+    ok = client.post("/v1/jobs", json={"entrypoint": "m:f", "after": [mine]}, headers=h["a"]).json()
+    assert ok["after"] == [mine]
+    pending = client.get(f"/v1/jobs/{ok['id']}", headers=h["a"]).json()["pending"]
+    assert pending["reason"] == "dependency" and pending["detail"] == mine
+
+
+def test_the_queue_route_shows_each_class_and_merges_other_tenants_for_non_admins(api) -> None:
+    client, _, h = api
+    client.post("/v1/jobs", json={"entrypoint": "m:f"}, headers=h["a"])
+    client.post("/v1/jobs", json={"entrypoint": "m:f"}, headers=h["b"])
+
+    view = client.get("/v1/queue", headers=h["a"]).json()
+
+    gpu24 = next(c for c in view["classes"] if c["size_class"] == "gpu24")
+    assert gpu24["queued"] == 2
+    assert sorted(t["tenant"] for t in gpu24["tenants"]) == ["others", "team-a"]

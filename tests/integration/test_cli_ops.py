@@ -38,3 +38,24 @@ def test_tenant_create_prints_the_token_once_and_refuses_a_taken_name(database_u
     again = e31("tenant", "create", "vision-team", home=tmp_path, database_url=database_url)
     assert again.returncode == 2
     assert "exists already" in again.stderr
+
+
+def test_tenant_create_and_update_set_the_weight_and_quotas(database_url: str, tmp_path: Path) -> None:
+    # Given a tenant created with a weight and a quota
+    created = e31("tenant", "create", "nlp", "--weight", "2", "--quota", "gpu80=8", "--json",
+                  home=tmp_path, database_url=database_url)
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout)["quotas"] == {"gpu80": 8}
+
+    # When the operator changes the weight, adds a quota and drops the first
+    updated = e31("tenant", "update", "nlp", "--weight", "3", "--quota", "gpu24=2",
+                  "--no-quota", "gpu80", "--json", home=tmp_path, database_url=database_url)
+
+    # Then the store holds exactly that, and a bad quota or class is refused
+    assert updated.returncode == 0, updated.stderr
+    assert json.loads(updated.stdout) == {"tenant": "nlp", "admin": False, "weight": 3.0,
+                                          "quotas": {"gpu24": 2}}
+    bad = e31("tenant", "update", "nlp", "--quota", "gpu99=1", home=tmp_path, database_url=database_url)
+    assert bad.returncode == 2 and "unknown size class" in bad.stderr
+    missing = e31("tenant", "update", "nobody", "--weight", "1", home=tmp_path, database_url=database_url)
+    assert missing.returncode == 2 and "no tenant named" in missing.stderr

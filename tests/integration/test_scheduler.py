@@ -17,8 +17,15 @@ from e31.spec import JobSpec
 from e31.store import Repo
 
 
-def heartbeat(r: redis.Redis, node: str, queues: list[str], busy_job: str | None = None) -> None:
-    r.set(keys.worker(node), json.dumps({"node": node, "queues": queues, "gpus": "0",
+def heartbeat(r: redis.Redis, node: str, queues: list[str], busy_job: str | None = None,
+              gpus: str | None = None) -> None:
+    """A worker's heartbeat. Its GPUs default to the indexes in its node name (gpu1@n: 1;
+    gpu0-1-2-3@n: 0,1,2,3), as the launcher names them: workers of one host that name the
+    same GPU share it."""
+    if gpus is None:
+        gpus = node.split("@")[0].removeprefix("gpu").replace("-", ",")
+    r.set(keys.worker(node), json.dumps({"node": node, "queues": queues, "gpus": gpus,
+                                         "gpu_count": len(gpus.split(",")) if gpus else 0,
                                          "busy_job": busy_job}), ex=30)
 
 

@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     identity = WorkerIdentity(node=args.node, queues=queues, gpus=args.gpus,
                               gpu_count=args.gpu_count, size_class=args.size_class)
     runtime = WorkerRuntime(settings=settings, identity=identity,
-                            repo=Repo(make_engine(settings.resolved_database_url)),
+                            repo=Repo(make_engine(settings.resolved_database_url),
+                                      half_life_s=settings.fair_share_half_life_s),
                             artifacts=ArtifactStore(settings.resolved_artifacts_url),
                             redis_client=redis.Redis.from_url(settings.redis_url))
     taken_by = runtime.node_lock.acquire()

@@ -43,7 +43,9 @@ class ArraySubmission(BaseModel):
 def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI:
     """The API over the store, artifacts and Redis named in `settings`."""
     if service is None:
-        service = Service(settings=settings, repo=Repo(make_engine(settings.resolved_database_url)),
+        service = Service(settings=settings,
+                          repo=Repo(make_engine(settings.resolved_database_url),
+                                    half_life_s=settings.fair_share_half_life_s),
                           artifacts=ArtifactStore(settings.resolved_artifacts_url),
                           redis_client=redis.Redis.from_url(settings.redis_url))
     svc = service
@@ -117,6 +119,12 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
     @app.get("/v1/arrays/{array_id}/manifest", tags=["arrays"])
     def array_manifest(array_id: str, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
         return svc.array_manifest(t, array_id).to_dict()
+
+    @app.get("/v1/queue", tags=["queue"])
+    def queue(t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+        """Per size class: GPUs, busy GPUs, queued jobs and running GPUs per tenant, each
+        tenant's share of running GPUs against its share of weight (others merged unless admin)."""
+        return svc.queue(t)
 
     @app.get("/v1/usage", tags=["usage"])
     def usage(all_tenants: bool = False, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:

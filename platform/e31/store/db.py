@@ -57,7 +57,7 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
-class unindexed(FunctionElement[Any]):  # noqa: N801 - reads as a SQL function
+class unindexed(FunctionElement[Any]):   # lower case: it reads as a SQL function
     """A column's value written so that no planner uses an index on it: `+col` on SQLite,
     `coalesce(col, col)` elsewhere. Without statistics (SQLite never gathers them; PostgreSQL
     lags after a bulk insert) `state = 'queued'` looks selective, and the planner scans every

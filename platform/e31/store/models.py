@@ -1,11 +1,23 @@
-"""SQLAlchemy 2.0 typed models of the results store: tenants, API keys, arrays, jobs, attempts."""
+"""SQLAlchemy 2.0 typed models of the results store: tenants, API keys, arrays, jobs, their
+dependencies, attempts."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    text,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -39,8 +51,14 @@ class Tenant(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(100), unique=True)
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
-    weight: Mapped[float] = mapped_column(Float, default=1.0)  # fair-share seam (scheduling)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)  # fair share (docs/scheduling.md)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # Size class -> most GPUs held at once; None or a missing class: no quota.
+    quotas: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
+    # Decayed GPU-seconds (`e31.fairshare.UsageState`): the value as of `usage_at`. Every
+    # attempt's bill is added in the transaction that ends it (`Repo._end_attempt`).
+    usage_gpu_s: Mapped[float] = mapped_column(Float, default=0.0, server_default=text("0"))
+    usage_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class ApiKey(Base):
@@ -108,14 +126,39 @@ class Job(Base):
     array_id: Mapped[str | None] = mapped_column(ForeignKey("arrays.id"), nullable=True)
     array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
+    # Scheduling (issue 5): the spec's timeout_s (backfill's bound), how many dependencies
+    # have not succeeded yet (the job is a candidate only at 0), and why it waits, as the
+    # scheduler last judged it (written only when it changes).
+    timeout_s: Mapped[float] = mapped_column(Float, server_default=text("86400"))
+    deps_pending: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    pending_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    pending_detail: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
     __table_args__ = (
         # The scheduler's candidate scan and the dispatch count per queue.
         Index("ix_jobs_dispatch", "state", "queue", "dispatched_at", "priority", "submitted_at"),
+        # The scheduler's heads: each tenant's oldest runnable jobs per queue and band, one
+        # index range each; also the skip-scan that finds which (queue, tenant) have work.
+        Index("ix_jobs_heads", "state", "deps_pending", "queue", "tenant_id", "priority",
+              "submitted_at"),
+        # Whether an array still has live or failed items (dependencies on arrays).
+        Index("ix_jobs_array_state", "array_id", "state"),
         Index("ix_jobs_tenant_submitted", "tenant_id", "submitted_at"),
         Index("ix_jobs_state_lease", "state", "lease_expires_at"),
         # An array's items in index order; one row per (array, index).
         Index("ix_jobs_array", "array_id", "array_index", unique=True),
     )
+
+
+class JobDep(Base):
+    """`job_id` waits for `dep_id` (a job `j-…` or an array `a-…`) to succeed. The row goes
+    when the dependency succeeds (and `jobs.deps_pending` drops by one) or when the job ends."""
+
+    __tablename__ = "job_deps"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    dep_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+
+    __table_args__ = (Index("ix_job_deps_dep", "dep_id"),)
 
 
 class Attempt(Base):
@@ -131,3 +174,6 @@ class Attempt(Base):
     reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+    # Recent starts per queue: the rate behind a queued job's estimated start.
+    __table_args__ = (Index("ix_attempts_started", "started_at"),)

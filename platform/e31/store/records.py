@@ -19,6 +19,11 @@ class TenantRecord:
     name: str
     admin: bool
     weight: float
+    quotas: dict[str, int] = field(default_factory=dict)   # size class -> most GPUs at once
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tenant": self.name, "admin": self.admin, "weight": self.weight,
+                "quotas": dict(sorted(self.quotas.items()))}
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class JobRecord:
     attempts: list[AttemptRecord] = field(default_factory=list)
     array_id: str | None = None      # the array this job is an item of, if any
     array_index: int | None = None
+    pending: dict[str, Any] | None = None   # a queued job's reason, position, estimated start
 
     def to_status(self) -> dict[str, Any]:
         """The status dict of the public contract (`job.status()`, `e31 status --json`)."""
@@ -83,6 +89,8 @@ class JobRecord:
             "result": self.result, "outputs": self.outputs,
             "attempts": [a.to_dict() for a in self.attempts],
             "array_id": self.array_id, "array_index": self.array_index,
+            "after": list(self.spec.get("after") or []),
+            "pending": self.pending,
         }
 
 
@@ -209,6 +217,81 @@ class Candidate:
     size_class: str
     priority: int
     submitted_at: datetime
+
+
+@dataclass(frozen=True)
+class Head:
+    """A runnable queued job at the head of its (queue, tenant, band): a scheduling candidate."""
+
+    id: str
+    tenant_id: str
+    name: str
+    queue: str
+    size_class: str
+    gpus: int
+    priority: int
+    submitted_at: datetime
+    timeout_s: float
+    pending_reason: str | None
+    pending_detail: str | None
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A running job: who holds which worker until when (started_at + timeout_s at the latest)."""
+
+    id: str
+    tenant_id: str
+    node: str | None
+    size_class: str
+    gpus: int
+    started_at: datetime | None     # of the current attempt
+    timeout_s: float
+    lease_live: bool
+
+
+@dataclass(frozen=True)
+class TenantShare:
+    """A tenant as fair share sees it: weight, quotas, decayed usage as of `usage_at`."""
+
+    id: str
+    name: str
+    weight: float
+    quotas: dict[str, int]
+    usage_gpu_s: float
+    usage_at: datetime | None
+
+
+@dataclass(frozen=True)
+class SchedulingView:
+    """What one tick reads besides the heads: tenants, running jobs, published-unclaimed jobs
+    as (tenant id, queue, size class, gpus, timeout_s). All bounded by the pool, not the backlog."""
+
+    tenants: list[TenantShare]
+    running: list[RunningJob]
+    outstanding: list[tuple[str, str, str, int, float]]
+
+
+@dataclass(frozen=True)
+class QueuePosition:
+    """What a queued job's explanation needs from the store (read on request only)."""
+
+    tenant_id: str
+    older_own: int                        # the tenant's older runnable jobs in the band (capped)
+    first_dependency: str | None          # a dependency not succeeded yet
+    published: bool                       # published, not claimed yet
+    stored_reason: str | None             # as the scheduler last judged it
+    stored_detail: str | None
+
+
+@dataclass(frozen=True)
+class QueueLoad:
+    """A queue's backlog per (tenant id, band) and its recent starts: shared by every queued
+    job's explanation in that queue, so the service may reuse it for a few seconds."""
+
+    backlog: dict[tuple[str, int], int]
+    starts_recent: int
+    window_s: float
 
 
 @dataclass(frozen=True)

@@ -13,27 +13,28 @@ import re
 import secrets
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, func, insert, or_, select, update
+from sqlalchemy import Engine, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from e31.errors import Conflict, NotFound, StoreError, StoreUnavailable
+from e31.fairshare import DEFAULT_HALF_LIFE_S
 from e31.sizeclasses import Route
 from e31.spec import JobSpec, RetryPolicy
 from e31.states import AttemptReason, JobState
+from e31.store import deps, tenants
 from e31.store.db import WRITE_OPTION
-from e31.store.models import ApiKey, Array, Attempt, Job, Tenant
+from e31.store.models import ApiKey, Array, Attempt, Job, JobDep, Tenant
 from e31.store.records import (
     ArrayItem,
     ArrayManifest,
     ArrayRecord,
     AttemptRecord,
-    Candidate,
     Claim,
     JobRecord,
     ManifestItem,
@@ -41,6 +42,7 @@ from e31.store.records import (
     TenantRecord,
     UsageRow,
 )
+from e31.store.scheduling import SchedulerQueries
 
 TOKEN_PREFIX = "e31_"
 JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
@@ -63,11 +65,13 @@ def new_array_id() -> str:
     return "a-" + uuid.uuid4().hex[:20]
 
 
-class Repo:
-    """All database access, over one engine."""
+class Repo(SchedulerQueries):
+    """All database access, over one engine. `half_life_s` decays tenants' usage when an
+    attempt's bill is added (`fair_share_half_life_s`; the same in every process)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, half_life_s: float = DEFAULT_HALF_LIFE_S) -> None:
         self._engine = engine
+        self._half_life_s = half_life_s
 
     @property
     def engine(self) -> Engine:
@@ -88,10 +92,12 @@ class Repo:
 
     # -- tenants and tokens -------------------------------------------------------------
 
-    def create_tenant(self, name: str, *, admin: bool = False, now: datetime) -> tuple[TenantRecord, str]:
+    def create_tenant(self, name: str, *, admin: bool = False, now: datetime, weight: float = 1.0,
+                      quotas: Mapping[str, int] | None = None) -> tuple[TenantRecord, str]:
         """Create a tenant and its first token; the token is returned once, only its hash kept."""
-        tenant = Tenant(id="t-" + uuid.uuid4().hex[:12], name=name, admin=admin, weight=1.0,
-                        created_at=now)
+        tenant = Tenant(id="t-" + uuid.uuid4().hex[:12], name=name, admin=admin,
+                        weight=tenants.check_weight(weight), created_at=now,
+                        quotas=dict(sorted((quotas or {}).items())) or None, usage_gpu_s=0.0)
         try:
             with self._session(write=True) as s:
                 s.add(tenant)
@@ -100,6 +106,21 @@ class Repo:
         except IntegrityError as exc:
             raise Conflict(f"tenant {name!r} exists already") from exc
         return _tenant(tenant), token
+
+    def update_tenant(self, name: str, *, weight: float | None = None,
+                      quotas: Mapping[str, int] | None = None,
+                      drop_quotas: Sequence[str] = ()) -> TenantRecord:
+        """Change a tenant's weight and quotas (`e31 tenant update`); the scheduler's next tick
+        uses them."""
+        with self._session(write=True) as s:
+            return tenants.update(s, name, weight=weight, quotas=quotas or {}, drop=drop_quotas)
+
+    def get_tenant(self, name: str) -> TenantRecord:
+        with self._session() as s:
+            row = s.scalar(select(Tenant).where(Tenant.name == name))
+            if row is None:
+                raise NotFound(f"no tenant named {name!r}")
+            return _tenant(row)
 
     def create_token(self, tenant_name: str, *, now: datetime) -> str:
         """A new token for an existing tenant."""
@@ -125,10 +146,14 @@ class Repo:
     # -- submit, read, cancel -------------------------------------------------------------
 
     def insert_job(self, tenant_id: str, spec: JobSpec, route: Route, *, now: datetime) -> JobRecord:
-        job = Job(**_queued_job(tenant_id, spec, route, now))
+        """Store a queued job; its `after` dependencies must be the tenant's and not failed
+        (`SpecError` naming `after[i]` otherwise)."""
         with self._session(write=True) as s:
+            [waits] = deps.check_after(s, tenant_id, [spec.after], [""])
+            job = Job(**{**_queued_job(tenant_id, spec, route, now), "deps_pending": len(waits)})
             s.add(job)
             s.flush()
+            deps.link(s, [(job.id, waits)])
             return self._record(s, job)
 
     def get_job(self, tenant_id: str | None, job_id: str) -> JobRecord:
@@ -158,6 +183,10 @@ class Repo:
                 job.ended_at = now
                 job.queued_seconds += _seconds(job.queued_since, now)
                 job.queued_since = None
+                job.pending_reason = job.pending_detail = None
+                s.flush()
+                deps.on_final(s, [(job.id, job.array_id, job.state)], now=now)
+                s.execute(delete(JobDep).where(JobDep.job_id == job.id))
             elif job.state == JobState.RUNNING.value:
                 job.cancel_requested = True
             s.flush()
@@ -172,10 +201,15 @@ class Repo:
         rows = [{**_queued_job(tenant_id, spec, where, now), "array_id": array_id, "array_index": i}
                 for i, (spec, where) in enumerate(items)]
         with self._session(write=True) as s:
+            waits = deps.check_after(s, tenant_id, [spec.after for spec, _ in items],
+                                     [f"items[{i}]." for i in range(len(items))])
+            for row, wait in zip(rows, waits, strict=True):
+                row["deps_pending"] = len(wait)
             s.execute(insert(Array).values(id=array_id, tenant_id=tenant_id, name=name,
                                            size=len(rows), submitted_at=now))
             if rows:
                 s.execute(insert(Job), rows)
+            deps.link(s, [(row["id"], wait) for row, wait in zip(rows, waits, strict=True)])
             tenant = s.scalar(select(Tenant.name).where(Tenant.id == tenant_id)) or ""
         queued = JobState.QUEUED.value
         return ArrayRecord(id=array_id, tenant=tenant, name=name, size=len(rows), submitted_at=now,
@@ -207,9 +241,14 @@ class Repo:
                     s.execute(update(Job).where(Job.id.in_(ids[start:start + CANCEL_CHUNK]),
                                                 Job.state == queued).values(
                         state=JobState.CANCELLED.value, reason=AttemptReason.CANCELLED.value,
-                        ended_at=now, queued_since=None,
+                        ended_at=now, queued_since=None, pending_reason=None, pending_detail=None,
                         queued_seconds=Job.queued_seconds + _seconds(since, now)),
                         execution_options={"synchronize_session": False})
+                    s.execute(delete(JobDep).where(JobDep.job_id.in_(ids[start:start + CANCEL_CHUNK])),
+                              execution_options={"synchronize_session": False})
+            cancelled = [(job_id, array.id, JobState.CANCELLED.value)
+                         for ids in waiting.values() for job_id in ids]
+            deps.on_final(s, cancelled, now=now)
             if any(state == running for _, state, _ in live):
                 s.execute(update(Job).where(*mine, Job.state == running)
                           .values(cancel_requested=True),
@@ -263,72 +302,6 @@ class Repo:
         tenant = s.scalar(select(Tenant.name).where(Tenant.id == array.tenant_id)) or ""
         return ArrayRecord(id=array.id, tenant=tenant, name=array.name, size=array.size,
                            submitted_at=array.submitted_at, counts=counts, items=listed)
-
-    # -- scheduler -----------------------------------------------------------------------
-
-    def dispatch_candidates(self, queue: str, *, now: datetime, limit: int) -> list[Candidate]:
-        """Queued, unpublished, runnable jobs of one queue in priority then submission order."""
-        with self._session() as s:
-            rows = s.execute(
-                select(Job.id, Tenant.name, Job.name, Job.queue, Job.size_class, Job.priority,
-                       Job.submitted_at)
-                .join(Tenant, Tenant.id == Job.tenant_id)
-                .where(Job.state == JobState.QUEUED.value, Job.queue == queue,
-                       Job.dispatched_at.is_(None), Job.cancel_requested.is_(False),
-                       or_(Job.not_before.is_(None), Job.not_before <= now))
-                .order_by(Job.priority.desc(), Job.submitted_at, Job.id).limit(limit)).all()
-            return [Candidate(*r) for r in rows]
-
-    def queues_with_work(self, *, now: datetime) -> set[str]:
-        with self._session() as s:
-            return set(s.scalars(select(Job.queue).distinct().where(
-                Job.state == JobState.QUEUED.value, Job.dispatched_at.is_(None),
-                or_(Job.not_before.is_(None), Job.not_before <= now))))
-
-    def outstanding_by_queue(self) -> dict[str, int]:
-        """Published but not yet claimed jobs per queue: capacity already promised."""
-        with self._session() as s:
-            rows = s.execute(select(Job.queue, func.count()).where(
-                Job.state == JobState.QUEUED.value, Job.dispatched_at.is_not(None))
-                .group_by(Job.queue)).all()
-            return {q: n for q, n in rows}
-
-    def busy_workers(self, *, now: datetime) -> set[str]:
-        """Workers holding a live lease. A lease that expired (its worker died and came back
-        under the same name) does not keep the restarted worker from getting work."""
-        with self._session() as s:
-            return set(s.scalars(select(Job.lease_owner).where(
-                Job.state == JobState.RUNNING.value, Job.lease_owner.is_not(None),
-                Job.lease_expires_at > now)))
-
-    def mark_dispatched(self, job_ids: Sequence[str], *, now: datetime) -> list[str]:
-        """Mark jobs published; returns those still queued and unpublished (the ones to send)."""
-        if not job_ids:
-            return []
-        with self._session(write=True) as s:
-            rows = s.scalars(update(Job).where(
-                Job.id.in_(job_ids), Job.state == JobState.QUEUED.value, Job.dispatched_at.is_(None))
-                .values(dispatched_at=now, dispatch_count=Job.dispatch_count + 1)
-                .returning(Job.id)).all()
-            return list(rows)
-
-    def expire_dispatches(self, queues: Sequence[str] | None, *, now: datetime,
-                          timeout_s: float) -> int:
-        """Forget publications never claimed within `timeout_s`, so they are published again.
-
-        Only for `queues` that have an idle consumer: a message waiting behind busy workers
-        is not lost, and publishing it again would only pile up duplicates. `queues=None`
-        means every queue (the broker lost its messages: nothing is waiting anywhere).
-        """
-        if queues is not None and not queues:
-            return 0
-        with self._session(write=True) as s:
-            q = update(Job).where(Job.state == JobState.QUEUED.value,
-                                  Job.dispatched_at < now - timedelta(seconds=timeout_s))
-            if queues is not None:
-                q = q.where(Job.queue.in_(list(queues)))
-            res = s.execute(q.values(dispatched_at=None))
-            return int(res.rowcount or 0)  # type: ignore[attr-defined]
 
     # -- worker: claim, renew, record ------------------------------------------------------
 
@@ -413,20 +386,21 @@ class Repo:
                 Job.dispatched_at.is_not(None)).values(dispatched_at=None))
             return bool(res.rowcount)  # type: ignore[attr-defined]
 
-    @staticmethod
-    def _end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime,
+    def _end_attempt(self, s: Session, job: Job, outcome: Outcome, *, ended_at: datetime,
                      now: datetime) -> JobState | None:
-        """End the running attempt of a row-locked `job` with `outcome`, bill it, move the job on."""
+        """End the running attempt of a row-locked `job` with `outcome`, bill it (the job and its
+        tenant's decayed usage), move the job on, and settle what waited for it."""
         token = job.lease_token
         attempt = s.scalar(select(Attempt).where(Attempt.job_id == job.id,
                                                  Attempt.n == job.attempts_used))
-        duration = 0.0
+        duration = bill_s = 0.0
         if attempt is not None:
             ended_at = max(ended_at, attempt.started_at)
             attempt.ended_at, attempt.reason = ended_at, outcome.reason.value
             attempt.error, attempt.exit_code = _clean(outcome.error), outcome.exit_code
             duration = _seconds(attempt.started_at, ended_at)
-            job.gpu_seconds += duration * attempt.gpu_count
+            bill_s = duration * attempt.gpu_count
+            job.gpu_seconds += bill_s
         job.run_seconds += duration
         s.flush()
         tally = dict(s.execute(select(Attempt.reason, func.count()).where(
@@ -439,6 +413,9 @@ class Repo:
                                           Job.state == JobState.RUNNING.value).values(**values))
         if not res.rowcount:  # type: ignore[attr-defined]
             return None
+        if state.is_final:
+            deps.on_final(s, [(job.id, job.array_id, state.value)], now=now)
+        tenants.bill(s, job.tenant_id, bill_s, now=now, half_life_s=self._half_life_s)
         return state
 
     # -- usage ---------------------------------------------------------------------------
@@ -497,7 +474,7 @@ class Repo:
 
 
 def _tenant(t: Tenant) -> TenantRecord:
-    return TenantRecord(id=t.id, name=t.name, admin=bool(t.admin), weight=t.weight)
+    return tenants.record(t)
 
 
 def _job_record(j: Job, tenant: str, attempts: list[AttemptRecord] | None = None) -> JobRecord:
@@ -516,6 +493,7 @@ def _queued_job(tenant_id: str, spec: JobSpec, route: Route, now: datetime) -> d
     return {"id": new_job_id(), "tenant_id": tenant_id, "name": spec.display_name,
             "spec": spec.model_dump(mode="json"), "size_class": route.size_class,
             "queue": route.queue, "gpus": route.gpus, "priority": spec.priority,
+            "timeout_s": spec.timeout_s, "deps_pending": 0,
             "state": JobState.QUEUED.value, "submitted_at": now, "queued_since": now,
             "dispatch_count": 0, "attempts_used": 0, "lease_token": 0, "cancel_requested": False,
             "gpu_seconds": 0.0, "run_seconds": 0.0, "queued_seconds": 0.0}
@@ -567,7 +545,7 @@ def _outcome_values(job: Job, outcome: Outcome, state: JobState, now: datetime,
         delay_s = retries.delay_s(failures) if outcome.reason.counts_against_retries else 0.0
         values.update(not_before=now + timedelta(seconds=delay_s),
                       queued_since=now, dispatched_at=None, reason=outcome.reason.value,
-                      error=_clean(outcome.error))
+                      error=_clean(outcome.error), pending_reason=None, pending_detail=None)
         return values
     values.update(ended_at=now, reason=None if state is JobState.SUCCEEDED else (
         AttemptReason.CANCELLED.value if state is JobState.CANCELLED else outcome.reason.value),

@@ -1,0 +1,135 @@
+"""Why a job waits and how the queues stand: `e31 status JOB` (its `pending` object) and
+`e31 queue`. Pure: the service reads the store and the heartbeats, this shapes the answer.
+
+A queued job's reason, strongest first: a dependency not finished; retry back-off; published
+and waiting for its worker to claim it; else what the scheduler last wrote for it
+(no_capacity, quota, reserved_for); else, for a job beyond the heads the scheduler reads,
+`quota` if its tenant is at quota for the class, otherwise `no_capacity`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from e31.fairshare import Pending, Reason, Tenant, estimated_start_s, position_in_queue
+from e31.policy import WorkerInfo
+from e31.settings import SizeClass
+from e31.store.records import JobRecord, QueueLoad, QueuePosition, SchedulingView, iso
+
+PUBLISHED = "published"     # not a policy reason: the job's message waits for a worker
+OTHERS = "others"           # how a non-admin sees every tenant but its own
+
+
+def pending(job: JobRecord, pos: QueuePosition, load: QueueLoad, tenants: Mapping[str, Tenant], *,
+            now: datetime, half_life_s: float) -> dict[str, Any]:
+    """The `pending` object of a queued job's status."""
+    place: int | None = None
+    start: datetime | None = None
+    if pos.first_dependency is not None:
+        reason, detail = Reason.DEPENDENCY.value, pos.first_dependency
+        text = Pending(Reason.DEPENDENCY, detail).text()
+    elif job.not_before is not None and job.not_before > now:
+        reason, detail = Reason.BACKOFF.value, job.not_before.isoformat()
+        text, start = Pending(Reason.BACKOFF, detail).text(), job.not_before
+    elif pos.published:
+        reason, detail, place = PUBLISHED, job.queue, 0
+        text = f"published to {job.queue}; waiting for a worker to claim it"
+    else:
+        if pos.stored_reason in {r.value for r in Reason}:
+            p = Pending(Reason(pos.stored_reason), pos.stored_detail or "", job.gpus)
+        elif not tenants.get(pos.tenant_id, Tenant(pos.tenant_id)).fits_quota(job.size_class,
+                                                                               job.gpus):
+            p = Pending(Reason.QUOTA, job.size_class, job.gpus)
+        else:
+            p = Pending(Reason.NO_CAPACITY, job.size_class, job.gpus)
+        reason, detail, text = p.reason.value, p.detail, p.text()
+        place = position_in_queue(tenant=pos.tenant_id, priority=job.priority,
+                                  older_own=pos.older_own, backlog=load.backlog,
+                                  tenants=tenants, half_life_s=half_life_s)
+        per_min = load.starts_recent * 60.0 / load.window_s
+        at_s = estimated_start_s(now.timestamp(), place, per_min)
+        start = datetime.fromtimestamp(at_s, UTC) if at_s is not None else None
+    return {"reason": reason, "detail": detail, "text": text, "position": place,
+            "estimated_start": iso(start)}
+
+
+def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo],
+                   view: SchedulingView, tenants: Mapping[str, Tenant],
+                   queued: Mapping[tuple[str, str], int], viewer: str | None) -> dict[str, Any]:
+    """Per size class: GPUs and busy GPUs (heartbeats), queued jobs and GPUs running per
+    tenant with each one's share of the class's running GPUs against its share of weight.
+    `viewer` (a tenant id) sees other tenants as one `others` row; None sees every name."""
+    names = {t.id: t.name for t in view.tenants}
+    busy = {r.node for r in view.running if r.lease_live and r.node}
+
+    def who(tenant_id: str) -> str:
+        return names.get(tenant_id, tenant_id) if viewer in (None, tenant_id) else OTHERS
+
+    out = []
+    for c in classes:
+        mine = [w for w in workers if (w.size_class or _own_class(w)) == c.name]
+        gpus = sum(w.gpu_count or (0 if c.gpu_mem_gb else 1) for w in mine)
+        busy_gpus = sum(w.gpu_count or (0 if c.gpu_mem_gb else 1) for w in mine
+                        if w.busy_job is not None or w.node in busy)
+        rows: dict[str, dict[str, float]] = defaultdict(lambda: {"queued": 0, "running_gpus": 0,
+                                                                 "weight": 0.0})
+        for (cls, tenant_id), n in queued.items():
+            if cls == c.name:
+                rows[tenant_id]["queued"] += n
+        for tenant_id, t in tenants.items():
+            if t.running_gpus.get(c.name):
+                rows[tenant_id]["running_gpus"] += t.running_gpus[c.name]
+        if not rows and not mine:
+            continue
+        total_w = sum(tenants[t].weight if t in tenants else 1.0 for t in rows) or 1.0
+        total_run = sum(r["running_gpus"] for r in rows.values()) or 1
+        merged: dict[str, dict[str, Any]] = {}
+        for tenant_id, r in rows.items():
+            m = merged.setdefault(who(tenant_id), {"tenant": who(tenant_id), "queued": 0,
+                                                   "running_gpus": 0, "weight": 0.0,
+                                                   "quota": None})
+            m["queued"] += int(r["queued"])
+            m["running_gpus"] += int(r["running_gpus"])
+            m["weight"] += tenants[tenant_id].weight if tenant_id in tenants else 1.0
+            if who(tenant_id) != OTHERS and tenant_id in tenants:
+                m["quota"] = tenants[tenant_id].quotas.get(c.name)
+        for m in merged.values():
+            m["weight_share"] = round(m["weight"] / total_w, 3)
+            m["used_share"] = round(m["running_gpus"] / total_run, 3)
+        out.append({"size_class": c.name, "gpus": gpus, "busy_gpus": busy_gpus,
+                    "workers": len(mine), "queued": sum(m["queued"] for m in merged.values()),
+                    "tenants": sorted(merged.values(), key=lambda m: m["tenant"])})
+    return {"classes": out, "tenants": _standing(tenants, who, set(queued_tenants(queued)))}
+
+
+def queued_tenants(queued: Mapping[tuple[str, str], int]) -> list[str]:
+    return sorted({t for (_cls, t), n in queued.items() if n})
+
+
+def _standing(tenants: Mapping[str, Tenant], who: Any, active: set[str]) -> list[dict[str, Any]]:
+    """Each tenant with work or usage: decayed GPU-seconds' share against weight's share."""
+    shown = [t for t in tenants.values()
+             if t.name in active or t.usage_gpu_s > 0 or t.running_total() > 0]
+    total_u = sum(t.usage_gpu_s for t in shown) or 1.0
+    total_w = sum(t.weight for t in shown) or 1.0
+    merged: dict[str, dict[str, Any]] = {}
+    for t in shown:
+        m = merged.setdefault(who(t.name), {"tenant": who(t.name), "weight": 0.0,
+                                            "usage_gpu_s": 0.0, "running_gpus": 0})
+        m["weight"] += t.weight
+        m["usage_gpu_s"] += t.usage_gpu_s
+        m["running_gpus"] += t.running_total()
+    for m in merged.values():
+        m["usage_share"] = round(m["usage_gpu_s"] / total_u, 3)
+        m["weight_share"] = round(m["weight"] / total_w, 3)
+        m["usage_gpu_s"] = round(m["usage_gpu_s"], 1)
+    return sorted(merged.values(), key=lambda m: m["tenant"])
+
+
+def _own_class(w: WorkerInfo) -> str:
+    """A worker's class from its own queue (`e31.gpu80.x4` -> gpu80), for old heartbeats."""
+    parts = w.queues[0].split(".") if w.queues else []
+    return parts[1] if len(parts) > 1 else ""

@@ -1,0 +1,281 @@
+"""The scheduler's queries, each bounded by the pool and the number of tenants, never by
+the backlog (`Repo` delegates to these; docs/scheduling.md, "Cost").
+
+- `heads`: per queue, each tenant's oldest K runnable jobs per priority band. Which
+  (queue, tenant, band) have work is found by a skip-scan of `ix_jobs_heads` (one index
+  seek per step), and each head is one index range read with LIMIT K.
+- `view`: tenants, running jobs (bounded by the workers) and published-unclaimed jobs
+  (bounded by the free slots plus headroom, through `ix_jobs_dispatched_at`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from e31.states import JobState
+from e31.store import deps
+from e31.store.db import unindexed
+from e31.store.models import Attempt, Job, Tenant
+from e31.store.records import (
+    Candidate,
+    Head,
+    QueueLoad,
+    QueuePosition,
+    RunningJob,
+    SchedulingView,
+    TenantShare,
+)
+
+QUEUED = JobState.QUEUED.value
+RECENT_STARTS_S = 600.0     # the window of starts behind a queued job's estimated start
+POSITION_CAP = 10_000       # own older jobs counted for a position: deeper, the figure is a floor
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)   # `dispatched_at >= EPOCH`: IS NOT NULL as an index range
+
+
+def _runnable_prefix(queue: str) -> tuple[ColumnElement[bool], ...]:
+    """The equality prefix of `ix_jobs_heads`: queued, no dependency left, this queue."""
+    return (Job.state == QUEUED, Job.deps_pending == 0, Job.queue == queue)
+
+
+def tenants_with_work(s: Session, queue: str) -> list[str]:
+    """Tenant ids with queued, dependency-free jobs in `queue`: one index seek per tenant."""
+    found: list[str] = []
+    after = ""
+    while True:
+        nxt = s.scalar(select(Job.tenant_id).where(*_runnable_prefix(queue), Job.tenant_id > after)
+                       .order_by(Job.tenant_id).limit(1))
+        if nxt is None:
+            return found
+        found.append(nxt)
+        after = nxt
+
+
+def bands(s: Session, queue: str, tenant_id: str) -> list[int]:
+    """The tenant's priority bands with queued jobs in `queue`, highest first."""
+    found: list[int] = []
+    below = 10 ** 6
+    while True:
+        top = s.scalar(select(Job.priority).where(   # ORDER BY … LIMIT 1: one index seek
+            *_runnable_prefix(queue), Job.tenant_id == tenant_id, Job.priority < below)
+            .order_by(Job.priority.desc()).limit(1))
+        if top is None:
+            return found
+        found.append(int(top))
+        below = int(top)
+
+
+def heads(s: Session, queues: Mapping[str, int], *, now: datetime) -> list[Head]:
+    """Per queue (-> K), each tenant's K oldest runnable jobs per band: unpublished, out of
+    back-off. Published and backing-off jobs in the range are skipped row by row; both are
+    few (published ones are bounded by the free slots)."""
+    out: list[Head] = []
+    for queue, k in sorted(queues.items()):
+        for tenant_id in tenants_with_work(s, queue):
+            for band in bands(s, queue, tenant_id):
+                rows = s.execute(
+                    select(Job.id, Job.name, Job.size_class, Job.gpus, Job.submitted_at,
+                           Job.timeout_s, Job.pending_reason, Job.pending_detail)
+                    .where(*_runnable_prefix(queue), Job.tenant_id == tenant_id,
+                           Job.priority == band, Job.dispatched_at.is_(None),
+                           or_(Job.not_before.is_(None), Job.not_before <= now))
+                    .order_by(Job.submitted_at).limit(k)).all()
+                out += [Head(id=r[0], tenant_id=tenant_id, name=r[1], queue=queue,
+                             size_class=r[2], gpus=r[3], priority=band, submitted_at=r[4],
+                             timeout_s=r[5], pending_reason=r[6], pending_detail=r[7])
+                        for r in rows]
+    return out
+
+
+def view(s: Session, *, now: datetime, queues: Sequence[str]) -> SchedulingView:
+    """Tenants, running jobs with their current attempt's start, and published-unclaimed jobs
+    of `queues` (every queue the pool can have: one range of `ix_jobs_dispatch` each)."""
+    tenants = [TenantShare(id=t.id, name=t.name, weight=t.weight, quotas=dict(t.quotas or {}),
+                           usage_gpu_s=t.usage_gpu_s, usage_at=t.usage_at)
+               for t in s.scalars(select(Tenant))]
+    running = [RunningJob(id=r[0], tenant_id=r[1], node=r[2], size_class=r[3], gpus=r[4],
+                          started_at=r[5], timeout_s=r[6],
+                          lease_live=r[7] is not None and r[7] > now)
+               for r in s.execute(
+                   select(Job.id, Job.tenant_id, Job.lease_owner, Job.size_class, Job.gpus,
+                          Attempt.started_at, Job.timeout_s, Job.lease_expires_at)
+                   .outerjoin(Attempt, and_(Attempt.job_id == Job.id,
+                                            Attempt.n == Job.attempts_used))
+                   .where(Job.state == JobState.RUNNING.value))]
+    outstanding = [(r[0], r[1], r[2], r[3], r[4]) for r in s.execute(
+        select(Job.tenant_id, Job.queue, Job.size_class, Job.gpus, Job.timeout_s)
+        .where(Job.state == QUEUED, Job.queue.in_(list(queues)), Job.dispatched_at >= EPOCH))]
+    return SchedulingView(tenants=tenants, running=running, outstanding=outstanding)
+
+
+def write_pending(s: Session, changes: Iterable[tuple[str, str | None, str | None]]) -> int:
+    """Store each job's (reason, detail), grouped so one UPDATE serves all with the same."""
+    groups: dict[tuple[str | None, str | None], list[str]] = defaultdict(list)
+    for job_id, reason, detail in changes:
+        groups[(reason, detail)].append(job_id)
+    n = 0
+    for (reason, detail), ids in groups.items():
+        for start in range(0, len(ids), deps.CHUNK):
+            s.execute(update(Job).where(Job.id.in_(ids[start:start + deps.CHUNK]),
+                                        unindexed(Job.state) == QUEUED)
+                      .values(pending_reason=reason, pending_detail=detail),
+                      execution_options={"synchronize_session": False})
+        n += len(ids)
+    return n
+
+
+def load(s: Session, queue: str, *, now: datetime) -> QueueLoad:
+    """A queue's runnable backlog per (tenant, band) and its starts in the recent window.
+    Read when someone asks about a queued job (the service reuses it a few seconds), never
+    on the scheduler's tick; one index range over the queue's runnable jobs."""
+    backlog = {(t, int(p)): int(n) for t, p, n in s.execute(
+        select(Job.tenant_id, Job.priority, func.count()).where(
+            *_runnable_prefix(queue), Job.dispatched_at.is_(None))
+        .group_by(Job.tenant_id, Job.priority)).tuples()}
+    starts = int(s.scalar(select(func.count()).select_from(Attempt).join(Job, Job.id == Attempt.job_id)
+                          .where(Attempt.started_at >= now - timedelta(seconds=RECENT_STARTS_S),
+                                 Job.queue == queue)) or 0)
+    return QueueLoad(backlog=backlog, starts_recent=starts, window_s=RECENT_STARTS_S)
+
+
+def position(s: Session, job: Job) -> QueuePosition:
+    """What one queued job's explanation needs besides its queue's load: its tenant's older
+    jobs in its band (counted up to POSITION_CAP), its first unfinished dependency."""
+    older = select(Job.id).where(
+        *_runnable_prefix(job.queue), Job.tenant_id == job.tenant_id,
+        Job.priority == job.priority, Job.dispatched_at.is_(None),
+        Job.submitted_at < job.submitted_at).limit(POSITION_CAP).subquery()
+    older_own = int(s.scalar(select(func.count()).select_from(older)) or 0)
+    return QueuePosition(tenant_id=job.tenant_id, older_own=older_own,
+                         first_dependency=deps.first_pending(s, job.id) if job.deps_pending else None,
+                         published=job.dispatched_at is not None,
+                         stored_reason=job.pending_reason, stored_detail=job.pending_detail)
+
+
+def queued_by_tenant(s: Session) -> dict[tuple[str, str], int]:
+    """(size class, tenant id) -> queued jobs: one grouped read, for `e31 queue`."""
+    return {(c, t): int(n) for c, t, n in s.execute(
+        select(Job.size_class, Job.tenant_id, func.count()).where(Job.state == QUEUED)
+        .group_by(Job.size_class, Job.tenant_id)).tuples()}
+
+
+def running_gpus(running: Sequence[RunningJob],
+                 outstanding: Sequence[tuple[str, str, str, int, float]]) -> dict[str, dict[str, int]]:
+    """Tenant id -> size class -> GPUs running or published and not yet claimed."""
+    acc: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in running:
+        acc[r.tenant_id][r.size_class] += r.gpus
+    for tenant_id, _queue, size_class, gpus, _timeout_s in outstanding:
+        acc[tenant_id][size_class] += gpus
+    return {t: dict(c) for t, c in acc.items()}
+
+
+class SchedulerQueries:
+    """The scheduler's part of `Repo`: a mixin, so there is one repository to pass around
+    (`Repo` supplies `_session`)."""
+
+    def _session(self, *, write: bool = False) -> AbstractContextManager[Session]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _job(s: Session, tenant_id: str | None, job_id: str, *, lock: bool = False) -> Job:
+        raise NotImplementedError
+
+
+    def dispatch_candidates(self, queue: str, *, now: datetime, limit: int) -> list[Candidate]:
+        """Queued, unpublished, runnable jobs of one queue in priority then submission order."""
+        with self._session() as s:
+            rows = s.execute(
+                select(Job.id, Tenant.name, Job.name, Job.queue, Job.size_class, Job.priority,
+                       Job.submitted_at)
+                .join(Tenant, Tenant.id == Job.tenant_id)
+                .where(Job.state == JobState.QUEUED.value, Job.queue == queue,
+                       Job.dispatched_at.is_(None), Job.cancel_requested.is_(False),
+                       or_(Job.not_before.is_(None), Job.not_before <= now))
+                .order_by(Job.priority.desc(), Job.submitted_at, Job.id).limit(limit)).all()
+            return [Candidate(*r) for r in rows]
+
+    def outstanding_by_queue(self) -> dict[str, int]:
+        """Published but not yet claimed jobs per queue: capacity already promised."""
+        with self._session() as s:
+            rows = s.execute(select(Job.queue, func.count()).where(
+                Job.state == JobState.QUEUED.value, Job.dispatched_at.is_not(None))
+                .group_by(Job.queue)).all()
+            return {q: n for q, n in rows}
+
+    def busy_workers(self, *, now: datetime) -> set[str]:
+        """Workers holding a live lease. A lease that expired (its worker died and came back
+        under the same name) does not keep the restarted worker from getting work."""
+        with self._session() as s:
+            return set(s.scalars(select(Job.lease_owner).where(
+                Job.state == JobState.RUNNING.value, Job.lease_owner.is_not(None),
+                Job.lease_expires_at > now)))
+
+    def heads(self, queues: Mapping[str, int], *, now: datetime) -> list[Head]:
+        """Per queue (-> K), each tenant's K oldest runnable jobs per band (store/scheduling.py)."""
+        with self._session() as s:
+            return heads(s, queues, now=now)
+
+    def scheduling_view(self, *, now: datetime, queues: Sequence[str]) -> SchedulingView:
+        """Tenants, running jobs and the published-unclaimed jobs of `queues` (all the pool's:
+        `sizeclasses.all_queues`): one read per tick."""
+        with self._session() as s:
+            return view(s, now=now, queues=queues)
+
+    def write_pending(self, changes: Sequence[tuple[str, str | None, str | None]]) -> int:
+        """Store why queued jobs wait, as (job id, reason, detail); only changes are passed."""
+        if not changes:
+            return 0
+        with self._session(write=True) as s:
+            return write_pending(s, changes)
+
+    def queue_position(self, tenant_id: str, job_id: str) -> QueuePosition:
+        """What a queued job's position needs besides its queue's load (on request only)."""
+        with self._session() as s:
+            return position(s, self._job(s, tenant_id, job_id))
+
+    def queue_load(self, queue: str, *, now: datetime) -> QueueLoad:
+        """A queue's backlog per (tenant, band) and recent starts (on request only)."""
+        with self._session() as s:
+            return load(s, queue, now=now)
+
+    def queued_by_tenant(self) -> dict[tuple[str, str], int]:
+        """(size class, tenant id) -> queued jobs."""
+        with self._session() as s:
+            return queued_by_tenant(s)
+
+    def mark_dispatched(self, job_ids: Sequence[str], *, now: datetime) -> list[str]:
+        """Mark jobs published; returns those still queued and unpublished (the ones to send)."""
+        if not job_ids:
+            return []
+        with self._session(write=True) as s:
+            rows = s.scalars(update(Job).where(
+                Job.id.in_(job_ids), unindexed(Job.state) == JobState.QUEUED.value,
+                unindexed(Job.dispatched_at).is_(None))
+                .values(dispatched_at=now, dispatch_count=Job.dispatch_count + 1,
+                        pending_reason=None, pending_detail=None)
+                .returning(Job.id)).all()
+            return list(rows)
+
+    def expire_dispatches(self, queues: Sequence[str] | None, *, now: datetime,
+                          timeout_s: float) -> int:
+        """Forget publications never claimed within `timeout_s`, so they are published again.
+
+        Only for `queues` that have an idle consumer: a message waiting behind busy workers
+        is not lost, and publishing it again would only pile up duplicates. `queues=None`
+        means every queue (the broker lost its messages: nothing is waiting anywhere).
+        """
+        if queues is not None and not queues:
+            return 0
+        with self._session(write=True) as s:
+            q = update(Job).where(Job.state == JobState.QUEUED.value,
+                                  Job.dispatched_at < now - timedelta(seconds=timeout_s))
+            if queues is not None:
+                q = q.where(Job.queue.in_(list(queues)))
+            res = s.execute(q.values(dispatched_at=None))
+            return int(res.rowcount or 0)  # type: ignore[attr-defined]
