@@ -16,6 +16,8 @@ from e31.errors import ClientError, JobFailed, JobTimeout
 from e31.profile import read_profile
 
 POLL_S = 0.5                 # status poll while waiting
+UNAVAILABLE_RETRY_S = 60.0   # a read retried this long while the API answers 503
+RETRY_AFTER_MAX_S = 10.0     # the longest wait between two such tries
 FINAL = {"succeeded", "failed", "cancelled"}
 
 
@@ -47,13 +49,21 @@ class Client:
         self.close()
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise ClientError(f"cannot reach the E31 API at {self.url}: {exc}") from exc
-        if response.status_code >= 400:
-            raise _error(response)
-        return response
+        """One API call. A read (GET) that meets 503 — the results store is briefly
+        unreachable — is retried after the server's Retry-After for up to
+        `UNAVAILABLE_RETRY_S`, so `wait()` rides out a store outage."""
+        deadline = time.monotonic() + UNAVAILABLE_RETRY_S
+        while True:
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.HTTPError as exc:
+                raise ClientError(f"cannot reach the E31 API at {self.url}: {exc}") from exc
+            if response.status_code == 503 and method == "GET" and time.monotonic() < deadline:
+                time.sleep(min(_retry_after_s(response), max(0.0, deadline - time.monotonic())))
+                continue
+            if response.status_code >= 400:
+                raise _error(response)
+            return response
 
     def submit(self, spec: dict[str, Any] | None = None, /, **fields: Any) -> JobHandle:
         """Submit one job from a spec mapping and/or the spec's fields as keywords."""
@@ -256,3 +266,10 @@ def _error(response: httpx.Response) -> ClientError:
     except ValueError:
         body, message = response.text, response.text or response.reason_phrase
     return ClientError(message, status_code=response.status_code, body=body)
+
+
+def _retry_after_s(response: httpx.Response) -> float:
+    try:
+        return min(RETRY_AFTER_MAX_S, max(0.1, float(response.headers.get("Retry-After", "1"))))
+    except ValueError:
+        return 1.0

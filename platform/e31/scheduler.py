@@ -111,9 +111,10 @@ class Scheduler:
         view = self._repo.scheduling_view(now=now, queues=self._queues)
         busy = {r.node for r in view.running if r.lease_live and r.node}
         idle_queues = {q for w in idle_workers(workers, busy) for q in w.queues}
-        if self._repo.expire_dispatches(sorted(idle_queues), now=now,
-                                        timeout_s=self._settings.dispatch_timeout_s):
-            log.warning("dispatch_expired: published again")
+        expired = self._repo.expire_dispatches(sorted(idle_queues), now=now,
+                                               timeout_s=self._settings.dispatch_timeout_s)
+        if expired:
+            log.warning("dispatch_expired count=%d: published again", expired)
             view = self._repo.scheduling_view(now=now, queues=self._queues)
         self._tenant_names = {t.id: t.name for t in view.tenants}
         decision, heads = self._decide(workers, view, now)

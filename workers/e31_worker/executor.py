@@ -194,7 +194,8 @@ class Executor:
     def _result(self, code: int, stopped_for: AttemptReason | Directive | None,
                 oom_kills: int = 0) -> Outcome:
         plan = self._plan
-        if stopped_for is None and oom_kills:
+        if stopped_for is None and oom_kills and code != 0:  # a helper process OOM-killed
+            # under a job that still exited 0 is the job's business, not a failed attempt
             limit = (f" (its limit: resources.mem_gb={plan.spec['resources']['mem_gb']:g})"
                      if plan.memory_max_bytes else "")
             return Outcome(AttemptReason.OOM, exit_code=code,

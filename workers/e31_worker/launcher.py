@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 RESTART_BACKOFF_S = 1.0       # first wait before restarting a dead worker process
 RESTART_BACKOFF_MAX_S = 30.0  # doubled per quick death, up to this
+# A death this soon after a start is a crash loop (bad config, a broken node), backed off;
+# a later one (killed after serving) is restarted after the first back-off again.
+QUICK_DEATH_S = 10.0
 STOP_EXTRA_S = 15.0           # beyond the kill grace, for Celery to ack and exit
 
 
@@ -120,7 +123,7 @@ class Launcher:
                     log.warning("worker_drained node=%s: not restarted", slot.node)
                     drained.add(slot.node)
                     continue
-                quick = time.monotonic() - started[slot.node] < 60
+                quick = time.monotonic() - started[slot.node] < QUICK_DEATH_S
                 delay = backoff[slot.node] if quick else RESTART_BACKOFF_S
                 log.warning("worker_died node=%s code=%s; restarting in %.0f s", slot.node,
                             proc.returncode, delay)

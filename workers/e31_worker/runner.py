@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import sys
 import traceback
@@ -56,6 +57,9 @@ def main(argv: list[str]) -> int:
         _write(error_path, {"error": f"cannot import entrypoint {job['entrypoint']}: "
                                      f"{type(exc).__name__}: {exc}"})
         return EXIT_ERROR
+    # `ctx.log` and the job's own loggers reach its log, as its prints do.
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     ctx = JobContext.from_env(job["params"])
     try:
         value = fn(ctx, **job["params"])

@@ -94,12 +94,20 @@ def _attempt(rt: WorkerRuntime, claim: Claim) -> None:
         result = Outcome(AttemptReason.ERROR, error=f"worker error: {type(exc).__name__}: {exc}")
     try:
         shipper.finish()
+        if result.reason is not AttemptReason.LOST and not _still_ours(rt, claim):
+            # It ended on its own, but the job was recovered elsewhere meanwhile: its files
+            # are not stored, and its outcome is offered to the fence, which refuses it.
+            shipper.ship_log()
+            state = _record(rt, claim, result)
+            log.warning("lease_lost_at_end job=%s attempt=%d node=%s recorded=%s", claim.job_id,
+                        claim.attempt, rt.identity.node, state)
+            return
         if result.reason is AttemptReason.LOST:  # fenced off: its files must not overwrite
             shipper.ship_log()                    # those of the attempt that replaced it
             log.warning("lease_lost job=%s attempt=%d node=%s", claim.job_id, claim.attempt,
                         rt.identity.node)
             return
-        outputs, upload_error = _store_files(rt, claim, plan)
+        outputs, upload_error = _store_files(rt, claim, plan, shipper)
         shipper.ship_log()
         if upload_error and result.reason is AttemptReason.SUCCEEDED:
             result = Outcome(AttemptReason.ERROR, exit_code=result.exit_code,
@@ -111,25 +119,44 @@ def _attempt(rt: WorkerRuntime, claim: Claim) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _store_files(rt: WorkerRuntime, claim: Claim, plan: AttemptPlan) -> tuple[list[dict[str, Any]], str | None]:
-    """Upload checkpoints and outputs, each retried; returns (outputs, what failed or None)."""
+def _still_ours(rt: WorkerRuntime, claim: Claim) -> bool:
+    """Whether this attempt still holds its lease, asked before its files are stored: the
+    outputs and checkpoints of an attempt that was recovered elsewhere (its worker was cut
+    off) must not overwrite those of the attempt that replaced it. Waits through a store
+    outage; an answer that never comes counts as lost."""
+    try:
+        ours, _ = _with_store_retries(rt, "lease_check", claim.job_id, lambda: rt.repo.renew(
+            claim.job_id, claim.token, now=utcnow(), lease_ttl_s=rt.settings.lease_ttl_s))
+    except StoreError:
+        return False
+    return ours
+
+
+def _store_files(rt: WorkerRuntime, claim: Claim, plan: AttemptPlan,
+                 shipper: Shipper) -> tuple[list[dict[str, Any]], str | None]:
+    """Upload checkpoints (what changed) and outputs, each retried; returns (outputs, what
+    failed or None)."""
     outputs: list[dict[str, Any]] = []
     failed: list[str] = []
-    for prefix, local in (("checkpoints", plan.checkpoint_dir), ("outputs", plan.output_dir)):
+    steps: list[tuple[str, Callable[[], list[dict[str, Any]] | None]]] = [
+        ("checkpoints", shipper.ship_checkpoints),
+        ("outputs", lambda: rt.artifacts.put_tree(plan.output_dir, claim.tenant_id, claim.job_id,
+                                                  "outputs"))]
+    for what, upload in steps:
         delay = UPLOAD_BACKOFF_S
         for attempt in range(1, UPLOAD_TRIES + 1):
             try:
-                files = rt.artifacts.put_tree(local, claim.tenant_id, claim.job_id, prefix)
-            except Exception as exc:  # any fsspec backend's error
+                files = upload()
+            except Exception as exc:  # noqa: BLE001 - any fsspec backend's error
                 error = f"{type(exc).__name__}: {exc}"
-                log.warning("upload_failed job=%s what=%s try=%d: %s", claim.job_id, prefix, attempt, error)
+                log.warning("upload_failed job=%s what=%s try=%d: %s", claim.job_id, what, attempt, error)
                 if attempt == UPLOAD_TRIES:
-                    failed.append(f"its {prefix} could not be stored: {error}")
+                    failed.append(f"its {what} could not be stored: {error}")
                 else:
                     time.sleep(delay)
                     delay *= 2
                 continue
-            if prefix == "outputs":
+            if files is not None:
                 outputs = files
             break
     return outputs, "; ".join(failed) or None
@@ -147,7 +174,7 @@ class Shipper:
     def __init__(self, rt: WorkerRuntime, claim: Claim, plan: AttemptPlan) -> None:
         self._rt, self._claim, self._plan = rt, claim, plan
         self._log_bytes = -1
-        self._checkpoints: tuple[tuple[str, int, int], ...] = ()
+        self._checkpoints: dict[str, tuple[int, int]] = {}
         self._thread: threading.Thread | None = None
 
     def poke(self) -> None:
@@ -164,28 +191,44 @@ class Shipper:
             self._thread.join()
 
     def mark_checkpoints(self) -> None:
-        self._checkpoints = self._fingerprint()
+        """What is in the checkpoint directory now needs no upload (it came down from the store)."""
+        self._checkpoints = self._fingerprints()
 
     def _ship_all(self) -> None:
         self.ship_log()
-        current = self._fingerprint()
-        if current == self._checkpoints:
-            return
         try:
-            self._rt.artifacts.put_tree(self._plan.checkpoint_dir, self._claim.tenant_id,
-                                        self._claim.job_id, "checkpoints")
-            self._checkpoints = current
-            log.info("checkpoint_stored job=%s attempt=%d", self._claim.job_id, self._claim.attempt)
+            self.ship_checkpoints()
         except Exception as exc:  # noqa: BLE001 - the next beat tries again; the end retries too
             log.warning("checkpoint_upload_failed job=%s: %s", self._claim.job_id, exc)
 
-    def _fingerprint(self) -> tuple[tuple[str, int, int], ...]:
+    def ship_checkpoints(self) -> None:
+        """Upload the checkpoint files that changed since the last upload, in name order (a job
+        may rely on that order), each atomically; raises when one cannot be stored."""
+        current = self._fingerprints()
+        changed = sorted(rel for rel, mark in current.items() if self._checkpoints.get(rel) != mark)
+        for rel in changed:
+            self._rt.artifacts.put_file(self._plan.checkpoint_dir / rel, self._claim.tenant_id,
+                                        self._claim.job_id, f"checkpoints/{rel}")
+            self._checkpoints[rel] = current[rel]
+        if changed:
+            log.info("checkpoint_stored job=%s attempt=%d files=%d", self._claim.job_id,
+                     self._claim.attempt, len(changed))
+
+    def _fingerprints(self) -> dict[str, tuple[int, int]]:
+        """Each checkpoint file's (mtime, size); hidden names (a save in progress) are skipped."""
         root = self._plan.checkpoint_dir
-        try:
-            return tuple(sorted((p.relative_to(root).as_posix(), st.st_mtime_ns, st.st_size)
-                                for p in root.rglob("*") if p.is_file() for st in [p.stat()]))
-        except OSError:  # a file replaced while we looked: the next beat looks again
-            return self._checkpoints
+        marks: dict[str, tuple[int, int]] = {}
+        for path in root.rglob("*"):
+            rel = path.relative_to(root)
+            if any(part.startswith(".") for part in rel.parts):
+                continue
+            try:
+                if path.is_file():
+                    st = path.stat()
+                    marks[rel.as_posix()] = (st.st_mtime_ns, st.st_size)
+            except OSError:  # replaced while we looked: the next beat looks again
+                continue
+        return marks
 
     def ship_log(self) -> None:
         try:

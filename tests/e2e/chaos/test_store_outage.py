@@ -3,6 +3,7 @@ the API answers 503 meanwhile and recovers by itself."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,10 +52,13 @@ def test_postgresql_stopped_for_less_than_a_ttl_loses_nothing_and_repeats_nothin
     wait_for(lambda: trail(cluster.trail_dir, long.id) and trail(cluster.trail_dir, short.id),
              timeout_s=30, what="both jobs to start")
 
-    # When PostgreSQL stops for a few seconds
+    # When PostgreSQL stops for a few seconds, while the owner reads the job's status
     pg.stop()
     stopped = time.monotonic()
     down = _api(cluster)
+    read: list[dict] = []
+    reader = threading.Thread(target=lambda: read.append(client.get(long.id).status()))
+    reader.start()
     time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - stopped)))  # the outage's length is the test
     pg.start()
 
@@ -62,6 +66,9 @@ def test_postgresql_stopped_for_less_than_a_ttl_loses_nothing_and_repeats_nothin
     assert down.status_code == 503, down.text
     assert down.json()["error"] == "store_unavailable"
     wait_for(lambda: _api(cluster).status_code == 200, timeout_s=30, what="the API to recover")
+    # and the client's read rode out the 503s instead of failing
+    reader.join(timeout=60)
+    assert read and read[0]["id"] == long.id
     # And both jobs succeed with their one attempt: nothing lost, nothing run twice
     for job in (long, short):
         status = job.wait(timeout=90)
