@@ -30,3 +30,18 @@ def test_the_python_client_tour_runs_as_written(stack: Stack, tmp_path: Path) ->
     assert "with CUDA_VISIBLE_DEVICES 1" in tour.stdout
     assert "as expected: cancelled" in tour.stdout
     assert (tmp_path / "out" / "hello" / "greeting.txt").read_text() == "hello, python\n"
+
+
+def test_the_resumable_example_of_the_reliability_page_resumes_from_its_checkpoint(
+        stack: Stack) -> None:
+    # Given the documented job, made to fail its first attempt at step 3
+    # When it is submitted as the page shows (with a short step and back-off)
+    done = stack.e31("submit", "-e", "e31_worker.examples:resumable", "-p", "steps=5",
+                     "-p", "step_s=0.2", "-p", "crash_at=3", "--gpus", "0", "--retries", "1",
+                     "--backoff", "0", "--wait", "--json", timeout_s=120)
+
+    # Then the retry starts from the checkpoint the first attempt stored
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert status["result"] == {"attempt": 2, "resumed_from": 3}
+    assert [a["reason"] for a in status["attempts"]] == ["error", "succeeded"]

@@ -47,3 +47,19 @@ def matmul(ctx: JobContext, n: int = 512, repeats: int = 10) -> dict[str, Any]:
     elapsed = time.perf_counter() - start
     return {"device": ctx.device, "gflops": round(2 * n ** 3 * repeats / elapsed / 1e9, 2),
             "checksum": float(c.sum().item())}
+
+
+def resumable(ctx: JobContext, steps: int = 30, step_s: float = 1.0,
+              crash_at: int = 0) -> dict[str, Any]:
+    """Counts to `steps`, a checkpoint after each step, and resumes where it stopped
+    (docs/reliability.md). `crash_at` fails the first attempt at that step, to show it."""
+    state = ctx.load_checkpoint(default={"step": 0})     # {"step": 0} on the first attempt
+    first = int(state["step"])
+    ctx.log.info("attempt %d starts at step %d", ctx.attempt, first)
+    for step in range(first, steps):
+        time.sleep(step_s)                               # one unit of work
+        ctx.save_checkpoint({"step": step + 1})          # stored by the next heartbeat
+        ctx.progress(step + 1, steps)
+        if ctx.attempt == 1 and step + 1 == crash_at:
+            raise RuntimeError("simulated crash")        # the retry resumes from here
+    return {"attempt": ctx.attempt, "resumed_from": first}
