@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, insert, or_, select, update
+from sqlalchemy import Engine, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -28,26 +28,22 @@ from e31.sizeclasses import Route
 from e31.spec import JobSpec, RetryPolicy
 from e31.states import AttemptReason, JobState
 from e31.store import deps, tenants
+from e31.store.arrays import ArrayQueries
 from e31.store.db import WRITE_OPTION
-from e31.store.models import ApiKey, Array, Attempt, Job, JobDep, Tenant
+from e31.store.models import ApiKey, Attempt, Job, JobDep, Tenant
 from e31.store.records import (
-    ArrayItem,
-    ArrayManifest,
-    ArrayRecord,
     AttemptRecord,
     Claim,
     JobRecord,
-    ManifestItem,
     Outcome,
     TenantRecord,
     UsageRow,
 )
+from e31.store.rows import queued_job, seconds
 from e31.store.scheduling import SchedulerQueries
 
 TOKEN_PREFIX = "e31_"
 JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
-ARRAY_ID = re.compile(r"^a-[0-9a-f]{20}$")
-CANCEL_CHUNK = 500         # ids per `IN (...)` when cancelling an array (well under any bind limit)
 ERROR_MAX_CHARS = 16_384   # an attempt's error text; the whole story is in the log
 COUNTED_REASONS = [r.value for r in AttemptReason if r.counts_against_retries]
 EXPIRE_BATCH = 100         # most expired leases recovered per call (the next tick does the rest)
@@ -57,15 +53,7 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def new_job_id() -> str:
-    return "j-" + uuid.uuid4().hex[:20]
-
-
-def new_array_id() -> str:
-    return "a-" + uuid.uuid4().hex[:20]
-
-
-class Repo(SchedulerQueries):
+class Repo(ArrayQueries, SchedulerQueries):
     """All database access, over one engine. `half_life_s` decays tenants' usage when an
     attempt's bill is added (`fair_share_half_life_s`; the same in every process)."""
 
@@ -150,7 +138,7 @@ class Repo(SchedulerQueries):
         (`SpecError` naming `after[i]` otherwise)."""
         with self._session(write=True) as s:
             [waits] = deps.check_after(s, tenant_id, [spec.after], [""])
-            job = Job(**{**_queued_job(tenant_id, spec, route, now), "deps_pending": len(waits)})
+            job = Job(**{**queued_job(tenant_id, spec, route, now), "deps_pending": len(waits)})
             s.add(job)
             s.flush()
             deps.link(s, [(job.id, waits)])
@@ -181,7 +169,7 @@ class Repo(SchedulerQueries):
                 job.state = JobState.CANCELLED.value
                 job.reason = AttemptReason.CANCELLED.value
                 job.ended_at = now
-                job.queued_seconds += _seconds(job.queued_since, now)
+                job.queued_seconds += seconds(job.queued_since, now)
                 job.queued_since = None
                 job.pending_reason = job.pending_detail = None
                 s.flush()
@@ -191,117 +179,6 @@ class Repo(SchedulerQueries):
                 job.cancel_requested = True
             s.flush()
             return self._record(s, job, with_attempts=True)
-
-    # -- arrays ---------------------------------------------------------------------------
-
-    def insert_array(self, tenant_id: str, name: str, items: Sequence[tuple[JobSpec, Route]], *,
-                     now: datetime) -> ArrayRecord:
-        """Store an array and every item as a queued job: one transaction, bulk inserts."""
-        array_id = new_array_id()
-        rows = [{**_queued_job(tenant_id, spec, where, now), "array_id": array_id, "array_index": i}
-                for i, (spec, where) in enumerate(items)]
-        with self._session(write=True) as s:
-            waits = deps.check_after(s, tenant_id, [spec.after for spec, _ in items],
-                                     [f"items[{i}]." for i in range(len(items))])
-            for row, wait in zip(rows, waits, strict=True):
-                row["deps_pending"] = len(wait)
-            s.execute(insert(Array).values(id=array_id, tenant_id=tenant_id, name=name,
-                                           size=len(rows), submitted_at=now))
-            if rows:
-                s.execute(insert(Job), rows)
-            deps.link(s, [(row["id"], wait) for row, wait in zip(rows, waits, strict=True)])
-            tenant = s.scalar(select(Tenant.name).where(Tenant.id == tenant_id)) or ""
-        queued = JobState.QUEUED.value
-        return ArrayRecord(id=array_id, tenant=tenant, name=name, size=len(rows), submitted_at=now,
-                           counts={queued: len(rows)} if rows else {},
-                           items=[ArrayItem(r["array_index"], r["id"], queued, None) for r in rows])
-
-    def get_array(self, tenant_id: str, array_id: str, *, items: bool = True) -> ArrayRecord:
-        """An array of the tenant: item counts by state, and each item's state when `items`."""
-        with self._session() as s:
-            return self._array_record(s, self._array(s, tenant_id, array_id), items=items)
-
-    def cancel_array(self, tenant_id: str, array_id: str, *, now: datetime) -> ArrayRecord:
-        """Cancel every queued item at once and ask the workers of running ones to stop them;
-        final items stay. One transaction; the live rows are locked first, as `request_cancel`
-        locks its one row, so no claim or outcome write acts on a stale state."""
-        queued, running = JobState.QUEUED.value, JobState.RUNNING.value
-        with self._session(write=True) as s:
-            array = self._array(s, tenant_id, array_id)
-            mine = (Job.array_id == array.id, Job.tenant_id == tenant_id)
-            live = s.execute(select(Job.id, Job.state, Job.queued_since)
-                             .where(*mine, Job.state.in_([queued, running]))
-                             .order_by(Job.id).with_for_update()).all()
-            waiting: dict[datetime | None, list[str]] = defaultdict(list)
-            for job_id, state, since in live:
-                if state == queued:
-                    waiting[since].append(job_id)
-            for since, ids in waiting.items():   # items queued together share their `since`
-                for start in range(0, len(ids), CANCEL_CHUNK):
-                    s.execute(update(Job).where(Job.id.in_(ids[start:start + CANCEL_CHUNK]),
-                                                Job.state == queued).values(
-                        state=JobState.CANCELLED.value, reason=AttemptReason.CANCELLED.value,
-                        ended_at=now, queued_since=None, pending_reason=None, pending_detail=None,
-                        queued_seconds=Job.queued_seconds + _seconds(since, now)),
-                        execution_options={"synchronize_session": False})
-                    s.execute(delete(JobDep).where(JobDep.job_id.in_(ids[start:start + CANCEL_CHUNK])),
-                              execution_options={"synchronize_session": False})
-            cancelled = [(job_id, array.id, JobState.CANCELLED.value)
-                         for ids in waiting.values() for job_id in ids]
-            deps.on_final(s, cancelled, now=now)
-            if any(state == running for _, state, _ in live):
-                s.execute(update(Job).where(*mine, Job.state == running)
-                          .values(cancel_requested=True),
-                          execution_options={"synchronize_session": False})
-            return self._array_record(s, array, items=True)
-
-    def array_manifest(self, tenant_id: str, array_id: str) -> ArrayManifest:
-        """Every item's params, state, result, outputs and error, in index order."""
-        with self._session() as s:
-            array = self._array(s, tenant_id, array_id)
-            rows = s.execute(select(Job.array_index, Job.id, Job.state, Job.spec, Job.result,
-                                    Job.outputs, Job.reason, Job.error)
-                             .where(Job.array_id == array.id, Job.tenant_id == tenant_id)
-                             .order_by(Job.array_index)).all()
-            items = [ManifestItem(index=i or 0, id=jid, state=state, params=(spec or {}).get("params", {}),
-                                  result=result, outputs=outputs or [], reason=reason, error=error)
-                     for i, jid, state, spec, result, outputs, reason, error in rows]
-            counts: dict[str, int] = defaultdict(int)
-            for item in items:
-                counts[item.state] += 1
-            return ArrayManifest(array=self._array_record(s, array, counts=dict(counts)),
-                                 items=items)
-
-    @staticmethod
-    def _array(s: Session, tenant_id: str, array_id: str) -> Array:
-        if not ARRAY_ID.fullmatch(array_id):
-            raise NotFound(f"no array {array_id[:64]!r}")
-        array = s.scalar(select(Array).where(Array.id == array_id, Array.tenant_id == tenant_id))
-        if array is None:
-            raise NotFound(f"no array {array_id}")
-        return array
-
-    @staticmethod
-    def _array_record(s: Session, array: Array, *, items: bool = False,
-                      counts: dict[str, int] | None = None) -> ArrayRecord:
-        """The record of `array`; its counts come from one grouped query unless given."""
-        mine = (Job.array_id == array.id, Job.tenant_id == array.tenant_id)
-        listed: list[ArrayItem] | None = None
-        if items:
-            listed = [ArrayItem(index or 0, job_id, state, reason)
-                      for index, job_id, state, reason in s.execute(
-                          select(Job.array_index, Job.id, Job.state, Job.reason).where(*mine)
-                          .order_by(Job.array_index)).tuples()]
-            tally: dict[str, int] = defaultdict(int)
-            for item in listed:
-                tally[item.state] += 1
-            counts = dict(tally)
-        elif counts is None:
-            counts = {state: int(n) for state, n in s.execute(
-                select(Job.state, func.count()).where(*mine).group_by(Job.state)).tuples()}
-        tenant = s.scalar(select(Tenant.name).where(Tenant.id == array.tenant_id)) or ""
-        return ArrayRecord(id=array.id, tenant=tenant, name=array.name, size=array.size,
-                           submitted_at=array.submitted_at, counts=counts, items=listed)
 
     # -- worker: claim, renew, record ------------------------------------------------------
 
@@ -325,7 +202,7 @@ class Repo(SchedulerQueries):
                 return None
             token, attempt, queued_since, spec, tenant_id, job_gpus = row
             s.execute(update(Job).where(Job.id == job_id).values(
-                queued_seconds=Job.queued_seconds + _seconds(queued_since, now), queued_since=None))
+                queued_seconds=Job.queued_seconds + seconds(queued_since, now), queued_since=None))
             s.add(Attempt(job_id=job_id, n=attempt, worker=worker, gpus=gpus, gpu_count=gpu_count,
                           started_at=now))
             return Claim(job_id=job_id, tenant_id=tenant_id, token=token, attempt=attempt,
@@ -398,7 +275,7 @@ class Repo(SchedulerQueries):
             ended_at = max(ended_at, attempt.started_at)
             attempt.ended_at, attempt.reason = ended_at, outcome.reason.value
             attempt.error, attempt.exit_code = _clean(outcome.error), outcome.exit_code
-            duration = _seconds(attempt.started_at, ended_at)
+            duration = seconds(attempt.started_at, ended_at)
             bill_s = duration * attempt.gpu_count
             job.gpu_seconds += bill_s
         job.run_seconds += duration
@@ -440,7 +317,7 @@ class Repo(SchedulerQueries):
                 a["run"] += run or 0.0
                 a["queued"] += queued or 0.0
             for tenant, cls, since in s.execute(waiting):  # time waiting right now counts too
-                acc[(tenant, cls)]["queued"] += _seconds(since, now)
+                acc[(tenant, cls)]["queued"] += seconds(since, now)
             return [UsageRow(t, c, a["jobs"], a["gpu"], a["run"], a["queued"])
                     for (t, c), a in sorted(acc.items())]
 
@@ -488,27 +365,12 @@ def _job_record(j: Job, tenant: str, attempts: list[AttemptRecord] | None = None
         array_id=j.array_id, array_index=j.array_index)
 
 
-def _queued_job(tenant_id: str, spec: JobSpec, route: Route, now: datetime) -> dict[str, Any]:
-    """The column values of a newly submitted job (one or an array's item)."""
-    return {"id": new_job_id(), "tenant_id": tenant_id, "name": spec.display_name,
-            "spec": spec.model_dump(mode="json"), "size_class": route.size_class,
-            "queue": route.queue, "gpus": route.gpus, "priority": spec.priority,
-            "timeout_s": spec.timeout_s, "deps_pending": 0,
-            "state": JobState.QUEUED.value, "submitted_at": now, "queued_since": now,
-            "dispatch_count": 0, "attempts_used": 0, "lease_token": 0, "cancel_requested": False,
-            "gpu_seconds": 0.0, "run_seconds": 0.0, "queued_seconds": 0.0}
-
-
 def _clean(text: str | None) -> str | None:
     """Error text as every backend stores it: no NUL (PostgreSQL refuses it), bounded."""
     if text is None:
         return None
     text = text.replace("\x00", "\\0")
     return text if len(text) <= ERROR_MAX_CHARS else text[:ERROR_MAX_CHARS] + " [cut]"
-
-
-def _seconds(start: datetime | None, end: datetime) -> float:
-    return max(0.0, (end - start).total_seconds()) if start else 0.0
 
 
 def _next_state(job: Job, outcome: Outcome, failures: int, lost: int) -> tuple[JobState, str | None]:

@@ -1,0 +1,143 @@
+"""Arrays: N jobs submitted as one (sweeps), their status, cancel and manifest.
+
+A mixin of `Repo` (which supplies `_session`), so there is one repository to pass around.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.orm import Session
+
+from e31.errors import NotFound
+from e31.sizeclasses import Route
+from e31.spec import JobSpec
+from e31.states import AttemptReason, JobState
+from e31.store import deps
+from e31.store.models import Array, Job, JobDep, Tenant
+from e31.store.records import ArrayItem, ArrayManifest, ArrayRecord, ManifestItem
+from e31.store.rows import new_array_id, queued_job, seconds
+
+ARRAY_ID = re.compile(r"^a-[0-9a-f]{20}$")
+CANCEL_CHUNK = 500         # ids per `IN (...)` when cancelling an array (well under any bind limit)
+
+
+class ArrayQueries:
+    """The arrays' part of `Repo`."""
+
+    def _session(self, *, write: bool = False) -> AbstractContextManager[Session]:
+        raise NotImplementedError
+
+    def insert_array(self, tenant_id: str, name: str, items: Sequence[tuple[JobSpec, Route]], *,
+                     now: datetime) -> ArrayRecord:
+        """Store an array and every item as a queued job: one transaction, bulk inserts."""
+        array_id = new_array_id()
+        rows = [{**queued_job(tenant_id, spec, where, now), "array_id": array_id, "array_index": i}
+                for i, (spec, where) in enumerate(items)]
+        with self._session(write=True) as s:
+            waits = deps.check_after(s, tenant_id, [spec.after for spec, _ in items],
+                                     [f"items[{i}]." for i in range(len(items))])
+            for row, wait in zip(rows, waits, strict=True):
+                row["deps_pending"] = len(wait)
+            s.execute(insert(Array).values(id=array_id, tenant_id=tenant_id, name=name,
+                                           size=len(rows), submitted_at=now))
+            if rows:
+                s.execute(insert(Job), rows)
+            deps.link(s, [(row["id"], wait) for row, wait in zip(rows, waits, strict=True)])
+            tenant = s.scalar(select(Tenant.name).where(Tenant.id == tenant_id)) or ""
+        queued = JobState.QUEUED.value
+        return ArrayRecord(id=array_id, tenant=tenant, name=name, size=len(rows), submitted_at=now,
+                           counts={queued: len(rows)} if rows else {},
+                           items=[ArrayItem(r["array_index"], r["id"], queued, None) for r in rows])
+
+    def get_array(self, tenant_id: str, array_id: str, *, items: bool = True) -> ArrayRecord:
+        """An array of the tenant: item counts by state, and each item's state when `items`."""
+        with self._session() as s:
+            return self._array_record(s, self._array(s, tenant_id, array_id), items=items)
+
+    def cancel_array(self, tenant_id: str, array_id: str, *, now: datetime) -> ArrayRecord:
+        """Cancel every queued item at once and ask the workers of running ones to stop them;
+        final items stay. One transaction; the live rows are locked first, as `request_cancel`
+        locks its one row, so no claim or outcome write acts on a stale state."""
+        queued, running = JobState.QUEUED.value, JobState.RUNNING.value
+        with self._session(write=True) as s:
+            array = self._array(s, tenant_id, array_id)
+            mine = (Job.array_id == array.id, Job.tenant_id == tenant_id)
+            live = s.execute(select(Job.id, Job.state, Job.queued_since)
+                             .where(*mine, Job.state.in_([queued, running]))
+                             .order_by(Job.id).with_for_update()).all()
+            waiting: dict[datetime | None, list[str]] = defaultdict(list)
+            for job_id, state, since in live:
+                if state == queued:
+                    waiting[since].append(job_id)
+            for since, ids in waiting.items():   # items queued together share their `since`
+                for start in range(0, len(ids), CANCEL_CHUNK):
+                    s.execute(update(Job).where(Job.id.in_(ids[start:start + CANCEL_CHUNK]),
+                                                Job.state == queued).values(
+                        state=JobState.CANCELLED.value, reason=AttemptReason.CANCELLED.value,
+                        ended_at=now, queued_since=None, pending_reason=None, pending_detail=None,
+                        queued_seconds=Job.queued_seconds + seconds(since, now)),
+                        execution_options={"synchronize_session": False})
+                    s.execute(delete(JobDep).where(JobDep.job_id.in_(ids[start:start + CANCEL_CHUNK])),
+                              execution_options={"synchronize_session": False})
+            cancelled = [(job_id, array.id, JobState.CANCELLED.value)
+                         for ids in waiting.values() for job_id in ids]
+            deps.on_final(s, cancelled, now=now)
+            if any(state == running for _, state, _ in live):
+                s.execute(update(Job).where(*mine, Job.state == running)
+                          .values(cancel_requested=True),
+                          execution_options={"synchronize_session": False})
+            return self._array_record(s, array, items=True)
+
+    def array_manifest(self, tenant_id: str, array_id: str) -> ArrayManifest:
+        """Every item's params, state, result, outputs and error, in index order."""
+        with self._session() as s:
+            array = self._array(s, tenant_id, array_id)
+            rows = s.execute(select(Job.array_index, Job.id, Job.state, Job.spec, Job.result,
+                                    Job.outputs, Job.reason, Job.error)
+                             .where(Job.array_id == array.id, Job.tenant_id == tenant_id)
+                             .order_by(Job.array_index)).all()
+            items = [ManifestItem(index=i or 0, id=jid, state=state, params=(spec or {}).get("params", {}),
+                                  result=result, outputs=outputs or [], reason=reason, error=error)
+                     for i, jid, state, spec, result, outputs, reason, error in rows]
+            counts: dict[str, int] = defaultdict(int)
+            for item in items:
+                counts[item.state] += 1
+            return ArrayManifest(array=self._array_record(s, array, counts=dict(counts)),
+                                 items=items)
+
+    @staticmethod
+    def _array(s: Session, tenant_id: str, array_id: str) -> Array:
+        if not ARRAY_ID.fullmatch(array_id):
+            raise NotFound(f"no array {array_id[:64]!r}")
+        array = s.scalar(select(Array).where(Array.id == array_id, Array.tenant_id == tenant_id))
+        if array is None:
+            raise NotFound(f"no array {array_id}")
+        return array
+
+    @staticmethod
+    def _array_record(s: Session, array: Array, *, items: bool = False,
+                      counts: dict[str, int] | None = None) -> ArrayRecord:
+        """The record of `array`; its counts come from one grouped query unless given."""
+        mine = (Job.array_id == array.id, Job.tenant_id == array.tenant_id)
+        listed: list[ArrayItem] | None = None
+        if items:
+            listed = [ArrayItem(index or 0, job_id, state, reason)
+                      for index, job_id, state, reason in s.execute(
+                          select(Job.array_index, Job.id, Job.state, Job.reason).where(*mine)
+                          .order_by(Job.array_index)).tuples()]
+            tally: dict[str, int] = defaultdict(int)
+            for item in listed:
+                tally[item.state] += 1
+            counts = dict(tally)
+        elif counts is None:
+            counts = {state: int(n) for state, n in s.execute(
+                select(Job.state, func.count()).where(*mine).group_by(Job.state)).tuples()}
+        tenant = s.scalar(select(Tenant.name).where(Tenant.id == array.tenant_id)) or ""
+        return ArrayRecord(id=array.id, tenant=tenant, name=array.name, size=array.size,
+                           submitted_at=array.submitted_at, counts=counts, items=listed)
