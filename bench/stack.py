@@ -22,10 +22,14 @@ FINAL = ("succeeded", "failed", "cancelled")
 
 
 @contextmanager
-def private_stack(home: Path, up_args: Sequence[str]) -> Iterator[Client]:
-    """`e31 up --no-flower UP_ARGS` under `home`; yields a client of its default tenant."""
+def private_stack(home: Path, up_args: Sequence[str], *,
+                  redis_url: str | None = None) -> Iterator[Client]:
+    """`e31 up --no-flower UP_ARGS` under `home` (on `redis_url`, else its own Redis);
+    yields a client of its default tenant."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}
     env.update(E31_HOME=str(home), E31_API_PORT=str(free_port()))
+    if redis_url:
+        env["E31_REDIS_URL"] = redis_url
     up = subprocess.Popen([sys.executable, "-m", "e31.cli", "up", "--no-flower", *up_args], env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

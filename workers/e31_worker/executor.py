@@ -5,6 +5,7 @@ timeout and cancel through SIGTERM → grace → SIGKILL of the whole group.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import json
 import logging
@@ -216,14 +217,9 @@ class Executor:
         return Outcome(AttemptReason.ERROR, exit_code=code, error=_exit_text(code))
 
     def _entrypoint_result(self, code: int) -> Outcome:
-        result_file, error_file = self._plan.root / "result.json", self._plan.root / "error.json"
-        if code == 0 and result_file.is_file():
-            return Outcome(AttemptReason.SUCCEEDED, exit_code=0,
-                                 result=json.loads(result_file.read_text())["result"])
-        if error_file.is_file():
-            failure = json.loads(error_file.read_text())
-            reason = AttemptReason.OOM if failure.get("reason") == "oom" else AttemptReason.ERROR
-            return Outcome(reason, exit_code=code, error=failure["error"])
+        left = finished_outcome(self._plan.root)
+        if left is not None and (code == 0 or left.reason is not AttemptReason.SUCCEEDED):
+            return dataclasses.replace(left, exit_code=code)
         if code == 0:
             return Outcome(AttemptReason.ERROR, exit_code=0,
                                  error="the job exited before returning a result")
@@ -249,6 +245,21 @@ class Executor:
             "E31_PROGRESS_PATH": str(plan.progress_path), "PYTHONUNBUFFERED": "1",
         })
         return env
+
+
+def finished_outcome(root: Path) -> Outcome | None:
+    """The outcome an entrypoint job wrote into its attempt directory (`root`) as it ended,
+    or None if it did not finish. The runner writes it atomically before the child exits,
+    so a worker restarted after its predecessor died can still record it."""
+    result_file, error_file = root / "result.json", root / "error.json"
+    if result_file.is_file():
+        return Outcome(AttemptReason.SUCCEEDED, exit_code=0,
+                       result=json.loads(result_file.read_text())["result"])
+    if error_file.is_file():
+        failure = json.loads(error_file.read_text())
+        reason = AttemptReason.OOM if failure.get("reason") == "oom" else AttemptReason.ERROR
+        return Outcome(reason, error=failure["error"])
+    return None
 
 
 def _child_setup(cgroup: JobCgroup | None) -> Callable[[], None]:

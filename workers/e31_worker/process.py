@@ -19,6 +19,7 @@ from e31.celeryapp import make_celery
 from e31.settings import Settings
 from e31.store import Repo, make_engine
 
+from e31_worker.recovery import settle_left_attempts
 from e31_worker.runtime import WorkerIdentity, WorkerRuntime
 from e31_worker.task import register
 
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
             "node_taken node=%s pid=%d: another worker process serves this node name; give each "
             "`e31 worker` on a host its own --gpus or --hostname", args.node, taken_by)
         sys.exit(EXIT_NODE_TAKEN)
+    runtime.groups.reap()              # what a dead predecessor's jobs left running
+    settle_left_attempts(runtime)      # what it finished but could not record
     app = make_celery(settings, queues=list(queues))
     register(app, runtime)
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 import shutil
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from celery import Celery
@@ -71,17 +74,22 @@ def run_job(rt: WorkerRuntime, job_id: Any) -> None:
             pass
 
 
-def _attempt(rt: WorkerRuntime, claim: Claim) -> None:
+def attempt_plan(rt: WorkerRuntime, claim: Claim) -> AttemptPlan:
     root = rt.settings.resolved_work_dir / claim.job_id / f"attempt-{claim.attempt}"
-    plan = AttemptPlan(job_id=claim.job_id, attempt=claim.attempt, spec=claim.spec,
+    return AttemptPlan(job_id=claim.job_id, attempt=claim.attempt, spec=claim.spec,
                        gpus=rt.identity.gpus, root=root, kill_grace_s=rt.settings.kill_grace_s,
                        log_max_bytes=rt.settings.log_max_bytes,
                        tick_interval_s=rt.settings.heartbeat_interval_s)
+
+
+def _attempt(rt: WorkerRuntime, claim: Claim) -> None:
+    plan = attempt_plan(rt, claim)
     shipper = Shipper(rt, claim, plan)
     executor = Executor(plan, tick=LeaseKeeper(rt, claim, shipper), groups=rt.groups,
                         cgroups=rt.cgroups)
     try:
         executor.prepare()
+        write_claim(plan.root, rt.identity.node, claim)
         restored = rt.artifacts.get_tree(claim.tenant_id, claim.job_id, "checkpoints",
                                          plan.checkpoint_dir)
         if restored:
@@ -93,33 +101,53 @@ def _attempt(rt: WorkerRuntime, claim: Claim) -> None:
         log.exception("attempt_crashed job=%s attempt=%d", claim.job_id, claim.attempt)
         result = Outcome(AttemptReason.ERROR, error=f"worker error: {type(exc).__name__}: {exc}")
     try:
-        shipper.finish()
-        if result.reason is not AttemptReason.LOST and not _still_ours(rt, claim):
-            # It ended on its own, but the job was recovered elsewhere meanwhile: its files
-            # are not stored, and its outcome is offered to the fence, which refuses it.
-            shipper.ship_log()
-            state = _record(rt, claim, result)
-            log.warning("lease_lost_at_end job=%s attempt=%d node=%s recorded=%s", claim.job_id,
-                        claim.attempt, rt.identity.node, state)
-            return
-        if result.reason is AttemptReason.LOST:  # fenced off: its files must not overwrite
-            shipper.ship_log()                    # those of the attempt that replaced it
-            log.warning("lease_lost job=%s attempt=%d node=%s", claim.job_id, claim.attempt,
-                        rt.identity.node)
-            return
-        outputs, upload_error = _store_files(rt, claim, plan, shipper)
-        shipper.ship_log()
-        if upload_error and result.reason is AttemptReason.SUCCEEDED:
-            result = Outcome(AttemptReason.ERROR, exit_code=result.exit_code,
-                             error=f"the job succeeded but {upload_error}")
-        state = _record(rt, claim, dataclasses.replace(result, outputs=outputs))
-        log.info("job_%s job=%s attempt=%d node=%s reason=%s", state or "fenced", claim.job_id,
-                 claim.attempt, rt.identity.node, result.reason.value)
+        finish_attempt(rt, claim, plan, shipper, result)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(plan.root, ignore_errors=True)
 
 
-def _still_ours(rt: WorkerRuntime, claim: Claim) -> bool:
+def finish_attempt(rt: WorkerRuntime, claim: Claim, plan: AttemptPlan, shipper: Shipper,
+                   result: Outcome) -> str | None:
+    """Store an ended attempt's files and record its outcome, if it still holds the lease;
+    returns the job's new state, or None when fenced off. Also used by a restarted worker
+    for the attempt its predecessor could not finish recording (e31_worker.recovery)."""
+    shipper.finish()
+    if result.reason is not AttemptReason.LOST and not still_ours(rt, claim):
+        # It ended on its own, but the job was recovered elsewhere meanwhile: its files
+        # are not stored, and its outcome is offered to the fence, which refuses it.
+        shipper.ship_log()
+        state = record_outcome(rt, claim, result)
+        log.warning("lease_lost_at_end job=%s attempt=%d node=%s recorded=%s", claim.job_id,
+                    claim.attempt, rt.identity.node, state)
+        return state
+    if result.reason is AttemptReason.LOST:  # fenced off: its files must not overwrite
+        shipper.ship_log()                    # those of the attempt that replaced it
+        log.warning("lease_lost job=%s attempt=%d node=%s", claim.job_id, claim.attempt,
+                    rt.identity.node)
+        return None
+    outputs, upload_error = store_files(rt, claim, plan, shipper)
+    shipper.ship_log()
+    if upload_error and result.reason is AttemptReason.SUCCEEDED:
+        result = Outcome(AttemptReason.ERROR, exit_code=result.exit_code,
+                         error=f"the job succeeded but {upload_error}")
+    state = record_outcome(rt, claim, dataclasses.replace(result, outputs=outputs))
+    log.info("job_%s job=%s attempt=%d node=%s reason=%s", state or "fenced", claim.job_id,
+             claim.attempt, rt.identity.node, result.reason.value)
+    return state
+
+
+CLAIM_FILE = "claim.json"    # in the attempt's directory: what a restarted worker needs
+
+
+def write_claim(root: Path, node: str, claim: Claim) -> None:
+    """Keep the claim beside the attempt, so that if this worker process dies after the job
+    ended, its successor on the node can record the outcome (e31_worker.recovery)."""
+    tmp = root / f".{CLAIM_FILE}.tmp"
+    tmp.write_text(json.dumps({"node": node, **dataclasses.asdict(claim)}))
+    os.replace(tmp, root / CLAIM_FILE)
+
+
+def still_ours(rt: WorkerRuntime, claim: Claim) -> bool:
     """Whether this attempt still holds its lease, asked before its files are stored: the
     outputs and checkpoints of an attempt that was recovered elsewhere (its worker was cut
     off) must not overwrite those of the attempt that replaced it. Waits through a store
@@ -132,7 +160,7 @@ def _still_ours(rt: WorkerRuntime, claim: Claim) -> bool:
     return ours
 
 
-def _store_files(rt: WorkerRuntime, claim: Claim, plan: AttemptPlan,
+def store_files(rt: WorkerRuntime, claim: Claim, plan: AttemptPlan,
                  shipper: Shipper) -> tuple[list[dict[str, Any]], str | None]:
     """Upload checkpoints (what changed) and outputs, each retried; returns (outputs, what
     failed or None)."""
@@ -284,7 +312,7 @@ class LeaseKeeper:
         return Directive.CONTINUE
 
 
-def _record(rt: WorkerRuntime, claim: Claim, outcome: Outcome) -> str | None:
+def record_outcome(rt: WorkerRuntime, claim: Claim, outcome: Outcome) -> str | None:
     """Write the outcome, retrying through a store outage; None when fenced off or lost."""
     try:
         state = _with_store_retries(rt, "outcome_write", claim.job_id, lambda: rt.repo.record_outcome(

@@ -89,3 +89,27 @@ def test_a_job_that_kills_every_worker_it_lands_on_fails_as_a_poison_job(cluster
     status = failed.value.status
     assert [a["reason"] for a in status["attempts"]] == ["lost", "lost"]
     assert status["reason"] == "lost" and "poison job" in status["error"]
+
+
+def test_a_worker_killed_after_its_job_returned_is_settled_by_its_successor_without_a_rerun(
+        cluster: Cluster) -> None:
+    # Given a job whose code has returned (its result is written) while its worker is still
+    # storing its large output
+    job = cluster.client().submit(entrypoint="chaosjobs:big_output", resources={"gpus": 1},
+                                  params={"trail": str(cluster.trail_dir), "megabytes": 400})
+    host = cluster.running_on(job.id)
+    result_file = cluster.home / "work" / job.id / "attempt-1" / "result.json"
+    wait_for(result_file.exists, timeout_s=60, poll_s=0.01, what="the job's result file")
+    beat = cluster.heartbeat(host)
+    assert beat is not None
+
+    # When its worker process is SIGKILLed before it recorded the outcome
+    os.kill(beat["pid"], signal.SIGKILL)
+
+    # Then the worker process its launcher starts records it: one attempt, one run
+    status = job.wait(timeout=WAIT_S)
+    assert [a["reason"] for a in status["attempts"]] == ["succeeded"], status["attempts"]
+    events = trail(cluster.trail_dir, job.id)
+    assert [e.split()[0] for e in events] == ["start", "done"], events
+    assert f"attempt_settled job={job.id}" in cluster.log(f"worker-{host}")
+    assert [o["path"] for o in status["outputs"]] == ["big.bin"]

@@ -48,3 +48,14 @@ def kill_worker(ctx: Any) -> None:
 def not_json(ctx: Any) -> object:
     """Returns something JSON cannot carry."""
     return {1, 2, 3}
+
+
+def big_output(ctx: Any, trail: str, megabytes: int) -> dict[str, Any]:
+    """Writes a large output file (slow to store), then says it is done and returns."""
+    _mark(trail, "start", ctx)
+    block = b"x" * (1 << 20)
+    with open(ctx.output_dir / "big.bin", "wb") as f:
+        for _ in range(megabytes):
+            f.write(block)
+    _mark(trail, "done", ctx)
+    return {"attempt": ctx.attempt}

@@ -1,0 +1,300 @@
+"""Soak: short jobs while a random worker is SIGKILLed every few seconds; on demand.
+
+    python bench/soak.py --jobs 1000 --workers 4 --kill-every 3
+
+The same run twice, on one private redis-server:
+
+* E31 Batch: `e31 up --cpu-slots W` (its launcher restarts a killed worker, as a node's
+  would), N entrypoint jobs through the API; a kill loop SIGKILLs the worker process of a
+  random live heartbeat every `--kill-every` seconds until every job has ended.
+* Bare Celery with `acks_late=True`, prefetch 1 (the careful configuration), the same task
+  body on W `-P threads -c 1` workers that this script restarts when killed, the same kill
+  loop. `--celery-visibility-s` sets Redis's visibility timeout (Celery's default is 3600 s;
+  a killed worker's message is invisible that long).
+
+Each job and task appends `start`/`done` lines to a trail file, so the script can count:
+lost (never completed), completed more than once, and the recovery time of every job
+whose worker was killed under it (the kill, to the next start of that job).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+from e31 import keys
+from e31.redisserver import start_redis
+from stack import FINAL, private_stack, submit_all
+
+BENCH_DIR = Path(__file__).resolve().parent
+TASK_BODY = '''
+import os, time
+def work(trail, job_id, seconds, attempt):
+    with open(os.path.join(trail, job_id), "a") as f:
+        f.write(f"start {time.time():.3f} {attempt} {os.getpid()}\\n")
+    time.sleep(seconds)
+    with open(os.path.join(trail, job_id), "a") as f:
+        f.write(f"done {time.time():.3f} {attempt} {os.getpid()}\\n")
+'''
+
+SOAK_JOB = TASK_BODY + '''
+
+def run(ctx, trail, seconds):
+    work(trail, ctx.job_id, seconds, ctx.attempt)
+    return {"attempt": ctx.attempt}
+'''
+
+CELERY_APP = TASK_BODY + '''
+import sys
+from celery import Celery
+app = Celery("soak", broker=sys.argv[1])
+app.conf.update(task_acks_late=True, worker_prefetch_multiplier=1, accept_content=["json"],
+                task_serializer="json", task_ignore_result=True,
+                broker_transport_options={"visibility_timeout": int(sys.argv[3])})
+
+@app.task(name="soak.run", bind=True)
+def run(self, trail, job_id, seconds):
+    work(trail, job_id, seconds, self.request.retries + 1)
+
+if __name__ == "__main__":
+    app.worker_main(["worker", "-P", "threads", "-c", "1", "-n", sys.argv[2], "-Q", "soak",
+                     "--without-gossip", "--without-mingle", "-l", "WARNING"])
+'''
+
+
+@dataclass(frozen=True)
+class Kill:
+    at: float            # time.time() of the SIGKILL
+    pid: int             # the worker process killed
+    job: str | None      # the job it was running, when its heartbeat said (E31)
+
+
+class Killer(threading.Thread):
+    """SIGKILLs `pick()`'s (pid, job) every `every_s` seconds until stopped; keeps the kills."""
+
+    def __init__(self, pick: Callable[[], tuple[int, str | None] | None], every_s: float,
+                 seed: int) -> None:
+        super().__init__(daemon=True)
+        self._pick, self._every_s = pick, every_s
+        self._halt = threading.Event()
+        self.kills: list[Kill] = []
+        random.seed(seed)
+
+    def run(self) -> None:
+        while not self._halt.wait(self._every_s):
+            target = self._pick()
+            if target is None:
+                continue
+            try:
+                os.kill(target[0], signal.SIGKILL)
+                self.kills.append(Kill(time.time(), *target))
+            except ProcessLookupError:
+                pass
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        return b"e31_worker.process" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def read_trail(trail: Path) -> dict[str, list[tuple[str, float, int]]]:
+    """Per job: (event, time, pid of the process that ran it) in file order."""
+    events: dict[str, list[tuple[str, float, int]]] = defaultdict(list)
+    for path in trail.iterdir():
+        for line in path.read_text().splitlines():
+            kind, ts, _attempt, pid = line.split()
+            events[path.name].append((kind, float(ts), int(pid)))
+    return events
+
+
+def tally(ids: list[str], trail: Path, kills: list[Kill]) -> dict[str, Any]:
+    """Lost, completed more than once, and recovery times (the kill of the worker running
+    a job, to that job's next start) from the trail files and the kills."""
+    events = read_trail(trail)
+    lost = [i for i in ids if not any(k == "done" for k, _, _ in events.get(i, []))]
+    twice = [i for i in ids if sum(k == "done" for k, _, _ in events.get(i, [])) > 1]
+    recoveries = []
+    for i in ids:
+        starts = sorted((t, pid) for k, t, pid in events.get(i, []) if k == "start")
+        for (before, pid), (after, _) in zip(starts, starts[1:], strict=False):
+            # E31: the heartbeat named the job; bare Celery: the task ran in the worker's pid
+            hit = [k for k in kills if before <= k.at <= after and (k.job == i or k.pid == pid)]
+            if hit:
+                recoveries.append(after - hit[0].at)
+    recoveries.sort()
+
+    def pct(p: float) -> float | None:
+        return round(recoveries[min(len(recoveries) - 1, int(p * len(recoveries)))], 2) \
+            if recoveries else None
+
+    return {"jobs": len(ids), "kills": len(kills),
+            "kills_of_busy_workers": sum(k.job is not None for k in kills),
+            "lost": len(lost), "completed_more_than_once": len(twice),
+            "interrupted_and_rerun": len(recoveries),
+            "recovery_s_p50": pct(0.5), "recovery_s_p99": pct(0.99),
+            "recovery_s_max": round(recoveries[-1], 2) if recoveries else None}
+
+
+def soak_e31(args: argparse.Namespace, url: str, tmp: Path) -> dict[str, Any]:
+    trail = tmp / "e31-trail"
+    trail.mkdir()
+    (tmp / "soakjob.py").write_text(SOAK_JOB)
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(tmp), os.environ.get("PYTHONPATH", "")])
+    r = redis.Redis.from_url(url)
+
+    def pick() -> int | None:
+        beats = [json.loads(v) for k in r.scan_iter(match=keys.worker_pattern())
+                 if (v := r.get(k))]
+        # A heartbeat can outlive its process by a few seconds, and its pid may already be
+        # a job's: kill only a live worker process.
+        beats = [b for b in beats if _is_worker(b["pid"])]
+        busy = [b for b in beats if b.get("busy_job")]
+        if not beats:
+            return None
+        chosen = random.choice(busy or beats)
+        return chosen["pid"], chosen.get("busy_job")
+
+    with private_stack(tmp / "e31home", ["--cpu-slots", str(args.workers)],
+                       redis_url=url) as client:
+        specs = [{"entrypoint": "soakjob:run", "resources": {"gpus": 0}, "retries": {"max": 0, "max_lost": 10},
+                  "params": {"trail": str(trail), "seconds": args.job_s}}] * args.jobs
+        start = time.monotonic()
+        handles = submit_all(client, specs)
+        killer = Killer(pick, args.kill_every, args.seed)
+        killer.start()
+        final: dict[str, dict[str, Any]] = {}
+        deadline = time.monotonic() + args.max_wait_s
+        while len(final) < len(handles) and time.monotonic() < deadline:
+            for h in handles:
+                if h.id not in final and (st := h.status())["state"] in FINAL:
+                    final[h.id] = st
+            time.sleep(1)
+        killer.stop()
+        elapsed = time.monotonic() - start
+    result = tally([h.id for h in handles], trail, killer.kills)
+    states = defaultdict(int)
+    for st in final.values():
+        states[st["state"]] += 1
+    lost_attempts = sum(a["reason"] == "lost" for st in final.values() for a in st["attempts"])
+    result.update(elapsed_s=round(elapsed, 1), states=dict(states),
+                  not_final=len(handles) - len(final), lost_attempts_recorded=lost_attempts,
+                  succeeded_recorded_more_than_once=0)  # one row per job: at most one success
+    return result
+
+
+def soak_celery(args: argparse.Namespace, url: str, tmp: Path) -> dict[str, Any]:
+    trail = tmp / "celery-trail"
+    trail.mkdir()
+    script = tmp / "soak_celery.py"
+    script.write_text(CELERY_APP)
+    env = dict(os.environ, PYTHONPATH=str(tmp))
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    stop = threading.Event()
+
+    def spawn(name: str) -> None:
+        procs[name] = subprocess.Popen(
+            [sys.executable, str(script), url, name, str(args.celery_visibility_s)], env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def supervise() -> None:  # restart killed workers, as a launcher or systemd would
+        while not stop.wait(1.0):
+            for name, proc in list(procs.items()):
+                if proc.poll() is not None:
+                    spawn(name)
+
+    for i in range(args.workers):
+        spawn(f"soak{i}@bench")
+    threading.Thread(target=supervise, daemon=True).start()
+    time.sleep(5)  # let the workers connect
+    sys.path.insert(0, str(tmp))
+    from celery import Celery
+    app = Celery("soak", broker=url)
+    app.conf.update(accept_content=["json"], task_serializer="json",
+                    broker_transport_options={"visibility_timeout": args.celery_visibility_s})
+    ids = [f"t{i:05d}" for i in range(args.jobs)]
+    start = time.monotonic()
+    for job_id in ids:
+        app.send_task("soak.run", args=[str(trail), job_id, args.job_s], queue="soak")
+    killer = Killer(lambda: (random.choice(list(procs.values())).pid, None), args.kill_every,
+                    args.seed)
+    killer.start()
+
+    def done() -> int:
+        events = read_trail(trail)
+        return sum(any(k == "done" for k, _, _ in events.get(i, [])) for i in ids)
+
+    deadline = time.monotonic() + args.max_wait_s
+    while done() < len(ids) and time.monotonic() < deadline:
+        time.sleep(1)
+    killer.stop()
+    elapsed = time.monotonic() - start
+    stop.set()
+    for proc in procs.values():
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    result = tally(ids, trail, killer.kills)
+    result.update(elapsed_s=round(elapsed, 1), visibility_timeout_s=args.celery_visibility_s)
+    return result
+
+
+def _save(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=2, default=str))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--job-s", type=float, default=0.5, help="each job's work, seconds")
+    ap.add_argument("--kill-every", type=float, default=3.0, help="seconds between SIGKILLs")
+    ap.add_argument("--celery-visibility-s", type=int, default=60)
+    ap.add_argument("--max-wait-s", type=float, default=900,
+                    help="per run: stop waiting for the last jobs after this long")
+    ap.add_argument("--out", type=Path, default=None, help="also write the report here (JSON)")
+    ap.add_argument("--seed", type=int, default=31)
+    ap.add_argument("--only", choices=["e31", "celery"], default=None)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="e31-soak-"))
+    redis_proc, url = start_redis(tmp / "redis")
+    report: dict[str, Any] = {"args": vars(args)}
+    try:
+        if args.only in (None, "e31"):
+            report["e31"] = soak_e31(args, url, tmp)
+            _save(args, report)
+        if args.only in (None, "celery"):
+            redis.Redis.from_url(url).flushall()
+            report["bare_celery_acks_late"] = soak_celery(args, url, tmp)
+            _save(args, report)
+    finally:
+        redis_proc.terminate()
+        redis_proc.wait()
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Attempts a dead worker process left behind on its node, settled by its successor.
+
+A worker process SIGKILLed (or OOM-killed) after its job's code returned but before the
+outcome was stored would otherwise have the job run again: its lease expires and the
+scheduler requeues it. The job's child writes its result atomically before it exits, and
+the worker keeps its claim beside the attempt (`claim.json`), so the process that the
+launcher starts in its place, under the same node name, stores the files and records the
+outcome with the old fencing token before it takes new work. If the lease expired first
+and the job was recovered elsewhere, the fence refuses that write and nothing is stored.
+
+An attempt that had not finished (no result in its directory) is only cleaned up: the
+scheduler recovers its job as `lost`. A command job leaves no result file, so only
+entrypoint jobs are settled this way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from e31.store.records import Claim
+
+from e31_worker.executor import finished_outcome
+from e31_worker.runtime import WorkerRuntime
+from e31_worker.task import CLAIM_FILE, Shipper, attempt_plan, finish_attempt
+
+log = logging.getLogger(__name__)
+
+
+def settle_left_attempts(rt: WorkerRuntime) -> int:
+    """Record the finished attempts of this node's dead predecessor, clean up the rest;
+    returns how many outcomes were offered to the store. Run before taking work."""
+    settled = 0
+    for claim_file in sorted(rt.settings.resolved_work_dir.glob(f"*/attempt-*/{CLAIM_FILE}")):
+        try:
+            data = json.loads(claim_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.pop("node", None) != rt.identity.node:
+            continue  # another worker's, alive or not: its own successor settles it
+        root = claim_file.parent
+        try:
+            settled += _settle(rt, Claim(**data), root)
+        except Exception:  # noqa: BLE001 - never keep a worker from starting
+            log.exception("attempt_settle_failed dir=%s", root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+            _remove_if_empty(root.parent)
+    return settled
+
+
+def _settle(rt: WorkerRuntime, claim: Claim, root: Path) -> int:
+    outcome = finished_outcome(root)
+    if outcome is None:
+        log.warning("attempt_abandoned job=%s attempt=%d node=%s: its worker died before it "
+                    "finished; the scheduler recovers it", claim.job_id, claim.attempt,
+                    rt.identity.node)
+        return 0
+    plan = attempt_plan(rt, claim)
+    state = finish_attempt(rt, claim, plan, Shipper(rt, claim, plan), outcome)
+    log.warning("attempt_settled job=%s attempt=%d node=%s reason=%s state=%s: its worker died "
+                "after the job ended", claim.job_id, claim.attempt, rt.identity.node,
+                outcome.reason.value, state or "fenced")
+    return 1
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
