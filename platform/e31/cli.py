@@ -20,6 +20,7 @@ from rich.table import Table
 from e31.errors import ClientError, ConfigError, E31Error, JobFailed, SpecError
 
 EXIT_FAILED, EXIT_INPUT, EXIT_UNAVAILABLE = 1, 2, 3
+EXIT_INTERRUPTED = 130      # 128 + SIGINT, as a shell reports Ctrl-C
 FOLLOW_POLL_S = 1.0
 ARRAY_PREFIX = "a-"        # array ids; job ids start with "j-"
 ITEMS_SHOWN = 50           # items `e31 status a-…` lists in a table (--json lists all)
@@ -437,6 +438,31 @@ def queue(as_json: bool = JsonOpt) -> None:
             standing.add_row(t["tenant"], f"{t['weight']:g}", f"{t['usage_gpu_s']:.0f}",
                              f"{t['usage_share']:.0%}", f"{t['weight_share']:.0%}")
         out.print(standing)
+
+
+@app.command()
+def demo(home: Path | None = HomeOpt,
+         keep: bool = typer.Option(False, "--keep", help="leave a stack the demo started running"),
+         out_dir: Path | None = typer.Option(None, "--out", help="where the inputs and the "
+                                             "downloaded outputs go (default: $E31_HOME/demo/<time>)"),
+         as_json: bool = JsonOpt) -> None:
+    """The main job: train a digits classifier, score the held-out digits with its weights,
+    label a rendered clip frame by frame and sweep learning rates, on this machine's stack
+    (started, and stopped after, if none runs). Exit 1 unless every job succeeded."""
+    from rich.markup import escape
+
+    from e31.demo import DemoOptions, run
+    from e31.settings import Settings
+    options = DemoOptions(home=Settings.load({"home": home}).home, out=out_dir, keep=keep,
+                          as_json=as_json)
+    try:
+        code = run(options, out=out, err=err)
+    except KeyboardInterrupt:
+        err.print("e31 demo interrupted")
+        code = EXIT_INTERRUPTED
+    except E31Error as exc:     # escaped: "pip install -e '.[worker]'" is not markup
+        _fail(escape(exc.message), EXIT_INPUT if isinstance(exc, ConfigError) else EXIT_UNAVAILABLE)
+    raise typer.Exit(code)
 
 
 # -- operations -------------------------------------------------------------------------

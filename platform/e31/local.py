@@ -171,12 +171,13 @@ def _refuse_second_stack(state_path: Path) -> None:
         pid = int(json.loads(state_path.read_text())["pid"])
     except (OSError, ValueError, KeyError):
         return
-    if _alive(pid):
+    if pid_alive(pid):
         raise ConfigError(f"a stack is already running from this home (pid {pid}); "
                           f"`e31 down` stops it, or pass --home for another")
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (ours or not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -211,11 +212,11 @@ def stop_stack(home: Path, *, timeout_s: float = 120.0) -> bool:
         pid = int(json.loads(state_path.read_text())["pid"])
     except (OSError, ValueError, KeyError):
         return False
-    if not _alive(pid):
+    if not pid_alive(pid):
         state_path.unlink(missing_ok=True)
         return False
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    return not _alive(pid)
+    return not pid_alive(pid)
