@@ -112,3 +112,21 @@ def test_cpu_slots_without_a_cpu_class_are_a_config_error() -> None:
     # Then it is refused
     with pytest.raises(ConfigError, match="cpu"):
         plan_slots([], cpu_slots=1, spill=True, group=1, classes=gpu_only, host="h")
+
+
+def test_a_worker_killed_from_outside_comes_back_at_once_but_a_crash_loop_backs_off() -> None:
+    import signal
+
+    from e31_worker.launcher import RESTART_BACKOFF_S, Launcher
+    backoff = {"gpu0@h": RESTART_BACKOFF_S}
+
+    # A process that dies on its own right after starting, three times: 1, 2, 4 s
+    crashes = [Launcher._restart_delay(1, 0.5, backoff, "gpu0@h") for _ in range(3)]
+    # then one SIGKILLed (an operator, the OOM killer) soon after its start: back at once
+    killed = Launcher._restart_delay(-signal.SIGKILL, 0.5, backoff, "gpu0@h")
+    # and the next crash starts the back-off over
+    after = Launcher._restart_delay(1, 0.5, backoff, "gpu0@h")
+
+    assert crashes == [1.0, 2.0, 4.0]
+    assert killed == RESTART_BACKOFF_S
+    assert after == RESTART_BACKOFF_S

@@ -32,6 +32,7 @@ RESTART_BACKOFF_MAX_S = 30.0  # doubled per quick death, up to this
 # A death this soon after a start is a crash loop (bad config, a broken node), backed off;
 # a later one (killed after serving) is restarted after the first back-off again.
 QUICK_DEATH_S = 10.0
+SUPERVISE_POLL_S = 0.5        # how often the launcher looks at its worker processes
 STOP_EXTRA_S = 15.0           # beyond the kill grace, for Celery to ack and exit
 
 
@@ -109,34 +110,51 @@ class Launcher:
             signal.signal(sig, lambda *_: self._stop.set())
         self._clear_drain_requests()
         backoff = {s.node: RESTART_BACKOFF_S for s in self._slots}
-        started = {}
+        started: dict[str, float] = {}
+        restart_at: dict[str, float] = {}   # a dead slot's restart time: no slot waits for another
         drained: set[str] = set()
         for slot in self._slots:
             self._procs[slot.node] = self._spawn(slot)
             started[slot.node] = time.monotonic()
-        while not self._stop.wait(0.5):
+        while not self._stop.wait(SUPERVISE_POLL_S):
+            now = time.monotonic()
             for slot in self._slots:
-                proc = self._procs[slot.node]
-                if proc.poll() is None or slot.node in drained:
+                node = slot.node
+                if node in restart_at:
+                    if now >= restart_at[node]:
+                        del restart_at[node]
+                        self._procs[node] = self._spawn(slot)
+                        started[node] = now
+                    continue
+                proc = self._procs[node]
+                if proc.poll() is None or node in drained:
                     continue
                 if proc.returncode == EXIT_DRAINED:
-                    log.warning("worker_drained node=%s: not restarted", slot.node)
-                    drained.add(slot.node)
+                    log.warning("worker_drained node=%s: not restarted", node)
+                    drained.add(node)
                     continue
-                quick = time.monotonic() - started[slot.node] < QUICK_DEATH_S
-                delay = backoff[slot.node] if quick else RESTART_BACKOFF_S
-                log.warning("worker_died node=%s code=%s; restarting in %.0f s", slot.node,
+                delay = self._restart_delay(proc.returncode, now - started[node], backoff, node)
+                log.warning("worker_died node=%s code=%s; restarting in %.0f s", node,
                             proc.returncode, delay)
-                if self._stop.wait(delay):
-                    break
-                backoff[slot.node] = min(delay * 2, RESTART_BACKOFF_MAX_S)
-                self._procs[slot.node] = self._spawn(slot)
-                started[slot.node] = time.monotonic()
+                restart_at[node] = now + delay
             if len(drained) == len(self._slots):
                 log.warning("launcher_drained: every worker of this launcher was drained; exiting")
                 break
         self.stop()
         return 0
+
+    @staticmethod
+    def _restart_delay(code: int, lived_s: float, backoff: dict[str, float], node: str) -> float:
+        """A process that dies on its own soon after starting is in a crash loop: back off,
+        doubling. One killed from outside (SIGKILL: an operator, the OOM killer) comes back
+        at once, so that it settles the attempt it may have left (e31_worker.recovery)
+        within the job's lease."""
+        if code == -signal.SIGKILL or lived_s >= QUICK_DEATH_S:
+            backoff[node] = RESTART_BACKOFF_S
+            return RESTART_BACKOFF_S
+        delay = backoff[node]
+        backoff[node] = min(delay * 2, RESTART_BACKOFF_MAX_S)
+        return delay
 
     def _clear_drain_requests(self) -> None:
         """Starting again after a drain puts the nodes back in service."""
