@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from e31.errors import ClientError, ConfigError, E31Error, JobFailed, SpecError
@@ -25,10 +26,12 @@ FOLLOW_POLL_S = 1.0
 ARRAY_PREFIX = "a-"        # array ids; job ids start with "j-"
 ITEMS_SHOWN = 50           # items `e31 status a-…` lists in a table (--json lists all)
 
+# Help texts say "[env E31_…]": plain text, not Rich markup (which would swallow them).
 app = typer.Typer(help="E31 Batch: batch GPU jobs on a shared pool.", no_args_is_help=True,
-                  add_completion=False, pretty_exceptions_enable=False)
-db_app = typer.Typer(help="The results store.", no_args_is_help=True)
-tenant_app = typer.Typer(help="Tenants and their API tokens.", no_args_is_help=True)
+                  add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+db_app = typer.Typer(help="The results store.", no_args_is_help=True, rich_markup_mode=None)
+tenant_app = typer.Typer(help="Tenants and their API tokens.", no_args_is_help=True,
+                         rich_markup_mode=None)
 app.add_typer(db_app, name="db")
 app.add_typer(tenant_app, name="tenant")
 out = Console()
@@ -39,7 +42,7 @@ JsonOpt = typer.Option(False, "--json", help="print JSON")
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", highlight=False, markup=True, soft_wrap=True)
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -449,8 +452,6 @@ def demo(home: Path | None = HomeOpt,
     """The main job: train a digits classifier, score the held-out digits with its weights,
     label a rendered clip frame by frame and sweep learning rates, on this machine's stack
     (started, and stopped after, if none runs). Exit 1 unless every job succeeded."""
-    from rich.markup import escape
-
     from e31.demo import DemoOptions, run
     from e31.settings import Settings
     options = DemoOptions(home=Settings.load({"home": home}).home, out=out_dir, keep=keep,
@@ -460,8 +461,8 @@ def demo(home: Path | None = HomeOpt,
     except KeyboardInterrupt:
         err.print("e31 demo interrupted")
         code = EXIT_INTERRUPTED
-    except E31Error as exc:     # escaped: "pip install -e '.[worker]'" is not markup
-        _fail(escape(exc.message), EXIT_INPUT if isinstance(exc, ConfigError) else EXIT_UNAVAILABLE)
+    except E31Error as exc:
+        _fail(exc.message, EXIT_INPUT if isinstance(exc, ConfigError) else EXIT_UNAVAILABLE)
     raise typer.Exit(code)
 
 
