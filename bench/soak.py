@@ -279,6 +279,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=31)
     ap.add_argument("--only", choices=["e31", "celery"], default=None)
     args = ap.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so the private stack and workers it started are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="e31-soak-"))
     redis_proc, url = start_redis(tmp / "redis")
     report: dict[str, Any] = {"args": vars(args)}
