@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,34 +11,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
-from e31_worker.context import JobContext
+
 from e31_worker.workloads import batch_inference, training
 from e31_worker.workloads.data import write_digits_jsonl
 from e31_worker.workloads.models import digits_mlp
 
+from tests.unit.workload_context import make_ctx, one_torch_thread  # noqa: F401 (autouse)
+
 pytestmark = pytest.mark.torch
 MLP = "e31_worker.workloads.models:digits_mlp"
 _calls = {"n": 0, "stop_at": 0}
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread, and the test machine's cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def make_ctx(root: Path, attempt: int = 1, gpus: str = "") -> JobContext:
-    """A context like the worker's: a fresh output dir per attempt, the job's checkpoints."""
-    dirs = {name: root / name for name in (f"output-{attempt}", "checkpoints", f"work-{attempt}")}
-    for d in dirs.values():
-        d.mkdir(parents=True, exist_ok=True)
-    return JobContext(job_id="j-test", attempt=attempt, params={},
-                      output_dir=dirs[f"output-{attempt}"], checkpoint_dir=dirs["checkpoints"],
-                      work_dir=dirs[f"work-{attempt}"], progress_path=root / "progress.json",
-                      gpus=gpus)
 
 
 def rows(path: Path) -> list[dict[str, Any]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,18 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("av")
 
-from e31_worker.context import JobContext
 from e31_worker.workloads import footage
 
+from tests.unit.workload_context import make_ctx, one_torch_thread  # noqa: F401 (autouse)
+
 pytestmark = pytest.mark.torch
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +22,6 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """3 s at 10 fps: red in second 0, green in 1, blue in 2."""
     return footage.render_test_video(tmp_path_factory.mktemp("video") / "clip.mp4", seconds=3,
                                      fps=10)
-
-
-def make_ctx(root: Path) -> JobContext:
-    for name in ("output", "checkpoints", "work"):
-        (root / name).mkdir(parents=True, exist_ok=True)
-    return JobContext(job_id="j-test", attempt=1, params={}, output_dir=root / "output",
-                      checkpoint_dir=root / "checkpoints", work_dir=root / "work",
-                      progress_path=root / "progress.json", gpus="")
 
 
 def test_frames_sampled_at_2_fps_are_labelled_by_colour_with_a_summary(clip: Path,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,33 +12,16 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 pytest.importorskip("safetensors")
 
-from e31_worker.context import JobContext
+
 from e31_worker.workloads import training
 from e31_worker.workloads.models import digits_cnn, digits_mlp, load_state_dict
+
+from tests.unit.workload_context import make_ctx, one_torch_thread  # noqa: F401 (autouse)
 
 pytestmark = pytest.mark.torch
 MLP = "e31_worker.workloads.models:digits_mlp"
 DIGITS = "e31_worker.workloads.data:digits"
 _calls = {"n": 0}
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread, and the test machine's cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def make_ctx(root: Path, attempt: int = 1, gpus: str = "") -> JobContext:
-    dirs = {name: root / name for name in (f"output-{attempt}", "checkpoints", f"work-{attempt}")}
-    for d in dirs.values():
-        d.mkdir(parents=True, exist_ok=True)
-    return JobContext(job_id="j-test", attempt=attempt, params={},
-                      output_dir=dirs[f"output-{attempt}"], checkpoint_dir=dirs["checkpoints"],
-                      work_dir=dirs[f"work-{attempt}"], progress_path=root / "progress.json",
-                      gpus=gpus)
 
 
 def interrupted_mlp(stop_at_call: int) -> Any:
