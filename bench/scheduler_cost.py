@@ -37,10 +37,10 @@ from e31.sizeclasses import route
 from e31.spec import JobSpec
 from e31.states import AttemptReason
 from e31.store import Repo, make_engine
+from e31.store.db import scratch_database
 from e31.store.migrate import upgrade
 from e31.store.records import Outcome
-from sqlalchemy import create_engine, event, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import event, text
 
 SIZES = (1_000, 10_000, 100_000)
 TENANTS = (("a", 1.0, None), ("b", 1.0, None), ("c", 2.0, None), ("d", 4.0, {"gpu24": 8}))
@@ -55,16 +55,8 @@ def database(kind: str, workdir: Path, pg_url: str | None) -> Iterator[str]:
         return
     assert pg_url
     base = Settings(database_url=pg_url).resolved_database_url
-    name = f"e31_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_database(base, prefix="e31_bench") as url:
+        yield url
 
 
 def fill(repo: Repo, size: int) -> None:

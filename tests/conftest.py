@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,9 +18,8 @@ import redis
 from e31.redisserver import start_redis
 from e31.settings import Settings
 from e31.store import Repo, make_engine
+from e31.store.db import scratch_database
 from e31.store.migrate import upgrade
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 BACKENDS = ["sqlite", "postgres"]
 
@@ -84,16 +82,8 @@ def fresh_postgres_database() -> Iterator[str]:
     base = _postgres_url()
     if base is None:
         pytest.skip("E31_TEST_DATABASE_URL is not set")
-    name = f"e31_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_database(base, prefix="e31_test") as url:
+        yield url
 
 
 @pytest.fixture(params=BACKENDS)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
@@ -76,3 +79,19 @@ def _opaque(element: unindexed, compiler: Any, **kw: Any) -> str:
 @compiles(unindexed, "sqlite")
 def _sqlite_plus(element: unindexed, compiler: Any, **kw: Any) -> str:
     return "+" + str(compiler.process(element.clauses, **kw))
+
+
+@contextmanager
+def scratch_database(server_url: str, *, prefix: str) -> Iterator[str]:
+    """A new, empty PostgreSQL database on the server of `server_url` (a SQLAlchemy URL),
+    dropped afterwards: for the test suite and the benchmarks. Yields its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
