@@ -6,6 +6,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -34,12 +35,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_redis(data_dir: Path, *, port: int | None = None,
-                log_path: Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """Start redis-server on 127.0.0.1 (no persistence, `noeviction`); returns (process, url)."""
+def start_redis(data_dir: Path, *, port: int | None = None, log_path: Path | None = None,
+                also_bind: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str]:
+    """Start redis-server on 127.0.0.1 (and `also_bind` addresses), without persistence and
+    with `noeviction`; returns (process, url on 127.0.0.1)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
-    argv = [find_redis_server(), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+    argv = [find_redis_server(), "--bind", "127.0.0.1", *also_bind, "--port", str(port), "--save", "",
             "--appendonly", "no", "--dir", str(data_dir), "--maxmemory-policy", "noeviction",
             "--protected-mode", "yes", "--daemonize", "no"]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL

@@ -26,7 +26,7 @@ import pytest
 import redis
 from e31 import keys
 from e31.client import Client
-from e31.redisserver import find_redis_server, free_port
+from e31.redisserver import free_port, start_redis
 
 from tests.conftest import wait_for
 
@@ -67,26 +67,13 @@ class Redis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [find_redis_server(), "--bind", "127.0.0.1", *([self.extra_bind] if self.extra_bind else []),
-             "--port", str(self.port), "--save", "",
-             "--appendonly", "no", "--dir", str(self.data_dir), "--maxmemory-policy", "noeviction"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-        client = redis.Redis.from_url(self.url)
-        wait_for(lambda: _pings(client), timeout_s=15, what="redis-server to answer")
+        self.proc, _ = start_redis(self.data_dir, port=self.port,
+                                   also_bind=[self.extra_bind] if self.extra_bind else [])
 
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait()
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
 
 
 class Postgres:
