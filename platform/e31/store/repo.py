@@ -103,13 +103,6 @@ class Repo(ArrayQueries, SchedulerQueries):
         with self._session(write=True) as s:
             return tenants.update(s, name, weight=weight, quotas=quotas or {}, drop=drop_quotas)
 
-    def get_tenant(self, name: str) -> TenantRecord:
-        with self._session() as s:
-            row = s.scalar(select(Tenant).where(Tenant.name == name))
-            if row is None:
-                raise NotFound(f"no tenant named {name!r}")
-            return _tenant(row)
-
     def create_token(self, tenant_name: str, *, now: datetime) -> str:
         """A new token for an existing tenant."""
         with self._session(write=True) as s:
