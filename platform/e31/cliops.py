@@ -121,7 +121,7 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
         import redis
 
         from e31.celeryapp import make_celery
-        from e31.scheduler import Scheduler
+        from e31.scheduler import REDIS_SOCKET_TIMEOUT_S, Scheduler
         from e31.store import Repo, make_engine
         _logging("INFO")
         settings = _settings(home=home)
@@ -132,7 +132,8 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
             signal.signal(sig, lambda *_: stop.set())
         Scheduler(settings=settings, repo=Repo(make_engine(settings.resolved_database_url),
                                                 half_life_s=settings.fair_share_half_life_s),
-                  redis_client=redis.Redis.from_url(settings.redis_url),
+                  redis_client=redis.Redis.from_url(settings.redis_url,
+                                                    socket_timeout=REDIS_SOCKET_TIMEOUT_S),
                   celery=make_celery(settings)).run(stop)
 
     @app.command()

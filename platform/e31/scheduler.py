@@ -36,7 +36,11 @@ from e31.store.scheduling import running_gpus
 log = logging.getLogger(__name__)
 
 LEADER_TTL_TICKS = 3       # the lock outlives a few missed ticks, no more
-WAKE_POLL_MAX_S = 1.0      # one BLPOP wait; below redis-py's default 5 s socket timeout
+WAKE_POLL_MAX_S = 1.0      # one BLPOP wait; below the socket timeout that follows
+# The scheduler's Redis calls answer within a BLPOP wait; one that does not (seen once in
+# the chaos suite: a 5 s stall at redis-py's default) is an error, and the tick is retried
+# at once rather than holding up every lease expiry and publication behind it.
+REDIS_SOCKET_TIMEOUT_S = 2.0
 
 _RENEW = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
