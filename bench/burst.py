@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from e31_worker.gpus import parse_simulated
+from e31_worker.node.gpus import parse_simulated
 from stack import private_stack, submit_all, wait_all
 
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import redis
-from e31.redisserver import start_redis
+from e31.local.redisserver import start_redis
 from stack import private_stack, submit_all, wait_all
 
 CHILD = [sys.executable, "-c", "pass"]

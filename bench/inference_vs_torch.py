@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from e31_worker.context import JobContext
-from e31_worker.runner import load_entrypoint
+from e31_worker.child.context import JobContext
+from e31_worker.child.runner import load_entrypoint
 from e31_worker.workloads import batch_inference
 from e31_worker.workloads.data import digits_arrays
 

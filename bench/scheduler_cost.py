@@ -30,8 +30,8 @@ import redis
 from e31 import keys
 from e31.celeryapp import make_celery
 from e31.clock import utcnow
-from e31.redisserver import start_redis
-from e31.scheduler import Scheduler
+from e31.local.redisserver import start_redis
+from e31.scheduling.leader import Scheduler
 from e31.settings import Settings
 from e31.sizeclasses import route
 from e31.spec import JobSpec

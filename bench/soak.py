@@ -37,7 +37,7 @@ from typing import Any
 
 import redis
 from e31 import keys
-from e31.redisserver import start_redis
+from e31.local.redisserver import start_redis
 from stack import FINAL, private_stack, submit_all
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -112,7 +112,7 @@ class Killer(threading.Thread):
 
 def _is_worker(pid: int) -> bool:
     try:
-        return b"e31_worker.process" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"e31_worker.node.celery_process" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from e31.redisserver import start_redis
+from e31.local.redisserver import start_redis
 from e31.settings import Settings
 from e31.store import Repo, make_engine
 from e31.store.db import scratch_database

@@ -3,7 +3,7 @@
     pip install matplotlib   # for the plot; bench-only, not a dependency of e31
     python bench/fairness/sim.py
 
-Drives the real policy, `e31.admission.decide` with `e31.fairshare.DecayedUsage` (imported,
+Drives the real policy, `e31.scheduling.admission.decide` with `e31.scheduling.fairshare.DecayedUsage` (imported,
 not copied), and a FIFO baseline (below) over the same trace (`workload.py`): tenants a
 (weight 2, with an x4 job every 40 min), b and c (weight 1; c floods 10,000 jobs first) and
 d, light. Each policy runs on two pools of 16 gpu80 GPUs: `shared` (a node's one-GPU slots
@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from e31.admission import AdmissionConfig, Slot, decide
-from e31.fairshare import DecayedUsage, Job, Tenant
+from e31.scheduling.admission import AdmissionConfig, Slot, decide
+from e31.scheduling.fairshare import DecayedUsage, Job, Tenant
 from workload import BACKLOGGED, HORIZON_S, LIGHT, OTHERS_START_S, POOLS, WEIGHTS, SimJob, trace
 
 HEAD_K = 16              # candidates per queue, tenant and band the store hands over

@@ -10,7 +10,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from e31.admission import Slot
+from e31.scheduling.admission import Slot
 
 GPU80, GPU80X4 = "e31.gpu80", "e31.gpu80.x4"
 HORIZON_S = 12 * 3600.0

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 from e31.client import Client
-from e31.local import stack_ready
-from e31.redisserver import free_port
+from e31.local.stack import stack_ready
+from e31.local.redisserver import free_port
 
 from tests.conftest import wait_for
 

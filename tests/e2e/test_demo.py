@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e31.local import STATE_FILE, stack_ready
-from e31.redisserver import free_port
+from e31.local.stack import STATE_FILE, stack_ready
+from e31.local.redisserver import free_port
 
 from tests.conftest import process_alive, wait_for
 

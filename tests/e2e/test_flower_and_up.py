@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
-from e31.redisserver import free_port
+from e31.local.redisserver import free_port
 
 from tests.conftest import process_alive, wait_for
 

@@ -105,7 +105,7 @@ def test_a_second_worker_for_the_same_gpu_and_node_name_refuses_to_serve(
     _, r = gpu80_worker
     first = _heartbeat(r)["pid"]
     env = stack.env_with_redis()
-    second = subprocess.Popen([sys.executable, "-m", "e31_worker.process", "--node", "gpu0@extra",
+    second = subprocess.Popen([sys.executable, "-m", "e31_worker.node.celery_process", "--node", "gpu0@extra",
                                "--queues", "e31.gpu80", "--gpus", "0", "--gpu-count", "1",
                                "--size-class", "gpu80"], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)

@@ -9,7 +9,7 @@ import redis
 from e31.api import create_app
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
-from e31.service import Service
+from e31.api.service import Service
 from e31.settings import Settings
 from e31.store import Repo
 from fastapi.testclient import TestClient

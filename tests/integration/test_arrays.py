@@ -12,7 +12,7 @@ from e31.api import create_app
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
 from e31.errors import NotFound, SpecError
-from e31.service import Service
+from e31.api.service import Service
 from e31.settings import Settings
 from e31.sizeclasses import route
 from e31.spec import JobSpec

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from e31.spec import JobSpec
 from e31.states import AttemptReason
-from e31_worker.executor import AttemptPlan, Directive, Executor
+from e31_worker.attempt.supervisor import AttemptPlan, Directive, Executor
 
 from tests.conftest import process_alive, wait_for
 
@@ -135,7 +135,7 @@ def test_a_process_that_leaves_the_group_does_not_hold_the_attempt_open(tmp_path
 def test_reaping_leaves_a_process_group_that_is_not_the_jobs_alone(tmp_path: Path) -> None:
     import subprocess
 
-    from e31_worker.groups import GroupRegistry
+    from e31_worker.attempt.groups import GroupRegistry
     stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
     ours = subprocess.Popen(["sleep", "30"], start_new_session=True,
                             env={**os.environ, "E31_JOB_ID": "j-ours"})
@@ -155,7 +155,7 @@ def test_reaping_leaves_a_process_group_that_is_not_the_jobs_alone(tmp_path: Pat
 def test_a_failure_to_record_the_group_still_stops_the_job(tmp_path: Path) -> None:
     import uuid
 
-    from e31_worker.groups import GroupRegistry
+    from e31_worker.attempt.groups import GroupRegistry
     mark = uuid.uuid4().hex
     (tmp_path / "not-a-dir").write_text("")
     p = plan(tmp_path, command=["sleep", "300"], env={"TEST_MARK": mark})
@@ -202,11 +202,11 @@ def test_the_log_is_read_even_when_the_worker_has_over_1024_files_open(tmp_path:
 def test_one_process_per_node_holds_the_node_lock_until_it_dies(tmp_path: Path) -> None:
     import subprocess
 
-    from e31_worker.groups import NodeLock
+    from e31_worker.attempt.groups import NodeLock
     lock_path = tmp_path / "gpu0@h.lock"
     holder = subprocess.Popen([sys.executable, "-c",
                                "import sys, time; from pathlib import Path; "
-                               "from e31_worker.groups import NodeLock; "
+                               "from e31_worker.attempt.groups import NodeLock; "
                                f"assert NodeLock(Path({str(lock_path)!r})).acquire() is None; "
                                "print('held', flush=True); time.sleep(300)"],
                               stdout=subprocess.PIPE, text=True)
@@ -247,7 +247,7 @@ def test_an_out_of_memory_exception_in_the_job_ends_the_attempt_as_oom(tmp_path:
 
 @pytest.fixture
 def cgroups():
-    from e31_worker.cgroups import JobCgroups
+    from e31_worker.attempt.cgroups import JobCgroups
     groups = JobCgroups.for_node(f"test-{os.getpid()}@executor")
     if groups is None:
         pytest.skip("this machine lets the tests create no memory cgroup")

@@ -8,7 +8,7 @@ from pathlib import Path
 import redis
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
-from e31.service import Service
+from e31.api.service import Service
 from e31.settings import Settings
 from e31.sizeclasses import route
 from e31.spec import JobSpec

@@ -10,7 +10,7 @@ import redis
 from e31 import keys
 from e31.celeryapp import make_celery
 from e31.clock import utcnow
-from e31.scheduler import Scheduler
+from e31.scheduling.leader import Scheduler
 from e31.settings import Settings
 from e31.sizeclasses import route
 from e31.spec import JobSpec
@@ -128,7 +128,7 @@ def test_a_second_scheduler_waits_while_the_first_leads(repo: Repo, redis_url: s
 def test_a_submit_wakes_the_scheduler_at_once(repo: Repo, redis_url: str,
                                               redis_client: redis.Redis, tmp_path) -> None:
     from e31.artifacts import ArtifactStore
-    from e31.service import Service
+    from e31.api.service import Service
     tenant, _ = repo.create_tenant("a", now=utcnow())
     heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])
     settings = Settings(redis_url=redis_url, scheduler_tick_s=60)  # a tick would take a minute

@@ -13,7 +13,7 @@ from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
 from e31.store import Repo
 from e31_worker import task
-from e31_worker.recovery import settle_left_attempts
+from e31_worker.attempt.settle import settle_left_attempts
 
 from tests.integration.test_task import runtime, submit
 

@@ -14,7 +14,7 @@ from e31.sizeclasses import route
 from e31.spec import JobSpec
 from e31.store import Repo
 from e31_worker import task
-from e31_worker.runtime import WorkerIdentity, WorkerRuntime
+from e31_worker.node.runtime import WorkerIdentity, WorkerRuntime
 
 
 class OutputsFail(ArtifactStore):

@@ -11,8 +11,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 import pytest
-from e31.admission import AdmissionConfig, Decision, Slot, decide
-from e31.fairshare import (
+from e31.scheduling.admission import AdmissionConfig, Decision, Slot, decide
+from e31.scheduling.fairshare import (
     DecayedUsage,
     Job,
     Pending,

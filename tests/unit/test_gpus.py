@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from e31.errors import ConfigError
-from e31_worker.gpus import Gpu, parse_simulated, select
+from e31_worker.node.gpus import Gpu, parse_simulated, select
 
 
 def test_simulated_gpus_are_indexed_in_the_order_listed_with_their_memory() -> None:

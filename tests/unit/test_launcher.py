@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from e31.errors import ConfigError
 from e31.settings import DEFAULT_SIZE_CLASSES
-from e31_worker.gpus import parse_simulated
-from e31_worker.launcher import WorkerSlot, plan_slots
+from e31_worker.node.gpus import parse_simulated
+from e31_worker.node.launcher import WorkerSlot, plan_slots
 
 CLASSES = DEFAULT_SIZE_CLASSES
 
@@ -117,7 +117,7 @@ def test_cpu_slots_without_a_cpu_class_are_a_config_error() -> None:
 def test_a_worker_killed_from_outside_comes_back_at_once_but_a_crash_loop_backs_off() -> None:
     import signal
 
-    from e31_worker.launcher import RESTART_BACKOFF_S, Launcher
+    from e31_worker.node.launcher import RESTART_BACKOFF_S, Launcher
     backoff = {"gpu0@h": RESTART_BACKOFF_S}
 
     # A process that dies on its own right after starting, three times: 1, 2, 4 s

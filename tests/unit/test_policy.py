@@ -1,6 +1,6 @@
 """The live inputs of admission: slots from heartbeats and running jobs, headroom, heads' K.
 
-(`plan` and `order` were replaced by `e31.admission.decide`; its own tests are in
+(`plan` and `order` were replaced by `e31.scheduling.admission.decide`; its own tests are in
 test_fairshare.py. These check what the scheduler hands it.)
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime, timedelta
 
-from e31.admission import AdmissionConfig, decide
-from e31.fairshare import Job, Tenant
-from e31.policy import WorkerInfo, heads_per_queue, shared_queues, slots
+from e31.scheduling.admission import AdmissionConfig, decide
+from e31.scheduling.fairshare import Job, Tenant
+from e31.scheduling.inputs import WorkerInfo, heads_per_queue, shared_queues, slots
 from e31.store.records import RunningJob
 
 GPU24, GPU48, GPU80 = "e31.gpu24", "e31.gpu48", "e31.gpu80"

@@ -6,7 +6,7 @@ import os
 import time
 from typing import Any
 
-from e31_worker.context import JobContext
+from e31_worker.child.context import JobContext
 
 
 def hello(ctx: JobContext, name: str = "world") -> dict[str, Any]:

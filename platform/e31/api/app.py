@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from e31 import __version__
 from e31.api import errors
 from e31.artifacts import ArtifactStore
-from e31.service import Service
+from e31.api.service import Service
 from e31.settings import Settings
 from e31.spec import JobSpec
 from e31.states import JobState

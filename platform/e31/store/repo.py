@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from e31.errors import Conflict, NotFound, StoreError, StoreUnavailable
-from e31.fairshare import DEFAULT_HALF_LIFE_S
+from e31.scheduling.fairshare import DEFAULT_HALF_LIFE_S
 from e31.sizeclasses import Route
 from e31.spec import JobSpec, RetryPolicy
 from e31.states import AttemptReason, JobState

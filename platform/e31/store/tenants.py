@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from e31.errors import NotFound, SpecError
-from e31.fairshare import UsageState
+from e31.scheduling.fairshare import UsageState
 from e31.store.models import Tenant
 from e31.store.records import TenantRecord
 

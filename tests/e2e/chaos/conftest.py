@@ -26,7 +26,7 @@ import pytest
 import redis
 from e31 import keys
 from e31.client import Client
-from e31.redisserver import free_port, start_redis
+from e31.local.redisserver import free_port, start_redis
 
 from tests.conftest import wait_for
 

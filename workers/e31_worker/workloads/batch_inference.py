@@ -21,8 +21,8 @@ from typing import Any
 import numpy
 import torch
 
-from e31_worker.context import JobContext
-from e31_worker.runner import load_entrypoint
+from e31_worker.child.context import JobContext
+from e31_worker.child.runner import load_entrypoint
 from e31_worker.workloads.models import build_model
 from e31_worker.workloads.pipeline import (
     PREFETCH_DEPTH,

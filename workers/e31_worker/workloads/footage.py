@@ -20,7 +20,7 @@ from typing import Any
 import numpy
 import torch
 
-from e31_worker.context import JobContext
+from e31_worker.child.context import JobContext
 from e31_worker.workloads.models import build_model
 from e31_worker.workloads.pipeline import PREFETCH_DEPTH, prefetch
 from e31_worker.workloads.video import (

@@ -15,7 +15,7 @@ import fsspec
 import torch
 from torch import nn
 
-from e31_worker.runner import load_entrypoint
+from e31_worker.child.runner import load_entrypoint
 
 DIGITS_FEATURES = 64      # 8x8 pixels of sklearn's digits
 DIGITS_CLASSES = 10

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from e31_worker.context import JobContext
-from e31_worker.runner import load_entrypoint
+from e31_worker.child.context import JobContext
+from e31_worker.child.runner import load_entrypoint
 from e31_worker.workloads.models import build_model, save_state_dict
 
 CHECKPOINT = "training.pt"

@@ -2,7 +2,7 @@
 
 One leader at a time, elected with a Redis lock; a second scheduler waits. The leader
 wakes on a signal (a submit, a job's end) or every tick, recovers what died (expired
-leases, messages a restarted or flushed Redis lost), and lets `e31.admission.decide` choose
+leases, messages a restarted or flushed Redis lost), and lets `e31.scheduling.admission.decide` choose
 what the free worker slots (plus a small headroom) take: priority band, then the tenant
 furthest below its fair share, then age; quotas; a reservation for a big job that waited
 too long (docs/scheduling.md). Every candidate it does not publish gets a pending reason.
@@ -21,12 +21,13 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError as BrokerError
 
-from e31 import keys, policy
-from e31.admission import AdmissionConfig, Decision, decide
+from e31 import keys
+from e31.scheduling import inputs as policy
+from e31.scheduling.admission import AdmissionConfig, Decision, decide
 from e31.celeryapp import TASK_NAME
 from e31.clock import utcnow
 from e31.errors import StoreError
-from e31.policy import WorkerInfo, idle_workers
+from e31.scheduling.inputs import WorkerInfo, idle_workers
 from e31.settings import Settings
 from e31.sizeclasses import all_queues, redis_priority
 from e31.store import Repo

@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from e31.fairshare import (
+from e31.scheduling.fairshare import (
     BIG_JOB_MIN_GPUS,
     DEFAULT_HALF_LIFE_S,
     DEFAULT_RESERVE_AFTER_S,

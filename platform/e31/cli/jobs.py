@@ -452,7 +452,7 @@ def demo(home: Path | None = HomeOpt,
     """The main job: train a digits classifier, score the held-out digits with its weights,
     label a rendered clip frame by frame and sweep learning rates, on this machine's stack
     (started, and stopped after, if none runs). Exit 1 unless every job succeeded."""
-    from e31.demo import DemoOptions, run
+    from e31.local.demo import DemoOptions, run
     from e31.settings import Settings
     options = DemoOptions(home=Settings.load({"home": home}).home, out=out_dir, keep=keep,
                           as_json=as_json)
@@ -468,7 +468,7 @@ def demo(home: Path | None = HomeOpt,
 
 # -- operations -------------------------------------------------------------------------
 
-from e31.cliops import register_ops
+from e31.cli.ops import register_ops
 
 register_ops(app, db_app, tenant_app)
 

@@ -1,4 +1,4 @@
-"""The job child of an `entrypoint` job: `python -m e31_worker.runner JOB_JSON`.
+"""The job child of an `entrypoint` job: `python -m e31_worker.child.runner JOB_JSON`.
 
 Imports `module:function`, calls it with a `JobContext` and the params, and writes the
 JSON result (or the error) next to JOB_JSON for the supervising worker to read.
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from e31_worker.context import JobContext
+from e31_worker.child.context import JobContext
 
 EXIT_ERROR = 1
 

@@ -25,8 +25,8 @@ from typing import Any
 from e31.states import AttemptReason
 from e31.store.records import Outcome
 
-from e31_worker.cgroups import JobCgroup, JobCgroups
-from e31_worker.groups import GroupRegistry
+from e31_worker.attempt.cgroups import JobCgroup, JobCgroups
+from e31_worker.attempt.groups import GroupRegistry
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ class Executor:
         if spec.get("entrypoint"):
             job_file = self._plan.root / "job.json"
             job_file.write_text(json.dumps({"entrypoint": spec["entrypoint"], "params": spec["params"]}))
-            return [sys.executable, "-m", "e31_worker.runner", str(job_file)]
+            return [sys.executable, "-m", "e31_worker.child.runner", str(job_file)]
         return list(spec["command"])
 
     def _env(self) -> dict[str, str]:

@@ -41,8 +41,8 @@ from rich.table import Table
 
 from e31.client import ArrayHandle, Client, JobHandle
 from e31.errors import ClientError, ConfigError, E31Error
-from e31.local import STATE_FILE, pid_alive, stack_ready
-from e31.profile import read_profile
+from e31.local.stack import STATE_FILE, pid_alive, stack_ready
+from e31.client.profile import read_profile
 
 READY_TIMEOUT_S = 120.0      # `e31 up -d`'s own limit for a stack to come up
 STOP_TIMEOUT_S = 120.0       # `e31 down`'s: workers drain running jobs first
@@ -218,7 +218,7 @@ def _resources(client: Client, *, local_gpus: bool) -> dict[str, int]:
     if any(c["size_class"] != "cpu" and c["gpus"] > 0 for c in classes):
         return {"gpus": 1}
     if local_gpus:
-        from e31_worker.gpus import discover
+        from e31_worker.node.gpus import discover
         return {"gpus": 1 if discover() else 0}
     return {"gpus": 0}
 

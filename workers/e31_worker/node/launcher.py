@@ -21,9 +21,9 @@ from e31.errors import ConfigError
 from e31.settings import Settings, SizeClass
 from e31.sizeclasses import class_for_gpu, cpu_class, queue_name, spill_queues
 
-from e31_worker.executor import PR_SET_PDEATHSIG, prctl_function
-from e31_worker.gpus import Gpu
-from e31_worker.process import EXIT_DRAINED
+from e31_worker.attempt.supervisor import PR_SET_PDEATHSIG, prctl_function
+from e31_worker.node.gpus import Gpu
+from e31_worker.node.celery_process import EXIT_DRAINED
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class Launcher:
         env = dict(os.environ, E31_HOME=str(self._settings.home))  # --home reaches the workers
         # Pinned before Python starts in the worker: it and its jobs see only these GPUs.
         env.update(CUDA_VISIBLE_DEVICES=slot.gpus, CUDA_DEVICE_ORDER="PCI_BUS_ID")
-        argv = [sys.executable, "-m", "e31_worker.process", "--node", slot.node,
+        argv = [sys.executable, "-m", "e31_worker.node.celery_process", "--node", slot.node,
                 "--queues", ",".join(slot.queues), "--gpus", slot.gpus,
                 "--gpu-count", str(slot.gpu_count), "--size-class", slot.size_class,
                 "--loglevel", self._loglevel]
@@ -147,7 +147,7 @@ class Launcher:
     def _restart_delay(code: int, lived_s: float, backoff: dict[str, float], node: str) -> float:
         """A process that dies on its own soon after starting is in a crash loop: back off,
         doubling. One killed from outside (SIGKILL: an operator, the OOM killer) comes back
-        at once, so that it settles the attempt it may have left (e31_worker.recovery)
+        at once, so that it settles the attempt it may have left (e31_worker.attempt.settle)
         within the job's lease."""
         if code == -signal.SIGKILL or lived_s >= QUICK_DEATH_S:
             backoff[node] = RESTART_BACKOFF_S

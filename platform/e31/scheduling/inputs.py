@@ -1,4 +1,4 @@
-"""The live inputs of `e31.admission.decide`: worker slots from heartbeats and the store,
+"""The live inputs of `e31.scheduling.admission.decide`: worker slots from heartbeats and the store,
 candidates from the store's heads, tenants' fair-share view. Pure: the scheduler reads,
 this shapes, `decide` chooses.
 
@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from e31.admission import Slot
-from e31.fairshare import Job, Tenant, UsageState
+from e31.scheduling.admission import Slot
+from e31.scheduling.fairshare import Job, Tenant, UsageState
 from e31.store.records import Head, RunningJob, TenantShare
 
 HEADROOM_NODE = "~headroom"   # sorts after real node names: real slots are filled first

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from e31.store.records import Claim
 
-from e31_worker.executor import finished_outcome
-from e31_worker.runtime import WorkerRuntime
-from e31_worker.task import CLAIM_FILE, Shipper, attempt_plan, finish_attempt
+from e31_worker.attempt.supervisor import finished_outcome
+from e31_worker.node.runtime import WorkerRuntime
+from e31_worker.attempt.task import CLAIM_FILE, Shipper, attempt_plan, finish_attempt
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ def _worker_argv(gpus: str, cpu_slots: int, simulate_gpus: str | None, spill: bo
 
 
 def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer) -> None:
-    from e31.cli import HomeOpt, JsonOpt, _fail, _print_json, err, out
+    from e31.cli.jobs import HomeOpt, JsonOpt, _fail, _print_json, err, out
 
     gpus_opt = typer.Option("all", "--gpus", help="GPUs to serve: all, 0,1 or 0-3")
     cpu_opt = typer.Option(0, "--cpu-slots", help="worker processes for the cpu class")
@@ -62,8 +62,8 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
                wait: bool = typer.Option(True, "--wait/--no-wait", help="with --drain: wait until they stopped"),
                as_json: bool = JsonOpt) -> None:
         """One pinned Celery worker per GPU (or group, or CPU slot); SIGTERM or --drain drains them."""
-        from e31_worker.gpus import discover, parse_simulated, select
-        from e31_worker.launcher import Launcher, default_host, plan_slots
+        from e31_worker.node.gpus import discover, parse_simulated, select
+        from e31_worker.node.launcher import Launcher, default_host, plan_slots
         _logging(loglevel)
         settings = _settings(home=home)
         if not settings.redis_url:
@@ -121,7 +121,7 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
         import redis
 
         from e31.celeryapp import make_celery
-        from e31.scheduler import REDIS_SOCKET_TIMEOUT_S, Scheduler
+        from e31.scheduling.leader import REDIS_SOCKET_TIMEOUT_S, Scheduler
         from e31.store import Repo, make_engine
         _logging("INFO")
         settings = _settings(home=home)
@@ -140,7 +140,7 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
     def flower(home: Path | None = HomeOpt) -> None:
         """Flower on the same broker and settings, with basic auth, on a private address."""
         from e31.celeryapp import make_celery
-        from e31.profile import read_profile
+        from e31.client.profile import read_profile
         settings = _settings(home=home)
         password = settings.flower_password or read_profile(settings.home).get("flower_password")
         if not settings.redis_url or not password:
@@ -234,12 +234,12 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
            no_flower: bool = typer.Option(False, "--no-flower"),
            detach: bool = typer.Option(False, "--detach", "-d", help="return once ready; `e31 down` stops it")) -> None:
         """Start the whole stack on this machine: Redis, store, API, scheduler, workers, Flower."""
-        from e31.local import LocalStack
+        from e31.local.stack import LocalStack
         settings = _settings(home=home, api_port=port, flower_port=flower_port)
         if detach:
             _detach(settings.home, err, out)
             return
-        from e31_worker.gpus import discover
+        from e31_worker.node.gpus import discover
         real = [] if simulate_gpus else discover()
         slots = cpu_slots if cpu_slots is not None else (1 if (real or simulate_gpus) else 2)
         if not real and not simulate_gpus:
@@ -266,7 +266,7 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
     @app.command()
     def down(home: Path | None = HomeOpt) -> None:
         """Stop the stack `e31 up` started from this home (running jobs are drained)."""
-        from e31.local import stop_stack
+        from e31.local.stack import stop_stack
         settings = _settings(home=home)
         if stop_stack(settings.home):
             out.print("E31 Batch stopped.")
@@ -276,7 +276,7 @@ def register_ops(app: typer.Typer, db_app: typer.Typer, tenant_app: typer.Typer)
 
 def _detach(home: Path, err: Any, out: Any) -> None:
     """Run `e31 up` (without -d) in the background and return when it is ready."""
-    from e31.local import STATE_FILE, stack_ready
+    from e31.local.stack import STATE_FILE, stack_ready
     argv = [a for a in sys.argv[1:] if a not in ("-d", "--detach")]
     home.mkdir(parents=True, exist_ok=True)
     (home / "logs").mkdir(exist_ok=True)

@@ -3,7 +3,7 @@
 Pure logic for the scheduler (issue 5): no I/O, no clock. Every time is a float of seconds
 (`now_s`, `submitted_at_s`; the caller passes `datetime.timestamp()`), so the same code
 runs in the live scheduler, in unit tests with a simulated clock and in `bench/fairness`.
-`e31.admission.decide` uses these pieces to choose what to publish in one tick.
+`e31.scheduling.admission.decide` uses these pieces to choose what to publish in one tick.
 
 Order within a class: priority band (higher first), then the tenant furthest below its fair
 share (`share_key`, lower first), then age. See docs/scheduling.md for why.

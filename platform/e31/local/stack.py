@@ -25,8 +25,8 @@ import redis
 from e31 import keys
 from e31.clock import utcnow
 from e31.errors import ConfigError, Conflict
-from e31.profile import read_profile, write_profile
-from e31.redisserver import start_redis
+from e31.client.profile import read_profile, write_profile
+from e31.local.redisserver import start_redis
 from e31.settings import Settings
 from e31.store import Repo, make_engine
 from e31.store.migrate import upgrade

@@ -1,4 +1,4 @@
-"""One pinned Celery worker process: `python -m e31_worker.process --node ... --queues ...`.
+"""One pinned Celery worker process: `python -m e31_worker.node.celery_process --node ... --queues ...`.
 
 The launcher starts it with `CUDA_VISIBLE_DEVICES` already set, and it never calls CUDA.
 """
@@ -19,16 +19,16 @@ from e31.celeryapp import make_celery
 from e31.settings import Settings
 from e31.store import Repo, make_engine
 
-from e31_worker.recovery import settle_left_attempts
-from e31_worker.runtime import WorkerIdentity, WorkerRuntime
-from e31_worker.task import register
+from e31_worker.attempt.settle import settle_left_attempts
+from e31_worker.node.runtime import WorkerIdentity, WorkerRuntime
+from e31_worker.attempt.task import register
 
 EXIT_NODE_TAKEN = 3  # the launcher retries with back-off: the node may free up
 EXIT_DRAINED = 4     # an operator drained this node: the launcher does not restart it
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="e31_worker.process")
+    parser = argparse.ArgumentParser(prog="e31_worker.node.celery_process")
     parser.add_argument("--node", required=True)
     parser.add_argument("--queues", required=True, help="comma-separated, own class first")
     parser.add_argument("--gpus", default="")

@@ -18,8 +18,8 @@ from e31.artifacts import ArtifactStore
 from e31.settings import Settings
 from e31.store import Repo
 
-from e31_worker.cgroups import JobCgroups
-from e31_worker.groups import GroupRegistry, NodeLock
+from e31_worker.attempt.cgroups import JobCgroups
+from e31_worker.attempt.groups import GroupRegistry, NodeLock
 
 log = logging.getLogger(__name__)
 

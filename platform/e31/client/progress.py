@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 if TYPE_CHECKING:
-    from e31.client import JobHandle
+    from e31.client.client import JobHandle
 
 
 def follow(job: JobHandle, *, timeout: float | None = None,

@@ -13,7 +13,7 @@ from urllib.parse import quote
 import httpx
 
 from e31.errors import ClientError, JobFailed, JobTimeout
-from e31.profile import read_profile
+from e31.client.profile import read_profile
 
 POLL_S = 0.5                 # status poll while waiting
 UNAVAILABLE_RETRY_S = 60.0   # a read retried this long while the API answers 503
@@ -135,7 +135,7 @@ class JobHandle:
     def wait(self, timeout: float | None = None, progress: bool = False) -> dict[str, Any]:
         """Block until the job ends; return its status, or raise `JobFailed` unless it succeeded."""
         if progress:
-            from e31.progressbar import follow
+            from e31.client.progress import follow
             status = follow(self, timeout=timeout)
         else:
             status = {}

@@ -18,12 +18,12 @@ from e31.artifacts import log_name
 from e31.celeryapp import TASK_NAME
 from e31.clock import utcnow
 from e31.errors import StoreError
-from e31.scheduler import wake
+from e31.scheduling.leader import wake
 from e31.states import AttemptReason
 from e31.store.records import Claim, Outcome
 
-from e31_worker.executor import AttemptPlan, Directive, Executor
-from e31_worker.runtime import WorkerRuntime
+from e31_worker.attempt.supervisor import AttemptPlan, Directive, Executor
+from e31_worker.node.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def finish_attempt(rt: WorkerRuntime, claim: Claim, plan: AttemptPlan, shipper: 
                    result: Outcome) -> str | None:
     """Store an ended attempt's files and record its outcome, if it still holds the lease;
     returns the job's new state, or None when fenced off. Also used by a restarted worker
-    for the attempt its predecessor could not finish recording (e31_worker.recovery)."""
+    for the attempt its predecessor could not finish recording (e31_worker.attempt.settle)."""
     shipper.finish()
     if result.reason is not AttemptReason.LOST and not still_ours(rt, claim):
         # It ended on its own, but the job was recovered elsewhere meanwhile: its files
@@ -141,7 +141,7 @@ CLAIM_FILE = "claim.json"    # in the attempt's directory: what a restarted work
 
 def write_claim(root: Path, node: str, claim: Claim) -> None:
     """Keep the claim beside the attempt, so that if this worker process dies after the job
-    ended, its successor on the node can record the outcome (e31_worker.recovery)."""
+    ended, its successor on the node can record the outcome (e31_worker.attempt.settle)."""
     tmp = root / f".{CLAIM_FILE}.tmp"
     tmp.write_text(json.dumps({"node": node, **dataclasses.asdict(claim)}))
     os.replace(tmp, root / CLAIM_FILE)

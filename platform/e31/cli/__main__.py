@@ -1,0 +1,3 @@
+from e31.cli import main
+
+main()
