@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 import redis
 
 from e31 import keys
-from e31.scheduling.leader import read_workers
+from e31.heartbeat import read_workers
 
 DRAIN_REQUEST_TTL_S = 86400   # a request outlives any drain; it cannot linger for ever
 POLL_S = 0.5

@@ -12,7 +12,7 @@ import redis
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
 from e31.store import Repo
-from e31_worker import task
+from e31_worker.attempt import task
 from e31_worker.attempt.settle import settle_left_attempts
 
 from tests.integration.test_task import runtime, submit

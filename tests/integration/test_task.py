@@ -13,8 +13,9 @@ from e31.settings import Settings
 from e31.sizeclasses import route
 from e31.spec import JobSpec
 from e31.store import Repo
-from e31_worker import task
-from e31_worker.node.runtime import WorkerIdentity, WorkerRuntime
+from e31_worker.attempt import task
+from e31.heartbeat import WorkerInfo
+from e31_worker.node.runtime import WorkerRuntime
 
 
 class OutputsFail(ArtifactStore):
@@ -29,7 +30,7 @@ class OutputsFail(ArtifactStore):
 def runtime(repo: Repo, r: redis.Redis, tmp_path: Path, artifacts: ArtifactStore) -> WorkerRuntime:
     settings = Settings(redis_url="redis://unused", work_dir=str(tmp_path / "work"),
                         heartbeat_interval_s=0.2, kill_grace_s=1)
-    identity = WorkerIdentity(node="cpu0@test", queues=("e31.cpu",), gpus="", gpu_count=0,
+    identity = WorkerInfo(node="cpu0@test", queues=("e31.cpu",), gpus="", gpu_count=0,
                               size_class="cpu")
     return WorkerRuntime(settings=settings, identity=identity, repo=repo, artifacts=artifacts,
                          redis_client=r)

@@ -21,7 +21,7 @@ from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
 from e31.errors import AuthError, SpecError
 from e31.scheduling.fairshare import Tenant
-from e31.scheduling.leader import read_workers, wake
+from e31.heartbeat import read_workers, wake
 from e31.settings import Settings
 from e31.sizeclasses import Route, all_queues, route
 from e31.spec import NAME_MAX, JobSpec

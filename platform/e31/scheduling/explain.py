@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from e31.scheduling.fairshare import Pending, Reason, Tenant, estimated_start_s, position_in_queue
-from e31.scheduling.inputs import WorkerInfo
+from e31.heartbeat import WorkerInfo
 from e31.settings import SizeClass
 from e31.store.records import JobRecord, QueueLoad, QueuePosition, SchedulingView, iso
 

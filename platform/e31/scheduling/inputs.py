@@ -13,34 +13,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
+from e31.heartbeat import WorkerInfo
 from e31.scheduling.admission import Slot
 from e31.scheduling.fairshare import Job, Tenant, UsageState
 from e31.store.records import Head, RunningJob, TenantShare
 
 HEADROOM_NODE = "~headroom"   # sorts after real node names: real slots are filled first
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    """One worker node as its heartbeat describes it; `queues[0]` is its own class."""
-
-    node: str
-    queues: tuple[str, ...]
-    gpus: str
-    busy_job: str | None = None
-    gpu_count: int = 0
-    size_class: str = ""
-
-    @property
-    def host(self) -> str:
-        return self.node.split("@", 1)[1] if "@" in self.node else self.node
-
-    @property
-    def gpu_ids(self) -> frozenset[str]:
-        return frozenset(f"{self.host}:{i.strip()}" for i in self.gpus.split(",") if i.strip())
 
 
 def idle_workers(workers: Sequence[WorkerInfo], busy_nodes: set[str]) -> list[WorkerInfo]:

@@ -10,7 +10,6 @@ too long (docs/scheduling.md). Every candidate it does not publish gets a pendin
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -27,7 +26,8 @@ from e31.scheduling.admission import AdmissionConfig, Decision, decide
 from e31.celeryapp import TASK_NAME
 from e31.clock import utcnow
 from e31.errors import StoreError
-from e31.scheduling.inputs import WorkerInfo, idle_workers
+from e31.heartbeat import WorkerInfo, read_workers
+from e31.scheduling.inputs import idle_workers
 from e31.settings import Settings
 from e31.sizeclasses import all_queues, redis_priority
 from e31.store import Repo
@@ -51,24 +51,6 @@ return 0
 """
 
 
-def wake(r: redis.Redis) -> None:
-    """Ask the scheduler to run a tick now (after a submit or a job's end)."""
-    r.rpush(keys.WAKE, "1")
-
-
-def read_workers(r: redis.Redis) -> list[WorkerInfo]:
-    """Live workers from their heartbeats (each key expires when its worker stops beating)."""
-    infos = []
-    for key in r.scan_iter(match=keys.worker_pattern(), count=500):
-        raw = r.get(key)
-        if not raw:
-            continue
-        data = json.loads(raw)
-        infos.append(WorkerInfo(node=data["node"], queues=tuple(data["queues"]),
-                                gpus=data.get("gpus", ""), busy_job=data.get("busy_job"),
-                                gpu_count=int(data.get("gpu_count") or 0),
-                                size_class=data.get("size_class", "")))
-    return infos
 
 
 class Scheduler:

@@ -4,7 +4,6 @@ crashes, and the same worker process keeps serving."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from e31.celeryapp import broker_transport_options, make_celery

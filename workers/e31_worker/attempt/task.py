@@ -18,7 +18,7 @@ from e31.artifacts import log_name
 from e31.celeryapp import TASK_NAME
 from e31.clock import utcnow
 from e31.errors import StoreError
-from e31.scheduling.leader import wake
+from e31.heartbeat import wake
 from e31.states import AttemptReason
 from e31.store.records import Claim, Outcome
 

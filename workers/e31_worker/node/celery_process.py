@@ -20,7 +20,9 @@ from e31.settings import Settings
 from e31.store import Repo, make_engine
 
 from e31_worker.attempt.settle import settle_left_attempts
-from e31_worker.node.runtime import WorkerIdentity, WorkerRuntime
+from e31.heartbeat import WorkerInfo
+
+from e31_worker.node.runtime import WorkerRuntime
 from e31_worker.attempt.task import register
 
 EXIT_NODE_TAKEN = 3  # the launcher retries with back-off: the node may free up
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.loglevel, format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
     settings = Settings.load()
     queues = tuple(args.queues.split(","))
-    identity = WorkerIdentity(node=args.node, queues=queues, gpus=args.gpus,
+    identity = WorkerInfo(node=args.node, queues=queues, gpus=args.gpus,
                               gpu_count=args.gpu_count, size_class=args.size_class)
     runtime = WorkerRuntime(settings=settings, identity=identity,
                             repo=Repo(make_engine(settings.resolved_database_url),

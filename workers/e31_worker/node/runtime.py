@@ -4,17 +4,14 @@ Redis, and the heartbeat that tells the scheduler whether it is idle.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import redis
-from e31 import keys
+from e31 import heartbeat, keys
 from e31.artifacts import ArtifactStore
+from e31.heartbeat import WorkerInfo
 from e31.settings import Settings
 from e31.store import Repo
 
@@ -23,20 +20,10 @@ from e31_worker.attempt.groups import GroupRegistry, NodeLock
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_TTL_INTERVALS = 3  # a heartbeat key outlives this many missed beats, no more
-
-
-@dataclass(frozen=True)
-class WorkerIdentity:
-    node: str               # unique Celery node name, e.g. gpu0@host
-    queues: tuple[str, ...]  # its own class queue first, then the ones it spills to
-    gpus: str               # CUDA_VISIBLE_DEVICES of this worker ("" for a cpu slot)
-    gpu_count: int
-    size_class: str
 
 
 class WorkerRuntime:
-    def __init__(self, *, settings: Settings, identity: WorkerIdentity, repo: Repo,
+    def __init__(self, *, settings: Settings, identity: WorkerInfo, repo: Repo,
                  artifacts: ArtifactStore, redis_client: redis.Redis) -> None:
         self.settings = settings
         self.identity = identity
@@ -66,14 +53,10 @@ class WorkerRuntime:
     def beat(self) -> None:
         """Publish this worker's heartbeat now."""
         if self.draining.is_set():
-            self.redis.delete(keys.worker(self.identity.node))
+            heartbeat.withdraw(self.redis, self.identity.node)
             return
-        ident = self.identity
-        payload = {"node": ident.node, "queues": list(ident.queues), "gpus": ident.gpus,
-                   "gpu_count": ident.gpu_count, "size_class": ident.size_class,
-                   "busy_job": self._busy_job, "pid": os.getpid(), "ts": time.time()}
-        ttl_ms = int(self.settings.heartbeat_interval_s * HEARTBEAT_TTL_INTERVALS * 1000)
-        self.redis.set(keys.worker(ident.node), json.dumps(payload), px=ttl_ms)
+        heartbeat.write(self.redis, self.identity.busy(self._busy_job),
+                        interval_s=self.settings.heartbeat_interval_s)
 
     def start(self) -> None:
         """Start the heartbeat thread (once the Celery consumer is ready)."""
@@ -93,7 +76,7 @@ class WorkerRuntime:
         self.draining.set()
         self._stop.set()
         try:
-            self.redis.delete(keys.worker(self.identity.node))
+            heartbeat.withdraw(self.redis, self.identity.node)
         except redis.RedisError:
             pass
 
