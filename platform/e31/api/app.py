@@ -5,20 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import redis
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
-from e31 import __version__
+from e31 import __version__, wiring
 from e31.api import errors
-from e31.artifacts import ArtifactStore
 from e31.api.service import Service
 from e31.settings import Settings
 from e31.spec import JobSpec
 from e31.states import JobState
-from e31.store import Repo, make_engine
 from e31.store.records import TenantRecord
 from e31.sweep import MAX_ARRAY_ITEMS
 
@@ -43,11 +40,9 @@ class ArraySubmission(BaseModel):
 def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI:
     """The API over the store, artifacts and Redis named in `settings`."""
     if service is None:
-        service = Service(settings=settings,
-                          repo=Repo(make_engine(settings.resolved_database_url),
-                                    half_life_s=settings.fair_share_half_life_s),
-                          artifacts=ArtifactStore(settings.resolved_artifacts_url),
-                          redis_client=redis.Redis.from_url(settings.redis_url))
+        service = Service(settings=settings, repo=wiring.repo(settings),
+                          artifacts=wiring.artifacts(settings),
+                          redis_client=wiring.redis_client(settings))
     svc = service
     app = FastAPI(title="E31 Batch", version=__version__,
                   description="Batch GPU jobs on a shared pool. Authenticate with a tenant token.")

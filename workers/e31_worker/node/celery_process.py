@@ -12,12 +12,9 @@ import signal
 import sys
 from typing import Any
 
-import redis
 from celery import signals
-from e31.artifacts import ArtifactStore
-from e31.celeryapp import make_celery
+from e31 import wiring
 from e31.settings import Settings
-from e31.store import Repo, make_engine
 
 from e31_worker.attempt.settle import settle_left_attempts
 from e31.heartbeat import WorkerInfo
@@ -45,10 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     identity = WorkerInfo(node=args.node, queues=queues, gpus=args.gpus,
                               gpu_count=args.gpu_count, size_class=args.size_class)
     runtime = WorkerRuntime(settings=settings, identity=identity,
-                            repo=Repo(make_engine(settings.resolved_database_url),
-                                      half_life_s=settings.fair_share_half_life_s),
-                            artifacts=ArtifactStore(settings.resolved_artifacts_url),
-                            redis_client=redis.Redis.from_url(settings.redis_url))
+                            repo=wiring.repo(settings), artifacts=wiring.artifacts(settings),
+                            redis_client=wiring.redis_client(settings))
     taken_by = runtime.node_lock.acquire()
     if taken_by is not None:
         logging.getLogger(__name__).error(
@@ -57,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_NODE_TAKEN)
     runtime.groups.reap()              # what a dead predecessor's jobs left running
     settle_left_attempts(runtime)      # what it finished but could not record
-    app = make_celery(settings, queues=list(queues))
+    app = wiring.celery(settings, queues=list(queues))
     register(app, runtime)
 
     def _ready(**_: Any) -> None:
