@@ -1,7 +1,9 @@
 """`JobSpec` and its parts: the job description and its validation.
 
-`JobSpec.parse` is the one door for untrusted input (API body, spec file, CLI flags): it
-returns a valid spec or raises `SpecError` whose entries name the field and the reason.
+The model's validators are the one set of rules. A request body meets them once, when the
+API's route takes it as a `JobSpec`; any other untrusted input (an array item, a spec file)
+meets them through `JobSpec.parse`. Either way a refusal is a `SpecError` whose entries,
+worded by `describe_error`, name the field and the reason.
 """
 
 from __future__ import annotations
@@ -54,12 +56,14 @@ class Resources(_Strict):
 
     gpus: int = Field(default=1, ge=0, le=MAX_GPUS_PER_JOB,
                       description="GPUs on one node; 0 means the cpu class")
-    gpu_mem_gb: float | None = Field(default=None, gt=0,
-                                     description="memory per GPU; picks the smallest class that fits")
-    size_class: str | None = Field(default=None, description="a size class by name, instead of gpu_mem_gb")
-    mem_gb: float | None = Field(default=None, gt=0, le=MAX_HOST_MEM_GB,
-                                 description="host memory the job may use; past it the kernel "
-                                             "OOM-kills the job (reason oom) where workers have cgroups")
+    gpu_mem_gb: float | None = Field(
+        default=None, gt=0, description="memory per GPU; picks the smallest class that fits")
+    size_class: str | None = Field(
+        default=None, description="a size class by name, instead of gpu_mem_gb")
+    mem_gb: float | None = Field(
+        default=None, gt=0, le=MAX_HOST_MEM_GB,
+        description="host memory the job may use; past it the kernel OOM-kills the job "
+                    "(reason oom) where workers have cgroups")
 
     @model_validator(mode="after")
     def _consistent(self) -> Resources:
@@ -79,7 +83,8 @@ class RetryPolicy(_Strict):
                                       "as a poison job (lost attempts are not retries)")
 
     def delay_s(self, attempt: int) -> float:
-        """Back-off before the attempt after `attempt` (1-based): backoff_s × 2^(attempt-1), capped."""
+        """Back-off before the attempt after `attempt` (1-based): backoff_s × 2^(attempt-1),
+        capped at backoff_max_s."""
         return min(self.backoff_max_s, self.backoff_s * (2 ** max(0, attempt - 1)))
 
 
@@ -87,7 +92,8 @@ class JobSpec(_Strict):
     """A job as submitted: what to run, with what, for how long, how often."""
 
     name: str | None = Field(default=None, max_length=NAME_MAX)
-    entrypoint: str | None = Field(default=None, description="module:function, called as fn(ctx, **params)")
+    entrypoint: str | None = Field(
+        default=None, description="module:function, called as fn(ctx, **params)")
     command: list[str] | None = Field(default=None, description="argv of a command job")
     params: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for the job")
@@ -198,6 +204,12 @@ class JobSpec(_Strict):
             return self.entrypoint.rsplit(":", 1)[1][:NAME_MAX]
         return Path((self.command or ["job"])[0]).name[:NAME_MAX] or "job"
 
+    def with_retry_defaults(self, pool: RetryPolicy) -> JobSpec:
+        """This spec with the retry fields its submitter left out taken from `pool` (the pool's
+        `[retries]` setting). Both parts are valid already, so nothing is validated again."""
+        given = {name: getattr(self.retries, name) for name in self.retries.model_fields_set}
+        return self.model_copy(update={"retries": pool.model_copy(update=given)})
+
     @classmethod
     def parse(cls, data: Any) -> JobSpec:
         """Validate untrusted input; raise `SpecError` naming each bad field and why."""
@@ -238,7 +250,8 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise SpecError.one("spec", f"{p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
+        form = "JSON" if p.suffix == ".json" else "YAML"
+        raise SpecError.one("spec", f"{p} is not valid {form}: "
                                     f"{str(exc).splitlines()[0]}") from exc
     if not isinstance(data, dict):
         raise SpecError.one("spec", f"{p} must hold a mapping of fields")

@@ -6,13 +6,15 @@ from pathlib import Path
 
 import pytest
 import redis
+from fastapi.testclient import TestClient
+
 from e31.api import create_app
+from e31.api.service import Service
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
-from e31.api.service import Service
 from e31.settings import Settings
+from e31.spec import JobSpec, RetryPolicy
 from e31.store import Repo
-from fastapi.testclient import TestClient
 
 
 @pytest.fixture
@@ -73,7 +75,8 @@ def test_odd_but_valid_input_never_gets_a_500(api) -> None:
 
 def test_a_body_that_is_not_json_is_refused_with_422(api) -> None:
     client, _, h = api
-    response = client.post("/v1/jobs", content=b"{not json", headers={**h["a"], "Content-Type": "application/json"})
+    response = client.post("/v1/jobs", content=b"{not json",
+                           headers={**h["a"], "Content-Type": "application/json"})
     assert response.status_code == 422
 
 
@@ -90,7 +93,7 @@ def test_a_submitted_job_is_queued_in_its_class_and_listed(api) -> None:
 
 
 def test_another_tenant_gets_404_for_the_job_its_logs_outputs_and_cancel(api) -> None:
-    client, artifacts, h = api
+    client, _, h = api
     job = client.post("/v1/jobs", json={"entrypoint": "m:f"}, headers=h["a"]).json()
     for method, path in [("GET", ""), ("GET", "/logs"), ("GET", "/outputs"),
                          ("GET", "/outputs/x.txt"), ("POST", "/cancel")]:
@@ -98,7 +101,8 @@ def test_another_tenant_gets_404_for_the_job_its_logs_outputs_and_cancel(api) ->
         assert response.status_code == 404, (method, path)
     assert client.get(f"/v1/jobs/{job['id']}", headers=h["a"]).json()["state"] == "queued"
     assert client.get("/v1/usage", headers=h["b"]).json()["usage"] == []
-    assert client.get("/v1/usage", params={"all_tenants": "true"}, headers=h["b"]).status_code == 401
+    everyone = client.get("/v1/usage", params={"all_tenants": "true"}, headers=h["b"])
+    assert everyone.status_code == 401
 
 
 def test_outputs_are_listed_and_downloaded_and_paths_cannot_escape(api, tmp_path: Path) -> None:
@@ -112,7 +116,8 @@ def test_outputs_are_listed_and_downloaded_and_paths_cannot_escape(api, tmp_path
 
     listed = client.get(f"/v1/jobs/{job['id']}/outputs", headers=h["a"]).json()["outputs"]
     assert listed == [{"path": "sub/r.txt", "size": 6}]
-    assert client.get(f"/v1/jobs/{job['id']}/outputs/sub/r.txt", headers=h["a"]).content == b"result"
+    fetched = client.get(f"/v1/jobs/{job['id']}/outputs/sub/r.txt", headers=h["a"])
+    assert fetched.content == b"result"
     assert client.get(f"/v1/jobs/{job['id']}/outputs/../../x", headers=h["a"]).status_code == 404
 
 
@@ -129,16 +134,15 @@ def test_the_openapi_document_describes_the_job_routes(api) -> None:
     assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/usage"} <= set(paths)
 
 
-def test_the_pools_retry_policy_fills_what_a_spec_leaves_out(repo: Repo, redis_url: str,
-                                                             redis_client: redis.Redis, tmp_path: Path) -> None:
-    from e31.spec import RetryPolicy
+def test_the_pools_retry_policy_fills_what_a_spec_leaves_out(
+        repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
     settings = Settings(redis_url=redis_url, retries=RetryPolicy(max=2, backoff_s=3))
     service = Service(settings=settings, repo=repo, artifacts=ArtifactStore(f"file://{tmp_path}"),
                       redis_client=redis_client)
     tenant, _ = repo.create_tenant("pool", now=utcnow())
 
-    plain = service.submit(tenant, {"entrypoint": "m:f"})
-    partial = service.submit(tenant, {"entrypoint": "m:f", "retries": {"max": 5}})
+    plain = service.submit(tenant, JobSpec.parse({"entrypoint": "m:f"}))
+    partial = service.submit(tenant, JobSpec.parse({"entrypoint": "m:f", "retries": {"max": 5}}))
 
     assert plain.spec["retries"] == {"max": 2, "backoff_s": 3.0, "backoff_max_s": 600.0,
                                      "max_lost": 3}

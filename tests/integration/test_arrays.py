@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 import redis
+from fastapi.testclient import TestClient
+
 from e31 import keys
 from e31.api import create_app
+from e31.api.service import Service
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
 from e31.errors import NotFound, SpecError
-from e31.api.service import Service
 from e31.settings import Settings
 from e31.sizeclasses import route
 from e31.spec import JobSpec
@@ -20,7 +22,6 @@ from e31.states import AttemptReason
 from e31.store import Repo
 from e31.store.records import Outcome, TenantRecord
 from e31.sweep import MAX_ARRAY_ITEMS
-from fastapi.testclient import TestClient
 
 CLASSES = Settings().size_classes
 CPU = {"entrypoint": "pkg.mod:main", "resources": {"gpus": 0}}
@@ -48,7 +49,8 @@ def count(repo: Repo, table: str) -> int:
 
 
 def claim(repo: Repo, job_id: str):  # type: ignore[no-untyped-def]
-    return repo.claim(job_id, worker="cpu0@test", gpus="", gpu_count=0, now=utcnow(), lease_ttl_s=30)
+    return repo.claim(job_id, worker="cpu0@test", gpus="", gpu_count=0, now=utcnow(),
+                      lease_ttl_s=30)
 
 
 def test_an_array_stores_every_item_queued_in_index_order_and_wakes_the_scheduler_once(
@@ -60,7 +62,8 @@ def test_an_array_stores_every_item_queued_in_index_order_and_wakes_the_schedule
     # Then the array and its five jobs are stored, queued, in index order
     assert array.id.startswith("a-") and array.size == 5
     status = service.get_array(tenant, array.id).to_status()
-    assert (status["state"], status["total"], status["queued"], status["done"]) == ("queued", 5, 5, 0)
+    assert (status["state"], status["total"], status["queued"], status["done"]) == \
+        ("queued", 5, 5, 0)
     assert [i["index"] for i in status["items"]] == [0, 1, 2, 3, 4]
     job = repo.get_job(tenant.id, status["items"][3]["id"])
     assert (job.array_id, job.array_index, job.name) == (array.id, 3, "lr-sweep[3]")
@@ -126,8 +129,9 @@ def test_the_counts_follow_the_items_through_success_failure_and_cancel(
     array = service.submit_many(tenant, items(4), defaults=CPU)
     ids = [i.id for i in array.items or []]
     ok = claim(repo, ids[0])
-    repo.record_outcome(ids[0], ok.token, Outcome(AttemptReason.SUCCEEDED, result={"loss": 0.5},
-                                                  outputs=[{"path": "m.pt", "size": 3}]), now=utcnow())
+    succeeded = Outcome(AttemptReason.SUCCEEDED, result={"loss": 0.5},
+                        outputs=[{"path": "m.pt", "size": 3}])
+    repo.record_outcome(ids[0], ok.token, succeeded, now=utcnow())
     bad = claim(repo, ids[1])
     repo.record_outcome(ids[1], bad.token, Outcome(AttemptReason.ERROR, error="boom"), now=utcnow())
     claim(repo, ids[2])
@@ -136,7 +140,8 @@ def test_the_counts_follow_the_items_through_success_failure_and_cancel(
     status = service.get_array(tenant, array.id).to_status()
 
     # Then the whole and each item say where they are
-    assert {k: status[k] for k in ("total", "done", "succeeded", "failed", "running", "queued")} == \
+    counted = ("total", "done", "succeeded", "failed", "running", "queued")
+    assert {k: status[k] for k in counted} == \
         {"total": 4, "done": 2, "succeeded": 1, "failed": 1, "running": 1, "queued": 1}
     assert status["state"] == "running"
     assert [i["state"] for i in status["items"]] == ["succeeded", "failed", "running", "queued"]
@@ -157,7 +162,8 @@ def test_cancelling_an_array_cancels_queued_items_at_once_and_asks_running_ones_
     array = service.submit_many(tenant, items(3), defaults=CPU)
     ids = [i.id for i in array.items or []]
     done = claim(repo, ids[0])
-    repo.record_outcome(ids[0], done.token, Outcome(AttemptReason.SUCCEEDED, result=1), now=utcnow())
+    repo.record_outcome(ids[0], done.token, Outcome(AttemptReason.SUCCEEDED, result=1),
+                        now=utcnow())
     running = claim(repo, ids[1])
 
     # When the whole array is cancelled
@@ -196,7 +202,8 @@ def test_a_tenant_cannot_read_cancel_or_fetch_the_manifest_of_another_tenants_ar
 # -- through the HTTP API -----------------------------------------------------------------
 
 @pytest.fixture
-def api(service: Service, repo: Repo, tmp_path: Path) -> tuple[TestClient, dict[str, dict[str, str]]]:
+def api(service: Service, repo: Repo,
+        tmp_path: Path) -> tuple[TestClient, dict[str, dict[str, str]]]:
     _, token_a = repo.create_tenant("api-a", now=utcnow())
     _, token_b = repo.create_tenant("api-b", now=utcnow())
     client = TestClient(create_app(Settings(home=tmp_path), service=service))
@@ -207,8 +214,8 @@ def api(service: Service, repo: Repo, tmp_path: Path) -> tuple[TestClient, dict[
 def test_an_array_is_submitted_read_cancelled_and_listed_over_http(api) -> None:  # type: ignore[no-untyped-def]
     client, h = api
     # Given a two-item array submitted with defaults
-    created = client.post("/v1/arrays", json={"name": "sweep", "defaults": CPU,
-                                              "items": [{"params": {"lr": 0.1}}, {"params": {"lr": 0.2}}]},
+    two = [{"params": {"lr": 0.1}}, {"params": {"lr": 0.2}}]
+    created = client.post("/v1/arrays", json={"name": "sweep", "defaults": CPU, "items": two},
                           headers=h["a"])
     assert created.status_code == 201, created.text
     body = created.json()
@@ -216,7 +223,8 @@ def test_an_array_is_submitted_read_cancelled_and_listed_over_http(api) -> None:
 
     # When it is read, its manifest fetched and then it is cancelled
     status = client.get(f"/v1/arrays/{body['id']}", headers=h["a"]).json()
-    counts_only = client.get(f"/v1/arrays/{body['id']}", params={"items": "false"}, headers=h["a"]).json()
+    counts_only = client.get(f"/v1/arrays/{body['id']}", params={"items": "false"},
+                             headers=h["a"]).json()
     manifest = client.get(f"/v1/arrays/{body['id']}/manifest", headers=h["a"]).json()
     cancelled = client.post(f"/v1/arrays/{body['id']}/cancel", headers=h["a"]).json()
 

@@ -142,7 +142,7 @@ def test_a_submit_wakes_the_scheduler_at_once(repo: Repo, redis_url: str,
         wait_for(lambda: redis_client.get(keys.LEADER), what="leadership")
         service = Service(settings=settings, repo=repo, artifacts=ArtifactStore(f"file://{tmp_path}"),
                           redis_client=redis_client)
-        job = service.submit(tenant, {"entrypoint": "pkg.mod:main"})
+        job = service.submit(tenant, JobSpec.parse({"entrypoint": "pkg.mod:main"}))
         wait_for(lambda: job.id in published(redis_client, "e31.gpu24"), timeout_s=5,
                  what="the job to be published without waiting for a tick")
     finally:

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
+
 from e31.errors import SpecError
 from e31.spec import JobSpec, RetryPolicy, load_spec_file
 
@@ -255,7 +257,8 @@ def test_an_empty_command_is_refused(command: list[str]) -> None:
     assert "non-empty argv" in reason_for(errors, "command")
 
 
-@pytest.mark.parametrize("name", ["CUDA_VISIBLE_DEVICES", "E31_JOB_ID", "E31_OUTPUT_DIR", "E31_ANYTHING"])
+@pytest.mark.parametrize("name", ["CUDA_VISIBLE_DEVICES", "E31_JOB_ID", "E31_OUTPUT_DIR",
+                                  "E31_ANYTHING"])
 def test_env_may_not_override_what_the_worker_sets(name: str) -> None:
     # Given a job environment that would unpin the GPU or fake the job's identity
     # When it is parsed
@@ -286,7 +289,8 @@ def test_gpu_memory_without_gpus_is_refused() -> None:
     assert "gpus >= 1" in reason_for(errors, "resources")
 
 
-@pytest.mark.parametrize("data", [None, [], "entrypoint: m:f", 42], ids=["none", "list", "str", "int"])
+@pytest.mark.parametrize("data", [None, [], "entrypoint: m:f", 42],
+                         ids=["none", "list", "str", "int"])
 def test_input_that_is_not_a_mapping_is_refused_as_spec(data: Any) -> None:
     # Given input that is not a mapping of fields
     # When it is parsed
@@ -311,7 +315,7 @@ def test_a_parsed_spec_is_frozen() -> None:
 
     # When a field is assigned
     # Then it is refused
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         spec.priority = 9  # type: ignore[misc]
     assert spec.priority == 5
 
@@ -359,6 +363,20 @@ def test_the_default_retry_policy_does_not_retry() -> None:
     assert spec.retries.max == 0
     assert spec.retries.delay_s(1) == 10
     assert spec.retries.delay_s(20) == 600
+
+
+def test_the_pools_retry_policy_fills_only_the_retry_fields_a_spec_leaves_out() -> None:
+    # Given the pool's retry policy, a spec that sets only retries.max and one without retries
+    pool = RetryPolicy(max=2, backoff_s=3, max_lost=5)
+    partial = JobSpec.parse({"entrypoint": "m:f", "retries": {"max": 7}})
+    plain = JobSpec.parse({"entrypoint": "m:f"})
+
+    # When the pool's policy is laid under each
+    # Then the spec's own field wins, the others come from the pool, and the spec is unchanged
+    assert partial.with_retry_defaults(pool).retries.model_dump() == \
+        {"max": 7, "backoff_s": 3.0, "backoff_max_s": 600.0, "max_lost": 5}
+    assert plain.with_retry_defaults(pool).retries.model_dump() == pool.model_dump()
+    assert partial.retries.model_dump() == RetryPolicy(max=7).model_dump()
 
 
 # -- load_spec_file ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from e31.errors import SpecError
 from e31.sweep import MAX_ARRAY_ITEMS, is_sweep, load_sweep_file, merge_item, parse_sweep
 

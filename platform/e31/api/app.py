@@ -1,9 +1,14 @@
-"""FastAPI app factory and routes (`/v1/...`, OpenAPI at `/docs` and `/openapi.json`)."""
+"""FastAPI app factory and routes (`/v1/...`, OpenAPI at `/docs` and `/openapi.json`).
+
+Each route group (jobs, arrays, the pool's queue and usage) is added by a function of its own;
+every route names its caller's tenant by the `Caller` dependency and hands typed input to
+`Service`, which does the work.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -12,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from e31 import __version__, wiring
 from e31.api import errors
-from e31.api.service import Service
+from e31.api.service import LIST_LIMIT_MAX, Service
 from e31.settings import Settings
 from e31.spec import JobSpec
 from e31.states import JobState
@@ -22,7 +27,18 @@ from e31.sweep import MAX_ARRAY_ITEMS
 CHUNK_BYTES = 1 << 20
 MAX_LOG_OFFSET = 1 << 40   # far beyond any capped log; bigger numbers are input errors
 MAX_ATTEMPT = 10_000
+LIST_LIMIT_DEFAULT = 100
 _bearer = HTTPBearer(auto_error=False, description="a tenant's API token")
+_Token = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _caller(request: Request, creds: _Token) -> TenantRecord:
+    """The tenant whose token the request carries (401 without a valid one)."""
+    service: Service = request.app.state.service
+    return service.authenticate(creds.credentials if creds else None)
+
+
+Caller = Annotated[TenantRecord, Depends(_caller)]
 
 
 class ArraySubmission(BaseModel):
@@ -43,50 +59,65 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
         service = Service(settings=settings, repo=wiring.repo(settings),
                           artifacts=wiring.artifacts(settings),
                           redis_client=wiring.redis_client(settings))
-    svc = service
     app = FastAPI(title="E31 Batch", version=__version__,
                   description="Batch GPU jobs on a shared pool. Authenticate with a tenant token.")
-    app.state.service = svc
+    app.state.service = service
     errors.install(app)
-
-    def tenant(creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> TenantRecord:
-        return svc.authenticate(creds.credentials if creds else None)
 
     @app.get("/v1/health", tags=["ops"])
     def health() -> dict[str, Any]:
         return {"ok": True, "version": __version__}
 
+    _add_job_routes(app, service)
+    _add_array_routes(app, service)
+    _add_pool_routes(app, service)
+
+    @app.middleware("http")
+    async def _version_header(request: Request, call_next: Any) -> Any:
+        response = await call_next(request)
+        response.headers["X-E31-Version"] = __version__
+        return response
+
+    return app
+
+
+def _add_job_routes(app: FastAPI, svc: Service) -> None:
+    """`/v1/jobs`: submit, list, read, cancel, logs and outputs of one tenant's jobs."""
+
     @app.post("/v1/jobs", status_code=201, tags=["jobs"])
-    def submit(spec: JobSpec, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
-        return svc.submit(t, spec.model_dump(exclude_unset=True)).to_status()
+    def submit(spec: JobSpec, t: Caller) -> dict[str, Any]:
+        # FastAPI validates the body as a JobSpec, its one validation (a refusal is a 422
+        # worded by errors.install); the service takes the typed spec as it is.
+        return svc.submit(t, spec).to_status()
 
     @app.get("/v1/jobs", tags=["jobs"])
-    def list_jobs(state: JobState | None = None, limit: int = Query(100, ge=1, le=1000),
-                  t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+    def list_jobs(t: Caller, state: JobState | None = None,
+                  limit: Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX)] = LIST_LIMIT_DEFAULT,
+                  ) -> dict[str, Any]:
         jobs = svc.list(t, state=state.value if state else None, limit=limit)
         return {"jobs": [j.to_status() for j in jobs]}
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"])
-    def get_job(job_id: str, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+    def get_job(job_id: str, t: Caller) -> dict[str, Any]:
         return svc.get(t, job_id).to_status()
 
     @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
-    def cancel(job_id: str, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+    def cancel(job_id: str, t: Caller) -> dict[str, Any]:
         return svc.cancel(t, job_id).to_status()
 
     @app.get("/v1/jobs/{job_id}/logs", tags=["jobs"], response_class=Response)
-    def logs(job_id: str, attempt: int | None = Query(None, ge=1, le=MAX_ATTEMPT),
-             offset: int = Query(0, ge=0, le=MAX_LOG_OFFSET),
-             t: TenantRecord = Depends(tenant)) -> Response:
+    def logs(job_id: str, t: Caller,
+             attempt: Annotated[int | None, Query(ge=1, le=MAX_ATTEMPT)] = None,
+             offset: Annotated[int, Query(ge=0, le=MAX_LOG_OFFSET)] = 0) -> Response:
         return Response(svc.logs(t, job_id, attempt=attempt, offset=offset),
                         media_type="text/plain; charset=utf-8")
 
     @app.get("/v1/jobs/{job_id}/outputs", tags=["jobs"])
-    def outputs(job_id: str, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+    def outputs(job_id: str, t: Caller) -> dict[str, Any]:
         return {"outputs": svc.outputs(t, job_id)}
 
     @app.get("/v1/jobs/{job_id}/outputs/{path:path}", tags=["jobs"])
-    def output_file(job_id: str, path: str, t: TenantRecord = Depends(tenant)) -> StreamingResponse:
+    def output_file(job_id: str, path: str, t: Caller) -> StreamingResponse:
         handle = svc.open_output(t, job_id, path)
 
         def chunks() -> Iterator[bytes]:
@@ -96,39 +127,41 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
 
         return StreamingResponse(chunks(), media_type="application/octet-stream")
 
+
+def _add_array_routes(app: FastAPI, svc: Service) -> None:
+    """`/v1/arrays`: submit N jobs as one; read, cancel and list the results of the whole."""
+
     @app.post("/v1/arrays", status_code=201, tags=["arrays"])
-    def submit_array(body: ArraySubmission, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+    def submit_array(body: ArraySubmission, t: Caller) -> dict[str, Any]:
+        # The envelope is typed here; each item is validated once, by the service.
         status = svc.submit_many(t, body.items, name=body.name, defaults=body.defaults).to_status()
         status["jobs"] = [item["id"] for item in status.pop("items")]
         return status
 
     @app.get("/v1/arrays/{array_id}", tags=["arrays"])
-    def get_array(array_id: str, items: bool = Query(True, description="list every item"),
-                  t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+    def get_array(array_id: str, t: Caller,
+                  items: Annotated[bool, Query(description="list every item")] = True,
+                  ) -> dict[str, Any]:
         return svc.get_array(t, array_id, items=items).to_status()
 
     @app.post("/v1/arrays/{array_id}/cancel", tags=["arrays"])
-    def cancel_array(array_id: str, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+    def cancel_array(array_id: str, t: Caller) -> dict[str, Any]:
         return svc.cancel_array(t, array_id).to_status()
 
     @app.get("/v1/arrays/{array_id}/manifest", tags=["arrays"])
-    def array_manifest(array_id: str, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+    def array_manifest(array_id: str, t: Caller) -> dict[str, Any]:
         return svc.array_manifest(t, array_id).to_dict()
 
+
+def _add_pool_routes(app: FastAPI, svc: Service) -> None:
+    """`/v1/queue` and `/v1/usage`: the shared pool as the caller may see it."""
+
     @app.get("/v1/queue", tags=["queue"])
-    def queue(t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+    def queue(t: Caller) -> dict[str, Any]:
         """Per size class: GPUs, busy GPUs, queued jobs and running GPUs per tenant, each
         tenant's share of running GPUs against its share of weight (others merged unless admin)."""
         return svc.queue(t)
 
     @app.get("/v1/usage", tags=["usage"])
-    def usage(all_tenants: bool = False, t: TenantRecord = Depends(tenant)) -> dict[str, Any]:
+    def usage(t: Caller, all_tenants: bool = False) -> dict[str, Any]:
         return {"usage": svc.usage(t, all_tenants=all_tenants)}
-
-    @app.middleware("http")
-    async def _version_header(request: Request, call_next: Any) -> Any:
-        response = await call_next(request)
-        response.headers["X-E31-Version"] = __version__
-        return response
-
-    return app

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -9,6 +12,7 @@ from fastapi.responses import JSONResponse
 from e31.errors import AuthError, Conflict, E31Error, NotFound, SpecError, StoreUnavailable
 from e31.spec import describe_error
 
+REQUEST_PARTS = ("body", "query", "path")
 STATUS: list[tuple[type[E31Error], int, str]] = [
     (SpecError, 422, "spec_invalid"),
     (AuthError, 401, "unauthorized"),
@@ -32,14 +36,19 @@ def _answer(exc: E31Error) -> JSONResponse:
 
 
 def install(app: FastAPI) -> None:
+    """Answer every `E31Error`, and FastAPI's own refusal of a request's input, by `STATUS`."""
+
     @app.exception_handler(E31Error)
     async def _e31(_: Request, exc: E31Error) -> JSONResponse:
         return _answer(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = []
-        for e in exc.errors():
-            d = describe_error({**e, "loc": [p for p in e.get("loc", ()) if p not in ("body", "query", "path")]})
-            errors.append(d)
-        return _answer(SpecError(errors))
+        return _answer(SpecError([describe_error({**e, "loc": _field_path(e)})
+                                  for e in exc.errors()]))
+
+
+def _field_path(error: Mapping[str, Any]) -> list[Any]:
+    """The error's location without FastAPI's part of the request (`body`, `query`, `path`),
+    so a field is named as the spec names it: `resources.gpus`, not `body.resources.gpus`."""
+    return [p for p in error.get("loc", ()) if p not in REQUEST_PARTS]

@@ -15,13 +15,13 @@ from typing import IO, Any
 
 import redis
 
-from e31.scheduling import explain
-from e31.scheduling import inputs as policy
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
 from e31.errors import AuthError, SpecError
-from e31.scheduling.fairshare import Tenant
 from e31.heartbeat import read_workers, wake
+from e31.scheduling import explain
+from e31.scheduling import inputs as policy
+from e31.scheduling.fairshare import Tenant
 from e31.settings import Settings
 from e31.sizeclasses import Route, all_queues, route
 from e31.spec import NAME_MAX, JobSpec
@@ -46,6 +46,8 @@ DEFAULT_ARRAY_NAME = "array"
 
 
 class Service:
+    """The operations behind the routes, over one store, artifact store and Redis."""
+
     def __init__(self, *, settings: Settings, repo: Repo, artifacts: ArtifactStore,
                  redis_client: redis.Redis) -> None:
         self._settings = settings
@@ -62,10 +64,9 @@ class Service:
             raise AuthError("invalid API token")
         return tenant
 
-    def submit(self, tenant: TenantRecord, data: Mapping[str, Any]) -> JobRecord:
-        """Validate, route and store a job as queued, then wake the scheduler."""
-        spec = JobSpec.parse(self._with_pool_defaults(data))
-        where = route(spec, self._settings.size_classes)
+    def submit(self, tenant: TenantRecord, spec: JobSpec) -> JobRecord:
+        """Route a validated spec, store the job as queued, then wake the scheduler."""
+        spec, where = self._admit(spec)
         record = self._repo.insert_job(tenant.id, spec, where, now=utcnow())
         log.info("job_submitted job=%s tenant=%s queue=%s", record.id, tenant.name, record.queue)
         self._wake(record.id)
@@ -75,25 +76,22 @@ class Service:
                     defaults: Mapping[str, Any] | None = None) -> ArrayRecord:
         """Validate and route every item (`defaults` merged under each), then store them all as
         one array in one transaction and wake the scheduler once. One bad item refuses the
-        whole array with a `SpecError` naming it (`items[3].resources.gpus`); nothing is stored."""
+        whole array with a `SpecError` naming it (`items[3].resources.gpus`); nothing is stored.
+
+        The items are untrusted mappings: each is validated here, once, by `JobSpec.parse`."""
         array_name = _array_name(name)
-        if not isinstance(items, Sequence) or isinstance(items, str | bytes) or not items:
+        if not items:
             raise SpecError.one("items", "must be a non-empty list of job specs")
         if len(items) > MAX_ARRAY_ITEMS:
             raise SpecError.one("items", f"{len(items)} items; at most {MAX_ARRAY_ITEMS} per array "
                                          "(submit several arrays)")
-        if defaults is not None and not isinstance(defaults, Mapping):
-            raise SpecError.one("defaults", "must be a mapping of spec fields")
-        parsed: list[tuple[JobSpec, Route]] = []
+        admitted: list[tuple[JobSpec, Route]] = []
         errors: list[dict[str, str]] = []
         bad, named = 0, 0
         for i, item in enumerate(items):
             data = merge_item(defaults or {}, _named(item, array_name, i, given=name is not None))
             try:
-                if not isinstance(data, Mapping):
-                    raise SpecError.one("spec", "must be a mapping of fields")
-                spec = JobSpec.parse(self._with_pool_defaults(data))
-                parsed.append((spec, route(spec, self._settings.size_classes)))
+                admitted.append(self._admit(JobSpec.parse(data)))
             except SpecError as exc:
                 bad += 1
                 if named < ITEM_ERRORS_MAX:
@@ -105,10 +103,16 @@ class Service:
                 errors.append({"field": "items", "reason": f"{bad} of {len(items)} items are "
                                                            f"invalid; the first {named} are named"})
             raise SpecError(errors)
-        record = self._repo.insert_array(tenant.id, array_name, parsed, now=utcnow())
+        record = self._repo.insert_array(tenant.id, array_name, admitted, now=utcnow())
         log.info("array_submitted array=%s tenant=%s size=%d", record.id, tenant.name, record.size)
         self._wake(record.id)
         return record
+
+    def _admit(self, spec: JobSpec) -> tuple[JobSpec, Route]:
+        """The spec as this pool runs it (the pool's `[retries]` under the spec's own) and its
+        size class and queue; `SpecError` naming the field when no class takes it."""
+        spec = spec.with_retry_defaults(self._settings.retries)
+        return spec, route(spec, self._settings.size_classes)
 
     def get_array(self, tenant: TenantRecord, array_id: str, *, items: bool = True) -> ArrayRecord:
         return self._repo.get_array(tenant.id, array_id, items=items)
@@ -127,13 +131,6 @@ class Service:
             wake(self._redis)
         except redis.RedisError as exc:  # the work is stored; the next tick publishes it
             log.warning("scheduler_wake_failed for=%s: %s", what, exc)
-
-    def _with_pool_defaults(self, data: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Fill what the spec leaves out of `retries` from the pool's `[retries]` setting."""
-        given = data.get("retries")
-        if given is not None and not isinstance(given, Mapping):
-            return data  # let validation name the field
-        return {**data, "retries": {**self._settings.retries.model_dump(), **(given or {})}}
 
     def get(self, tenant: TenantRecord, job_id: str) -> JobRecord:
         """A job; a queued one with its `pending` reason, position and estimated start."""
@@ -178,8 +175,10 @@ class Service:
         return policy.tenant_views(view.tenants, running_gpus(view.running, view.outstanding),
                                    now=utcnow(), half_life_s=self._settings.fair_share_half_life_s)
 
-    def list(self, tenant: TenantRecord, *, state: str | None, limit: int) -> builtins.list[JobRecord]:
-        return self._repo.list_jobs(tenant.id, state=state, limit=min(max(limit, 1), LIST_LIMIT_MAX))
+    def list(self, tenant: TenantRecord, *, state: str | None,
+             limit: int) -> builtins.list[JobRecord]:
+        limit = min(max(limit, 1), LIST_LIMIT_MAX)
+        return self._repo.list_jobs(tenant.id, state=state, limit=limit)
 
     def cancel(self, tenant: TenantRecord, job_id: str) -> JobRecord:
         record = self._repo.request_cancel(tenant.id, job_id, now=utcnow())
@@ -213,16 +212,17 @@ class Service:
         return [r.to_dict() for r in rows]
 
 
-def _array_name(name: Any) -> str:
+def _array_name(name: str | None) -> str:
     if name is None:
         return DEFAULT_ARRAY_NAME
-    if not isinstance(name, str) or not name or len(name) > NAME_MAX or "\x00" in name:
+    if not name or len(name) > NAME_MAX or "\x00" in name:
         raise SpecError.one("name", f"must be text of 1 to {NAME_MAX} characters, without NUL")
     return name
 
 
 def _named(item: Any, array_name: str, index: int, *, given: bool) -> Any:
-    """An item without a name of its own is called `<array name>[<index>]` when the array has one."""
+    """An item without a name of its own is called `<array name>[<index>]` when the array has
+    one."""
     if not given or not isinstance(item, Mapping) or item.get("name") is not None:
         return item
     suffix = f"[{index}]"
