@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from e31_worker.node.gpus import parse_simulated
+
 from stack import private_stack, submit_all, wait_all
 
 
@@ -43,13 +44,15 @@ def main() -> None:
         for st in finals:
             states[st["state"]] = states.get(st["state"], 0) + 1
         waits = sorted(st["queued_seconds"] for st in finals)
-        locked = [p.name for p in (home / "logs").glob("*.log") if "database is locked" in p.read_text()]
+        locked = [p.name for p in (home / "logs").glob("*.log")
+                  if "database is locked" in p.read_text()]
         print(json.dumps({
             "jobs": args.jobs, "states": states, "submit_s": round(submitted, 2),
             "wall_s": round(wall, 2), "jobs_per_s": round(args.jobs / wall, 2),
             "queue_wait_p50_s": round(statistics.median(waits), 2),
             "queue_wait_p99_s": round(waits[int(0.99 * (len(waits) - 1))], 2),
-            "workers": args.cpu_slots + len(parse_simulated(args.simulate_gpus) if args.simulate_gpus else []),
+            "workers": args.cpu_slots
+            + len(parse_simulated(args.simulate_gpus) if args.simulate_gpus else []),
             "database_is_locked_in": locked,
             "attempts_per_job_max": max(len(st["attempts"]) for st in finals),
         }, indent=2))

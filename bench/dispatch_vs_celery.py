@@ -22,12 +22,14 @@ import time
 from pathlib import Path
 
 import redis
+
 from e31.local.redisserver import start_redis
+
 from stack import private_stack, submit_all, wait_all
 
 CHILD = [sys.executable, "-c", "pass"]
 
-BASELINE_APP = '''
+BASELINE_APP = f'''
 import subprocess, sys, redis
 from celery import Celery
 app = Celery("bare", broker=sys.argv[1])
@@ -37,13 +39,13 @@ r = redis.Redis.from_url(sys.argv[1])
 
 @app.task(name="bare.run")
 def run():
-    subprocess.run(%r, check=True)
+    subprocess.run({CHILD!r}, check=True)
     r.incr("bare:done")
 
 if __name__ == "__main__":
     app.worker_main(["worker", "-P", "threads", "-c", "1", "-n", sys.argv[2], "-Q", "bare",
                      "--without-gossip", "--without-mingle", "-l", "WARNING"])
-''' % (CHILD,)
+'''
 
 
 def bare_celery(n: int, workers: int, url: str, tmp: Path) -> float:

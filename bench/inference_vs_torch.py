@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from e31_worker.child.context import JobContext
 from e31_worker.child.runner import load_entrypoint
 from e31_worker.workloads import batch_inference
@@ -43,7 +44,8 @@ def write_records(path: Path, n: int) -> None:
     x, _ = digits_arrays("all")
     pixels = [[round(v, 4) for v in row] for row in x.tolist()]
     with open(path, "w") as f:
-        f.writelines(json.dumps({"custom_id": f"r-{i}", "input": pixels[i % len(pixels)]}) + "\n" for i in range(n))
+        f.writelines(json.dumps({"custom_id": f"r-{i}", "input": pixels[i % len(pixels)]}) + "\n"
+                     for i in range(n))
 
 
 def hand_loop(src: Path, out_dir: Path, batch_size: int, model_kwargs: dict[str, Any]) -> int:
@@ -55,7 +57,7 @@ def hand_loop(src: Path, out_dir: Path, batch_size: int, model_kwargs: dict[str,
         x = torch.tensor([r["input"] for r in batch], dtype=torch.float32)
         score, index = model(x).float().softmax(-1).max(-1)
         out.write("".join(json.dumps({"custom_id": r["custom_id"], "label": i, "score": s}) + "\n"
-                          for r, i, s in zip(batch, index.tolist(), score.tolist())))
+                          for r, i, s in zip(batch, index.tolist(), score.tolist(), strict=True)))
         return len(batch)
 
     with open(src) as f, open(out_dir / "results.jsonl", "w") as out, torch.inference_mode():

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import redis
+from sqlalchemy import event, text
+
 from e31 import keys
 from e31.celeryapp import make_celery
 from e31.clock import utcnow
@@ -40,7 +42,6 @@ from e31.store import Repo, make_engine
 from e31.store.db import scratch_database
 from e31.store.migrate import upgrade
 from e31.store.records import Outcome
-from sqlalchemy import event, text
 
 SIZES = (1_000, 10_000, 100_000)
 TENANTS = (("a", 1.0, None), ("b", 1.0, None), ("c", 2.0, None), ("d", 4.0, {"gpu24": 8}))
@@ -70,8 +71,8 @@ def fill(repo: Repo, size: int) -> None:
     per_tenant = size // len(ids)
     for tenant_id in ids:
         for start in range(0, per_tenant, INSERT_CHUNK):
-            repo.insert_array(tenant_id, "bench", [(spec, where)] * min(INSERT_CHUNK, per_tenant - start),
-                              now=utcnow())
+            count = min(INSERT_CHUNK, per_tenant - start)
+            repo.insert_array(tenant_id, "bench", [(spec, where)] * count, now=utcnow())
 
 
 def heartbeats(r: redis.Redis, workers: int) -> None:
@@ -135,7 +136,8 @@ def measure(url: str, size: int, redis_url: str, *, workers: int, rounds: int) -
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=32, help="idle one-GPU workers per round")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
@@ -149,7 +151,8 @@ def main() -> None:
             for kind in kinds:
                 for size in sizes:
                     with database(kind, Path(tmp), args.postgres) as url:
-                        row = measure(url, size, redis_url, workers=args.workers, rounds=args.rounds)
+                        row = measure(url, size, redis_url, workers=args.workers,
+                                      rounds=args.rounds)
                     print(json.dumps({"store": kind, **row}), flush=True)
         finally:
             proc.terminate()

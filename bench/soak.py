@@ -36,8 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import redis
+
 from e31 import keys
 from e31.local.redisserver import start_redis
+
 from stack import FINAL, private_stack, submit_all
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -176,7 +178,8 @@ def soak_e31(args: argparse.Namespace, url: str, tmp: Path) -> dict[str, Any]:
 
     with private_stack(tmp / "e31home", ["--cpu-slots", str(args.workers)],
                        redis_url=url) as client:
-        specs = [{"entrypoint": "soakjob:run", "resources": {"gpus": 0}, "retries": {"max": 0, "max_lost": 10},
+        specs = [{"entrypoint": "soakjob:run", "resources": {"gpus": 0},
+                  "retries": {"max": 0, "max_lost": 10},
                   "params": {"trail": str(trail), "seconds": args.job_s}}] * args.jobs
         start = time.monotonic()
         handles = submit_all(client, specs)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from e31.client import Client, JobHandle
-from e31.local.stack import stack_ready
 from e31.local.redisserver import free_port
+from e31.local.stack import stack_ready
 
 FINAL = ("succeeded", "failed", "cancelled")
 

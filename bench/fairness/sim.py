@@ -3,15 +3,15 @@
     pip install matplotlib   # for the plot; bench-only, not a dependency of e31
     python bench/fairness/sim.py
 
-Drives the real policy, `e31.scheduling.admission.decide` with `e31.scheduling.fairshare.DecayedUsage` (imported,
-not copied), and a FIFO baseline (below) over the same trace (`workload.py`): tenants a
-(weight 2, with an x4 job every 40 min), b and c (weight 1; c floods 10,000 jobs first) and
-d, light. Each policy runs on two pools of 16 gpu80 GPUs: `shared` (a node's one-GPU slots
-and x4 slots overlap: a big job needs 4 free GPUs of one node) and `static` (the live
-launcher: 12 one-GPU workers and one x4 worker that spills). Prints the figures, writes
-them as JSON (`--json`) and plots each tenant's share of GPU-seconds over time (`--png`).
-The scheduler ticks on every submit and job end and every `--tick-s`; jobs start when
-published. Runs in about a minute on two cores.
+Drives the real policy, `e31.scheduling.admission.decide` with
+`e31.scheduling.fairshare.DecayedUsage` (imported, not copied), and a FIFO baseline (below)
+over the same trace (`workload.py`): tenants a (weight 2, with an x4 job every 40 min), b
+and c (weight 1; c floods 10,000 jobs first) and d, light. Each policy runs on two pools of
+16 gpu80 GPUs: `shared` (a node's one-GPU slots and x4 slots overlap: a big job needs 4 free
+GPUs of one node) and `static` (the live launcher: 12 one-GPU workers and one x4 worker that
+spills). Prints the figures, writes them as JSON (`--json`) and plots each tenant's share of
+GPU-seconds over time (`--png`). The scheduler ticks on every submit and job end and every
+`--tick-s`; jobs start when published. Runs in about a minute on two cores.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from e31.scheduling.admission import AdmissionConfig, Slot, decide
 from e31.scheduling.fairshare import DecayedUsage, Job, Tenant
+
 from workload import BACKLOGGED, HORIZON_S, LIGHT, OTHERS_START_S, POOLS, WEIGHTS, SimJob, trace
 
 HEAD_K = 16              # candidates per queue, tenant and band the store hands over
