@@ -1,49 +1,43 @@
-"""The `e31` command (Typer + Rich).
+"""`e31` job commands: submit, status, ls, logs, result, cancel, wait, usage, queue.
 
-Exit codes: 0 done; 1 the job failed (wait, result); 2 bad input (a refused spec, a bad
-flag); 3 the API or a service could not be reached or answered with another error.
+Each is a client of the HTTP API (`e31.client`, built from the profile or E31_API_URL); an id
+that starts with "a-" names an array, and status, result, cancel and wait then act on every item.
+Owns: the job and array verbs and how they print. May import: `e31.cli.common`, the `e31` core
+and `e31.client` (lazily, inside the commands, so that `e31 --help` stays fast).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from e31.errors import ClientError, ConfigError, E31Error, JobFailed, SpecError
+from e31.cli.common import (
+    EXIT_FAILED,
+    EXIT_INPUT,
+    EXIT_UNAVAILABLE,
+    JsonOpt,
+    err,
+    fail,
+    out,
+    print_json,
+)
+from e31.errors import ClientError, JobFailed, SpecError
+from e31.states import JobState
 
-EXIT_FAILED, EXIT_INPUT, EXIT_UNAVAILABLE = 1, 2, 3
-EXIT_INTERRUPTED = 130      # 128 + SIGINT, as a shell reports Ctrl-C
+if TYPE_CHECKING:
+    from e31.sweep import Sweep
+
 FOLLOW_POLL_S = 1.0
 ARRAY_PREFIX = "a-"        # array ids; job ids start with "j-"
 ITEMS_SHOWN = 50           # items `e31 status a-…` lists in a table (--json lists all)
 
-# Help texts say "[env E31_…]": plain text, not Rich markup (which would swallow them).
-app = typer.Typer(help="E31 Batch: batch GPU jobs on a shared pool.", no_args_is_help=True,
-                  add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
-db_app = typer.Typer(help="The results store.", no_args_is_help=True, rich_markup_mode=None)
-tenant_app = typer.Typer(help="Tenants and their API tokens.", no_args_is_help=True,
-                         rich_markup_mode=None)
-app.add_typer(db_app, name="db")
-app.add_typer(tenant_app, name="tenant")
-out = Console()
-err = Console(stderr=True)
-
-HomeOpt = typer.Option(None, "--home", envvar="E31_HOME", help="state directory [env E31_HOME, default ~/.e31]")
-JsonOpt = typer.Option(False, "--json", help="print JSON")
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
-    raise typer.Exit(code)
+app = typer.Typer()
 
 
 def _client() -> Any:
@@ -51,7 +45,7 @@ def _client() -> Any:
     try:
         return Client()
     except ClientError as exc:
-        _fail(exc.message, EXIT_UNAVAILABLE)
+        fail(exc.message, EXIT_UNAVAILABLE)
 
 
 def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -62,11 +56,7 @@ def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise
     except ClientError as exc:
         code = EXIT_INPUT if exc.status_code in (400, 404, 409, 422) else EXIT_UNAVAILABLE
-        _fail(exc.message, code)
-
-
-def _print_json(value: Any) -> None:
-    out.print_json(json.dumps(value))
+        fail(exc.message, code)
 
 
 def _parse_value(text: str) -> Any:
@@ -81,21 +71,53 @@ def _pairs(items: list[str], flag: str) -> dict[str, Any]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            _fail(f"{flag} {item!r}: expected KEY=VALUE", EXIT_INPUT)
+            fail(f"{flag} {item!r}: expected KEY=VALUE", EXIT_INPUT)
         result[key] = value if flag == "--env" else _parse_value(value)
     return result
 
 
-# -- jobs -------------------------------------------------------------------------------
+def _read_spec(spec_file: Path | None,
+               sweep_file: Path | None) -> tuple[dict[str, Any], Sweep | None, Path | None]:
+    """The spec file's body, the sweep (of --sweep, or the spec file itself when it is one) and
+    the file that sweep came from; with a sweep, the body is the spec file over its base."""
+    from e31.spec import load_spec_file
+    from e31.sweep import is_sweep, load_sweep_file, merge_item, parse_sweep
+    sweep: Sweep | None = None
+    try:
+        body: dict[str, Any] = load_spec_file(spec_file) if spec_file else {}
+        if sweep_file is not None:
+            sweep = load_sweep_file(sweep_file)
+        if is_sweep(body):            # a sweep file given as the spec file
+            if sweep is not None:
+                fail("give one sweep file, not two", EXIT_INPUT)
+            sweep, sweep_file, body = parse_sweep(body), spec_file, {}
+        if sweep is not None:
+            body = merge_item(sweep.base, body)   # flags > spec file > the sweep's base
+    except SpecError as exc:
+        fail(exc.message, EXIT_INPUT)
+    return body, sweep, sweep_file
+
+
+def _set_given(body: dict[str, Any], section: str | None, **flags: Any) -> None:
+    """Set the flags that were given (not None) over the spec, in `body[section]` or, without
+    a section, in `body` itself."""
+    given = {key: value for key, value in flags.items() if value is not None}
+    if section is None:
+        body.update(given)
+        return
+    merged = {**(body.get(section) or {}), **given}
+    if merged:
+        body[section] = merged
+
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def submit(
-    ctx: typer.Context,
     spec_file: Path | None = typer.Argument(None, help="a job spec in YAML or JSON"),
     entrypoint: str | None = typer.Option(None, "--entrypoint", "-e", help="module:function"),
-    workload: str | None = typer.Option(None, "--workload", "-w",
-                                        help="a built-in workload: batch-inference, train, footage"),
-    param: list[str] = typer.Option([], "--param", "-p", help="KEY=VALUE (VALUE parsed as JSON if it can be)"),
+    workload: str | None = typer.Option(
+        None, "--workload", "-w", help="a built-in workload: batch-inference, train, footage"),
+    param: list[str] = typer.Option([], "--param", "-p",
+                                    help="KEY=VALUE (VALUE parsed as JSON if it can be)"),
     env: list[str] = typer.Option([], "--env", help="KEY=VALUE for the job's environment"),
     gpus: int | None = typer.Option(None, "--gpus", help="GPUs (0: the cpu class)"),
     gpu_mem_gb: float | None = typer.Option(None, "--gpu-mem", help="GB of GPU memory needed"),
@@ -113,24 +135,10 @@ def submit(
 ) -> None:
     """Submit a job: a spec file, or flags, or `-- argv...` for a command job; with a sweep
     file (--sweep, or as the spec file), an array of jobs."""
-    from e31.spec import load_spec_file
-    from e31.sweep import Sweep, is_sweep, load_sweep_file, merge_item, parse_sweep
     argv = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
     if argv and spec_file is not None and str(spec_file) == argv[0]:
         spec_file = None  # Click hands the first word after `--` to the positional argument
-    sweep: Sweep | None = None
-    try:
-        body: dict[str, Any] = load_spec_file(spec_file) if spec_file else {}
-        if sweep_file is not None:
-            sweep = load_sweep_file(sweep_file)
-        if is_sweep(body):            # a sweep file given as the spec file
-            if sweep is not None:
-                _fail("give one sweep file, not two", EXIT_INPUT)
-            sweep, sweep_file, body = parse_sweep(body), spec_file, {}
-        if sweep is not None:
-            body = merge_item(sweep.base, body)   # flags > spec file > the sweep's base
-    except SpecError as exc:
-        _fail(exc.message, EXIT_INPUT)
+    body, sweep, sweep_file = _read_spec(spec_file, sweep_file)
     if argv:
         body["command"] = argv
     if entrypoint:
@@ -141,21 +149,9 @@ def submit(
         body["params"] = {**body.get("params", {}), **_pairs(param, "--param")}
     if env:
         body["env"] = {**body.get("env", {}), **_pairs(env, "--env")}
-    resources = dict(body.get("resources") or {})
-    for key, value in (("gpus", gpus), ("gpu_mem_gb", gpu_mem_gb), ("size_class", size_class)):
-        if value is not None:
-            resources[key] = value
-    if resources:
-        body["resources"] = resources
-    policy = dict(body.get("retries") or {})
-    for key, value in (("max", retries), ("backoff_s", backoff_s)):
-        if value is not None:
-            policy[key] = value
-    if policy:
-        body["retries"] = policy
-    for key, value in (("timeout_s", timeout_s), ("priority", priority), ("name", name)):
-        if value is not None:
-            body[key] = value
+    _set_given(body, "resources", gpus=gpus, gpu_mem_gb=gpu_mem_gb, size_class=size_class)
+    _set_given(body, "retries", max=retries, backoff_s=backoff_s)
+    _set_given(body, None, timeout_s=timeout_s, priority=priority, name=name)
     client = _client()
     if sweep is not None:
         array_name = body.pop("name", None) or Path(str(sweep_file)).stem
@@ -163,7 +159,7 @@ def submit(
         if wait:
             _wait_array(array, as_json=as_json, timeout=None)
         elif as_json:
-            _print_json(_call(array.status))
+            print_json(_call(array.status))
         else:
             out.print(array.id)
         return
@@ -172,7 +168,7 @@ def submit(
         _wait(job, as_json=as_json, timeout=None)
         return
     if as_json:
-        _print_json(job.status())
+        print_json(job.status())
     else:
         out.print(job.id)
 
@@ -185,7 +181,7 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
         return
     st = _call(lambda: _client().get(job_id).status())
     if as_json:
-        _print_json(st)
+        print_json(st)
         return
     table = Table(show_header=False, box=None)
     for key in ("id", "name", "state", "reason", "error", "size_class", "queue", "priority",
@@ -193,7 +189,8 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
         if st.get(key) not in (None, ""):
             table.add_row(f"[bold]{key}[/bold]", str(st[key]))
     if st.get("progress"):
-        table.add_row("[bold]progress[/bold]", f"{st['progress']['done']:g} / {st['progress']['total'] or '?'}")
+        progress = st["progress"]
+        table.add_row("[bold]progress[/bold]", f"{progress['done']:g} / {progress['total'] or '?'}")
     if st.get("result") is not None:
         table.add_row("[bold]result[/bold]", json.dumps(st["result"]))
     if st.get("after"):
@@ -221,7 +218,7 @@ def list_jobs(state: str | None = typer.Option(None, "--state"),
     """Your jobs, newest first."""
     jobs = _call(_client().list, state=state, limit=limit)
     if as_json:
-        _print_json(jobs)
+        print_json(jobs)
         return
     table = Table("id", "name", "state", "class", "submitted", "gpu_s")
     for j in jobs:
@@ -231,14 +228,16 @@ def list_jobs(state: str | None = typer.Option(None, "--state"),
 
 
 @app.command()
-def logs(job_id: str, follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends"),
+def logs(job_id: str,
+         follow: bool = typer.Option(False, "--follow", "-f",
+                                     help="keep printing until the job ends"),
          attempt: int | None = typer.Option(None, "--attempt", help="one attempt only"),
          as_json: bool = JsonOpt) -> None:
     """A job's log (every attempt, or one)."""
     job = _call(_client().get, job_id)
     if as_json:
         numbers = [attempt] if attempt else [a["n"] for a in _call(job.status)["attempts"]]
-        _print_json({"id": job_id, "logs": {str(n): _call(job.logs, attempt=n) for n in numbers}})
+        print_json({"id": job_id, "logs": {str(n): _call(job.logs, attempt=n) for n in numbers}})
         return
     if not follow:
         sys.stdout.write(_call(job.logs, attempt=attempt))
@@ -253,13 +252,15 @@ def logs(job_id: str, follow: bool = typer.Option(False, "--follow", "-f", help=
                 sys.stdout.write(chunk)
                 sys.stdout.flush()
                 offsets[n] = offsets.get(n, 0) + len(chunk.encode())
-        if st["state"] in ("succeeded", "failed", "cancelled"):
+        if JobState(st["state"]).is_final:
             return
         time.sleep(FOLLOW_POLL_S)
 
 
 @app.command()
-def result(job_id: str, download: Path | None = typer.Option(None, "--download", help="fetch outputs into DIR"),
+def result(job_id: str,
+           download: Path | None = typer.Option(None, "--download",
+                                                help="fetch outputs into DIR"),
            as_json: bool = JsonOpt) -> None:
     """A finished job's result (and its output files with --download); an array's manifest."""
     if _is_array(job_id):
@@ -269,10 +270,10 @@ def result(job_id: str, download: Path | None = typer.Option(None, "--download",
     try:
         value = _call(job.result)
     except JobFailed as exc:
-        _fail(exc.message, EXIT_FAILED)
+        fail(exc.message, EXIT_FAILED)
     files = _call(job.download, download) if download else []
     if as_json:
-        _print_json({"result": value, "downloaded": [str(p) for p in files]})
+        print_json({"result": value, "downloaded": [str(p) for p in files]})
         return
     out.print_json(json.dumps(value))
     for p in files:
@@ -288,7 +289,7 @@ def cancel(job_id: str, as_json: bool = JsonOpt) -> None:
         return
     st = _call(lambda: _client().get(job_id).cancel())
     if as_json:
-        _print_json(st)
+        print_json(st)
     elif st["state"] in ("succeeded", "failed"):
         out.print(f"{job_id} already {st['state']}")
     else:
@@ -300,10 +301,10 @@ def _wait(job: Any, *, as_json: bool, timeout: float | None) -> None:
         st = _call(job.wait, timeout=timeout, progress=not as_json)
     except JobFailed as exc:
         if as_json:
-            _print_json(exc.status)
-        _fail(exc.message, EXIT_FAILED)
+            print_json(exc.status)
+        fail(exc.message, EXIT_FAILED)
     if as_json:
-        _print_json(st)
+        print_json(st)
     else:
         print(f"{job.id} succeeded: {json.dumps(st['result'])}")
 
@@ -334,21 +335,21 @@ def _counts(st: dict[str, Any]) -> str:
 def _wait_array(array: Any, *, as_json: bool, timeout: float | None) -> None:
     st = _call(array.wait, timeout=timeout, progress=not as_json)
     if as_json:
-        _print_json(st)
+        print_json(st)
     else:
         out.print(f"{array.id} {st['state']}, {_counts(st)}", highlight=False)
     if st["state"] != "succeeded":
         bad = [i for i in st.get("items", []) if i["state"] != "succeeded"]
         listed = ", ".join(f"[{i['index']}] {i['id']} {i['reason'] or i['state']}" for i in bad[:5])
-        _fail(f"array {array.id}: {st['failed']} failed, {st['cancelled']} cancelled of "
-              f"{st['total']}" + (f" ({listed}{', …' if len(bad) > 5 else ''})" if listed else ""),
-              EXIT_FAILED)
+        fail(f"array {array.id}: {st['failed']} failed, {st['cancelled']} cancelled of "
+             f"{st['total']}" + (f" ({listed}{', …' if len(bad) > 5 else ''})" if listed else ""),
+             EXIT_FAILED)
 
 
 def _array_status(array_id: str, *, as_json: bool) -> None:
     st = _call(lambda: _client().get_array(array_id).status())
     if as_json:
-        _print_json(st)
+        print_json(st)
         return
     table = Table(show_header=False, box=None)
     for key in ("id", "name", "state", "submitted_at"):
@@ -366,7 +367,7 @@ def _array_status(array_id: str, *, as_json: bool) -> None:
 def _array_cancel(array_id: str, *, as_json: bool) -> None:
     st = _call(lambda: _client().get_array(array_id).cancel())
     if as_json:
-        _print_json(st)
+        print_json(st)
         return
     ended = st["succeeded"] + st["failed"]
     out.print(f"{array_id}: {st['cancelled']} cancelled, {st['running']} cancelling, "
@@ -383,7 +384,7 @@ def _array_result(array_id: str, *, download: Path | None, as_json: bool) -> Non
             job = JobHandle(client, item["id"])
             files += _call(job.download, Path(download or ".") / str(item["index"]))
     if as_json:
-        _print_json({**manifest, "downloaded": [str(p) for p in files]})
+        print_json({**manifest, "downloaded": [str(p) for p in files]})
     else:
         out.print_json(json.dumps(manifest))
         for p in files:
@@ -392,17 +393,18 @@ def _array_result(array_id: str, *, download: Path | None, as_json: bool) -> Non
     if live:
         err.print(f"{live} of {manifest['total']} items not finished yet (e31 wait {array_id})")
     if manifest["failed"] or manifest["cancelled"]:
-        _fail(f"array {array_id}: {manifest['failed']} failed, {manifest['cancelled']} cancelled "
-              f"of {manifest['total']}", EXIT_FAILED)
+        fail(f"array {array_id}: {manifest['failed']} failed, {manifest['cancelled']} cancelled "
+             f"of {manifest['total']}", EXIT_FAILED)
 
 
 @app.command()
-def usage(all_tenants: bool = typer.Option(False, "--all-tenants", help="every tenant (admin token)"),
+def usage(all_tenants: bool = typer.Option(False, "--all-tenants",
+                                           help="every tenant (admin token)"),
           as_json: bool = JsonOpt) -> None:
     """Jobs by state, GPU-seconds billed and time queued (never billed), per tenant and class."""
     rows = _call(_client().usage, all_tenants=all_tenants)
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
     table = Table("tenant", "class", "jobs", "gpu-seconds", "run s", "queued s")
     for r in rows:
@@ -418,7 +420,7 @@ def queue(as_json: bool = JsonOpt) -> None:
     share of them against share of weight (other tenants merged unless your token is admin)."""
     view = _call(_client().queue)
     if as_json:
-        _print_json(view)
+        print_json(view)
         return
     table = Table("class", "GPUs", "busy", "queued", "tenant", "queued", "running GPUs",
                   "used share", "weight share", "quota")
@@ -441,46 +443,3 @@ def queue(as_json: bool = JsonOpt) -> None:
             standing.add_row(t["tenant"], f"{t['weight']:g}", f"{t['usage_gpu_s']:.0f}",
                              f"{t['usage_share']:.0%}", f"{t['weight_share']:.0%}")
         out.print(standing)
-
-
-@app.command()
-def demo(home: Path | None = HomeOpt,
-         keep: bool = typer.Option(False, "--keep", help="leave a stack the demo started running"),
-         out_dir: Path | None = typer.Option(None, "--out", help="where the inputs and the "
-                                             "downloaded outputs go (default: $E31_HOME/demo/<time>)"),
-         as_json: bool = JsonOpt) -> None:
-    """The main job: train a digits classifier, score the held-out digits with its weights,
-    label a rendered clip frame by frame and sweep learning rates, on this machine's stack
-    (started, and stopped after, if none runs). Exit 1 unless every job succeeded."""
-    from e31.local.demo import DemoOptions, run
-    from e31.settings import Settings
-    options = DemoOptions(home=Settings.load({"home": home}).home, out=out_dir, keep=keep,
-                          as_json=as_json)
-    try:
-        code = run(options, out=out, err=err)
-    except KeyboardInterrupt:
-        err.print("e31 demo interrupted")
-        code = EXIT_INTERRUPTED
-    except E31Error as exc:
-        _fail(exc.message, EXIT_INPUT if isinstance(exc, ConfigError) else EXIT_UNAVAILABLE)
-    raise typer.Exit(code)
-
-
-# -- operations -------------------------------------------------------------------------
-
-from e31.cli.ops import register_ops
-
-register_ops(app, db_app, tenant_app)
-
-
-def main() -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        app()
-    except E31Error as exc:
-        err.print(f"[red]error:[/red] {exc.message}")
-        sys.exit(EXIT_INPUT if isinstance(exc, (SpecError, ConfigError)) else EXIT_UNAVAILABLE)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,130 @@
+"""`e31 up` and `e31 down`: the whole stack on this machine, in the foreground or detached.
+
+Owns: these two commands and how `up -d` starts `e31 up` in the background and waits for it.
+The stack itself (Redis, store, API, scheduler, workers, Flower) is `e31.local.stack`.
+May import: `e31.cli.common`, the `e31` core, `e31.local` lazily inside the commands, and
+`e31_worker`'s GPU discovery lazily in `e31 up`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from e31.cli.common import (
+    EXIT_INPUT,
+    EXIT_UNAVAILABLE,
+    GpusOpt,
+    GroupOpt,
+    HomeOpt,
+    SimulateGpusOpt,
+    SpillOpt,
+    err,
+    load_settings,
+    out,
+)
+from e31.errors import ConfigError, E31Error
+
+DETACH_READY_TIMEOUT_S = 120.0
+DETACH_POLL_S = 0.3
+
+app = typer.Typer()
+
+
+@app.command()
+def up(gpus: str = GpusOpt,
+       cpu_slots: int | None = typer.Option(None, "--cpu-slots", help="cpu-class workers "
+                                            "(default: 1, or 2 without GPUs)"),
+       simulate_gpus: str | None = SimulateGpusOpt, spill: bool = SpillOpt,
+       group: int = GroupOpt, home: Path | None = HomeOpt,
+       port: int | None = typer.Option(None, "--port", help="API port [env E31_API_PORT]"),
+       flower_port: int | None = typer.Option(None, "--flower-port"),
+       no_flower: bool = typer.Option(False, "--no-flower"),
+       detach: bool = typer.Option(False, "--detach", "-d",
+                                   help="return once ready; `e31 down` stops it")) -> None:
+    """Start the whole stack on this machine: Redis, store, API, scheduler, workers, Flower."""
+    from e31.local.stack import LocalStack
+    settings = load_settings(home=home, api_port=port, flower_port=flower_port)
+    if detach:
+        _detach(settings.home)
+        return
+    from e31_worker.node.gpus import discover
+    real = [] if simulate_gpus else discover()
+    slots = cpu_slots if cpu_slots is not None else (1 if (real or simulate_gpus) else 2)
+    if not real and not simulate_gpus:
+        err.print("no GPU found: serving the cpu class only "
+                  "(add --simulate-gpus 1x24 to try GPU routing)")
+    stack = LocalStack(settings=settings, flower=not no_flower,
+                       worker_args=_worker_argv(gpus, slots, simulate_gpus, spill, group))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stack.request_stop())
+    try:
+        profile = stack.start()
+        flower_line = (f"Flower {profile['flower_url']} (user {profile['flower_user']}, "
+                       f"password in {settings.profile_path})") if not no_flower else "Flower off"
+        print(f"E31 Batch is ready: API {profile['url']}, {flower_line}. "
+              f"Ctrl-C or `e31 down` stops it.")
+        sys.stdout.flush()
+        stack.supervise()
+    except E31Error as exc:
+        err.print(f"error: {exc.message}")
+        stack.stop()
+        raise typer.Exit(EXIT_INPUT if isinstance(exc, ConfigError) else EXIT_UNAVAILABLE) \
+            from None
+    stack.stop()
+    out.print("E31 Batch stopped.")
+
+
+@app.command()
+def down(home: Path | None = HomeOpt) -> None:
+    """Stop the stack `e31 up` started from this home (running jobs are drained)."""
+    from e31.local.stack import stop_stack
+    settings = load_settings(home=home)
+    if stop_stack(settings.home):
+        out.print("E31 Batch stopped.")
+    else:
+        out.print(f"no running stack in {settings.home}")
+
+
+def _worker_argv(gpus: str, cpu_slots: int, simulate_gpus: str | None, spill: bool,
+                 group: int) -> list[str]:
+    """The `e31 worker` flags of the stack's worker launcher."""
+    argv = ["--gpus", gpus, "--cpu-slots", str(cpu_slots), "--group", str(group),
+            "--spill" if spill else "--no-spill"]
+    if simulate_gpus:
+        argv += ["--simulate-gpus", simulate_gpus]
+    return argv
+
+
+def _detach(home: Path) -> None:
+    """Run `e31 up` (without -d) in the background and return when it is ready."""
+    from e31.local.stack import STATE_FILE, stack_ready
+    argv = [a for a in sys.argv[1:] if a not in ("-d", "--detach")]
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "logs").mkdir(exist_ok=True)
+    log_path = home / "logs" / "up.log"
+    (home / STATE_FILE).unlink(missing_ok=True)
+    with open(log_path, "ab") as log:   # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "e31.cli", *argv],
+                                env=dict(os.environ, E31_HOME=str(home)), stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + DETACH_READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err.print(f"error: e31 up exited with code {proc.returncode}; see {log_path}")
+            raise typer.Exit(proc.returncode or EXIT_UNAVAILABLE)
+        if stack_ready(home):
+            lines = log_path.read_text().strip().splitlines()
+            print(next((line for line in reversed(lines) if "is ready" in line),
+                       "E31 Batch is ready."))
+            return
+        time.sleep(DETACH_POLL_S)
+    err.print(f"error: the stack was not ready in {DETACH_READY_TIMEOUT_S:g} s; see {log_path}")
+    raise typer.Exit(EXIT_UNAVAILABLE)
