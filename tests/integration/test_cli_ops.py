@@ -8,8 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from e31.store import Repo, make_engine
 from sqlalchemy import inspect
+
+from e31 import wiring
+from e31.settings import Settings
+from e31.store import make_engine
 
 
 def e31(*args: str, home: Path, database_url: str) -> subprocess.CompletedProcess[str]:
@@ -28,11 +31,12 @@ def test_db_upgrade_creates_the_schema_and_can_run_again(database_url: str, tmp_
 
 def test_tenant_create_prints_the_token_once_and_refuses_a_taken_name(database_url: str,
                                                                        tmp_path: Path) -> None:
-    created = e31("tenant", "create", "vision-team", "--json", home=tmp_path, database_url=database_url)
+    created = e31("tenant", "create", "vision-team", "--json", home=tmp_path,
+                  database_url=database_url)
     assert created.returncode == 0, created.stderr
     printed = json.loads(created.stdout)
     assert printed["tenant"] == "vision-team" and printed["token"].startswith("e31_")
-    repo = Repo(make_engine(database_url))
+    repo = wiring.repo(Settings.load({"home": tmp_path, "database_url": database_url}))
     assert repo.tenant_for_token(printed["token"]).name == "vision-team"
 
     again = e31("tenant", "create", "vision-team", home=tmp_path, database_url=database_url)
@@ -40,7 +44,8 @@ def test_tenant_create_prints_the_token_once_and_refuses_a_taken_name(database_u
     assert "exists already" in again.stderr
 
 
-def test_tenant_create_and_update_set_the_weight_and_quotas(database_url: str, tmp_path: Path) -> None:
+def test_tenant_create_and_update_set_the_weight_and_quotas(database_url: str,
+                                                            tmp_path: Path) -> None:
     # Given a tenant created with a weight and a quota
     created = e31("tenant", "create", "nlp", "--weight", "2", "--quota", "gpu80=8", "--json",
                   home=tmp_path, database_url=database_url)
@@ -55,7 +60,9 @@ def test_tenant_create_and_update_set_the_weight_and_quotas(database_url: str, t
     assert updated.returncode == 0, updated.stderr
     assert json.loads(updated.stdout) == {"tenant": "nlp", "admin": False, "weight": 3.0,
                                           "quotas": {"gpu24": 2}}
-    bad = e31("tenant", "update", "nlp", "--quota", "gpu99=1", home=tmp_path, database_url=database_url)
+    bad = e31("tenant", "update", "nlp", "--quota", "gpu99=1", home=tmp_path,
+              database_url=database_url)
     assert bad.returncode == 2 and "unknown size class" in bad.stderr
-    missing = e31("tenant", "update", "nobody", "--weight", "1", home=tmp_path, database_url=database_url)
+    missing = e31("tenant", "update", "nobody", "--weight", "1", home=tmp_path,
+                  database_url=database_url)
     assert missing.returncode == 2 and "no tenant named" in missing.stderr
