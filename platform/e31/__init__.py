@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from e31.client import Client, JobHandle
+    from e31.client import ArrayHandle, Client, JobHandle
     from e31.errors import E31Error, JobFailed
 
-__all__ = ["Client", "E31Error", "JobFailed", "JobHandle", "__version__"]
+__all__ = ["ArrayHandle", "Client", "E31Error", "JobFailed", "JobHandle", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy, so `import e31` stays light for workers and the CLI's fast paths.
-    if name in ("Client", "JobHandle"):
+    if name in ("ArrayHandle", "Client", "JobHandle"):
         from e31 import client
         return getattr(client, name)
     if name in ("JobFailed", "E31Error"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+
 from e31.client import Client
 from e31.errors import ClientError
 
@@ -15,12 +16,13 @@ def _client(answers: list[int]) -> tuple[Client, list[str]]:
         seen.append(request.method)
         status = answers.pop(0) if answers else 200
         if status == 503:
-            return httpx.Response(503, headers={"Retry-After": "0.1"},
-                                  json={"error": "store_unavailable", "message": "results store unavailable"})
+            return httpx.Response(503, headers={"Retry-After": "0.1"}, json={
+                "error": "store_unavailable", "message": "results store unavailable"})
         return httpx.Response(status, json={"id": "j-00000000000000000000", "state": "queued"})
 
     client = Client("http://e31.invalid", "token")
-    client._http = httpx.Client(base_url="http://e31.invalid", transport=httpx.MockTransport(handler))
+    client._http = httpx.Client(base_url="http://e31.invalid",
+                                transport=httpx.MockTransport(handler))
     return client, seen
 
 

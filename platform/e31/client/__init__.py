@@ -1,10 +1,16 @@
-"""The Python client: `Client`, `JobHandle`, `ArrayHandle`, the progress display and the
-profile that `e31 up` writes for it.
+"""The Python client: `Client` (`client`), the handles it returns, `JobHandle` and
+`ArrayHandle` (`handles`), the progress bars (`progress`) and the profile that `e31 up`
+writes for it (`profile`).
 
-May import: the `e31` core (spec vocabulary, errors) and httpx. Never the store, the
-scheduler, the API's internals or `e31_worker`.
+Owns: everything a user's program needs to submit work and follow it over HTTP.
+
+May import: the `e31` core's job vocabulary and errors (`e31.spec`, `e31.errors`), httpx, and
+rich for the progress bars. Never the store, `e31.settings` or `e31.wiring` (a client holds
+a URL and a token, not the platform's configuration), the scheduler, the API's internals, the
+CLI, the local stack or `e31_worker`.
 """
 
-from e31.client.client import ArrayHandle, Client, JobHandle
+from e31.client.client import Client
+from e31.client.handles import ArrayHandle, JobHandle
 
 __all__ = ["ArrayHandle", "Client", "JobHandle"]

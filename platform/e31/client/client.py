@@ -1,4 +1,9 @@
-"""`Client`, `JobHandle` and `ArrayHandle`: the Python interface over the HTTP API."""
+"""`Client`: one tenant's connection to an E31 Batch API, and every HTTP call the client makes.
+
+The handles it returns (`JobHandle`, `ArrayHandle`, in `e31.client.handles`) call back
+through `Client.request` and `Client.stream`, so one place turns an error answer into a
+`ClientError` and rides out a brief store outage.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +11,18 @@ import builtins
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
+from contextlib import contextmanager
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
-from e31.errors import ClientError, JobFailed, JobTimeout
+from e31.client.handles import ArrayHandle, JobHandle
 from e31.client.profile import read_profile
+from e31.errors import ClientError
 
-POLL_S = 0.5                 # status poll while waiting
+DEFAULT_TIMEOUT_S = 30.0     # one HTTP call; waiting for a job polls, so no call lasts long
 UNAVAILABLE_RETRY_S = 60.0   # a read retried this long while the API answers 503
 RETRY_AFTER_MAX_S = 10.0     # the longest wait between two such tries
-FINAL = {"succeeded", "failed", "cancelled"}
 
 
 class Client:
@@ -29,7 +33,7 @@ class Client:
     """
 
     def __init__(self, url: str | None = None, token: str | None = None, *,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         profile = read_profile() if not (url and token) else {}
         self.url = (url or os.environ.get("E31_URL") or profile.get("url") or "").rstrip("/")
         token = token or os.environ.get("E31_TOKEN") or profile.get("token")
@@ -64,6 +68,16 @@ class Client:
             if response.status_code >= 400:
                 raise _error(response)
             return response
+
+    @contextmanager
+    def stream(self, method: str, path: str) -> Iterator[httpx.Response]:
+        """One API call whose answer is read in chunks (an output file); an error answer
+        raises `ClientError` as in `request` (which alone retries a read that meets 503)."""
+        with self._http.stream(method, path) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise _error(response)
+            yield response
 
     def submit(self, spec: dict[str, Any] | None = None, /, **fields: Any) -> JobHandle:
         """Submit one job from a spec mapping and/or the spec's fields as keywords."""
@@ -103,160 +117,6 @@ class Client:
         """Per size class: GPUs, busy, queued jobs and running GPUs per tenant, share used
         against weight (`e31 queue --json` prints the same)."""
         return dict(self.request("GET", "/v1/queue").json())
-
-
-class JobHandle:
-    """A submitted job, as its owner holds it."""
-
-    def __init__(self, client: Client, job_id: str, status: dict[str, Any] | None = None) -> None:
-        self._client = client
-        self.id = job_id
-        self._last = status or {}
-
-    def __repr__(self) -> str:
-        return f"JobHandle({self.id!r}, state={self._last.get('state')!r})"
-
-    def status(self) -> dict[str, Any]:
-        self._last = self._client.request("GET", f"/v1/jobs/{self.id}").json()
-        return self._last
-
-    def watch(self, timeout: float | None = None, poll_s: float = POLL_S) -> Iterator[dict[str, Any]]:
-        """Yield the status at each poll until the job is final; `JobTimeout` after `timeout` s."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            status = self.status()
-            yield status
-            if status["state"] in FINAL:
-                return
-            if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeout(f"job {self.id} still {status['state']} after {timeout:g} s")
-            time.sleep(poll_s)
-
-    def wait(self, timeout: float | None = None, progress: bool = False) -> dict[str, Any]:
-        """Block until the job ends; return its status, or raise `JobFailed` unless it succeeded."""
-        if progress:
-            from e31.client.progress import follow
-            status = follow(self, timeout=timeout)
-        else:
-            status = {}
-            for status in self.watch(timeout):
-                pass
-        if status["state"] != "succeeded":
-            raise JobFailed(status)
-        return status
-
-    def result(self) -> Any:
-        """The job's JSON result; `JobFailed` if it ended otherwise, `ClientError` if still live."""
-        status = self.status()
-        if status["state"] == "succeeded":
-            return status["result"]
-        if status["state"] in FINAL:
-            raise JobFailed(status)
-        raise ClientError(f"job {self.id} is {status['state']}; no result yet (use wait())")
-
-    def outputs(self) -> list[dict[str, Any]]:
-        return list(self._client.request("GET", f"/v1/jobs/{self.id}/outputs").json()["outputs"])
-
-    def download(self, directory: str | Path) -> list[Path]:
-        """Fetch every output file into `directory`; returns the local paths."""
-        root = Path(directory)
-        paths = []
-        for item in self.outputs():
-            target = root / item["path"]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            url = f"/v1/jobs/{self.id}/outputs/{quote(item['path'])}"
-            with self._client._http.stream("GET", url) as r:
-                if r.status_code >= 400:
-                    r.read()
-                    raise _error(r)
-                with open(target, "wb") as f:
-                    f.writelines(r.iter_bytes())
-            paths.append(target)
-        return paths
-
-    def logs(self, attempt: int | None = None, offset: int = 0) -> str:
-        params: dict[str, Any] = {"offset": offset}
-        if attempt is not None:
-            params["attempt"] = attempt
-        return self._client.request("GET", f"/v1/jobs/{self.id}/logs", params=params).text
-
-    def cancel(self) -> dict[str, Any]:
-        self._last = self._client.request("POST", f"/v1/jobs/{self.id}/cancel").json()
-        return self._last
-
-
-class ArrayHandle:
-    """A submitted array (a sweep): its items are jobs, and it is followed as a whole."""
-
-    def __init__(self, client: Client, array_id: str, *, job_ids: builtins.list[str]) -> None:
-        self._client = client
-        self.id = array_id
-        self.job_ids = job_ids          # in item order: job_ids[i] is item i
-
-    def __repr__(self) -> str:
-        return f"ArrayHandle({self.id!r}, size={len(self.job_ids)})"
-
-    def status(self, items: bool = True) -> dict[str, Any]:
-        """id, name, state, total, done (ended either way), succeeded, failed, cancelled,
-        running, queued, and `items` ([{index, id, state, reason}]) unless `items=False`."""
-        params = {} if items else {"items": "false"}
-        return dict(self._client.request("GET", f"/v1/arrays/{self.id}", params=params).json())
-
-    def watch(self, timeout: float | None = None, poll_s: float = POLL_S) -> Iterator[dict[str, Any]]:
-        """Yield the counts (no items) at each poll until every item is final; `JobTimeout`
-        after `timeout` s."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            status = self.status(items=False)
-            yield status
-            if status["done"] >= status["total"]:
-                return
-            if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeout(f"array {self.id}: {status['done']} of {status['total']} items "
-                                 f"done after {timeout:g} s")
-            time.sleep(poll_s)
-
-    def wait(self, timeout: float | None = None, progress: bool = False) -> dict[str, Any]:
-        """Block until every item is final and return the status, with its items.
-
-        Unlike `JobHandle.wait`, this does not raise when items failed: look at `failed`,
-        `cancelled` or `state` (`succeeded` only when every item did), or at `manifest()`.
-        """
-        if progress:
-            _follow_array(self, timeout)
-        else:
-            for _ in self.watch(timeout):
-                pass
-        return self.status()
-
-    def cancel(self) -> dict[str, Any]:
-        """Cancel every item: queued ones at once, running ones within seconds; ended ones stay."""
-        return dict(self._client.request("POST", f"/v1/arrays/{self.id}/cancel").json())
-
-    def manifest(self) -> dict[str, Any]:
-        """The status and, per item in index order: index, id, state, params, result, outputs,
-        reason and error."""
-        return dict(self._client.request("GET", f"/v1/arrays/{self.id}/manifest").json())
-
-    def jobs(self) -> builtins.list[JobHandle]:
-        """A `JobHandle` per item, in index order."""
-        return [JobHandle(self._client, job_id) for job_id in self.job_ids]
-
-
-def _follow_array(array: ArrayHandle, timeout: float | None) -> None:
-    """A progress bar of the whole array on stderr: items done of the total."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[counts]}"), TimeElapsedColumn(),
-                  console=Console(stderr=True)) as bar:
-        task = bar.add_task(array.id, total=None, counts="")
-        for st in array.watch(timeout):
-            counts = ", ".join(f"{st[k]} {k}" for k in ("running", "succeeded", "failed",
-                                                          "cancelled") if st.get(k))
-            bar.update(task, total=st["total"], completed=st["done"], counts=counts,
-                       description=f"{st.get('name') or array.id} ({array.id})")
 
 
 def _error(response: httpx.Response) -> ClientError:

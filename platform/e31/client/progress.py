@@ -1,18 +1,29 @@
-"""A Rich progress bar that follows a job until it ends (`e31 wait`, `job.wait(progress=True)`)."""
+"""Rich progress bars on stderr that follow a job, or a whole array, until it ends
+(`e31 wait`, `job.wait(progress=True)`, `array.wait(progress=True)`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 if TYPE_CHECKING:
-    from e31.client.client import JobHandle
+    from e31.client.handles import ArrayHandle, JobHandle
+
+ARRAY_COUNTS = ("running", "succeeded", "failed", "cancelled")   # shown beside the bar when > 0
 
 
 def follow(job: JobHandle, *, timeout: float | None = None,
            console: Console | None = None) -> dict[str, Any]:
+    """A bar of one job: the progress it reports (`done` of `total`) and its state; returns
+    the last status, which is final unless `timeout` ran out (`JobTimeout`)."""
     status: dict[str, Any] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"),
                   TimeElapsedColumn(), console=console or Console(stderr=True),
@@ -28,3 +39,16 @@ def follow(job: JobHandle, *, timeout: float | None = None,
             done = bar.tasks[0].total or 1
             bar.update(task, total=done, completed=done)
     return status
+
+
+def follow_array(array: ArrayHandle, *, timeout: float | None = None,
+                 console: Console | None = None) -> None:
+    """A bar of the whole array: items done of the total, with the running and ended counts."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[counts]}"), TimeElapsedColumn(),
+                  console=console or Console(stderr=True)) as bar:
+        task = bar.add_task(array.id, total=None, counts="")
+        for st in array.watch(timeout):
+            counts = ", ".join(f"{st[k]} {k}" for k in ARRAY_COUNTS if st.get(k))
+            bar.update(task, total=st["total"], completed=st["done"], counts=counts,
+                       description=f"{st.get('name') or array.id} ({array.id})")
