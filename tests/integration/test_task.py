@@ -2,38 +2,47 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
+from e31.heartbeat import WorkerInfo
 from e31.settings import Settings
 from e31.sizeclasses import route
 from e31.spec import JobSpec
 from e31.store import Repo
-from e31_worker.attempt import task
-from e31.heartbeat import WorkerInfo
-from e31_worker.node.runtime import WorkerRuntime
+from e31_worker.attempt import shipping, task
+from e31_worker.attempt.groups import GroupRegistry
+from e31_worker.attempt.services import AttemptServices
 
 
 class OutputsFail(ArtifactStore):
     """An artifact store whose output uploads fail, as a full disk or a lost bucket would."""
 
-    def put_tree(self, local_dir: Path, tenant_id: str, job_id: str, prefix: str) -> list[dict[str, Any]]:
+    def put_tree(self, local_dir: Path, tenant_id: str, job_id: str,
+                 prefix: str) -> list[dict[str, Any]]:
         if prefix == "outputs":
             raise OSError(28, "No space left on device")
         return super().put_tree(local_dir, tenant_id, job_id, prefix)
 
 
-def runtime(repo: Repo, r: redis.Redis, tmp_path: Path, artifacts: ArtifactStore) -> WorkerRuntime:
+def services(repo: Repo, r: redis.Redis, tmp_path: Path, artifacts: ArtifactStore,
+             busy: list[str | None] | None = None) -> AttemptServices:
+    """A cpu worker's services, without cgroups; `busy` collects what it says it holds."""
     settings = Settings(redis_url="redis://unused", work_dir=str(tmp_path / "work"),
                         heartbeat_interval_s=0.2, kill_grace_s=1)
     identity = WorkerInfo(node="cpu0@test", queues=("e31.cpu",), gpus="", gpu_count=0,
-                              size_class="cpu")
-    return WorkerRuntime(settings=settings, identity=identity, repo=repo, artifacts=artifacts,
-                         redis_client=r)
+                          size_class="cpu")
+    said = busy if busy is not None else []
+    return AttemptServices(settings=settings, identity=identity, repo=repo, artifacts=artifacts,
+                           redis=r,
+                           groups=GroupRegistry(tmp_path / "work" / ".groups" / "cpu0@test"),
+                           cgroups=None, draining=threading.Event(), busy=said.append)
 
 
 def submit(repo: Repo, **fields: Any) -> tuple[str, str]:
@@ -47,24 +56,27 @@ def test_a_second_delivery_of_a_finished_job_runs_nothing(repo: Repo, redis_clie
                                                           tmp_path: Path) -> None:
     marker = tmp_path / "runs"
     _, job_id = submit(repo, command=["sh", "-c", f"echo run >> {marker}"])
-    rt = runtime(repo, redis_client, tmp_path, ArtifactStore(f"file://{tmp_path / 'a'}"))
+    busy: list[str | None] = []
+    svc = services(repo, redis_client, tmp_path, ArtifactStore(f"file://{tmp_path / 'a'}"), busy)
 
-    task.run_job(rt, job_id)
-    task.run_job(rt, job_id)            # the same message delivered again
-    task.run_job(rt, {"not": "an id"})  # a malformed message
+    task.run_job(svc, job_id)
+    task.run_job(svc, job_id)            # the same message delivered again
+    task.run_job(svc, {"not": "an id"})  # a malformed message
 
     assert marker.read_text() == "run\n"
     record = repo.get_job(None, job_id)
     assert record.state == "succeeded" and len(record.attempts) == 1
+    assert busy == [job_id, None]        # the node's heartbeat heard of the one run only
 
 
 def test_outputs_that_cannot_be_stored_fail_the_attempt_with_that_reason(
-        repo: Repo, redis_client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(task, "UPLOAD_BACKOFF_S", 0.0)
+        repo: Repo, redis_client: redis.Redis, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shipping, "UPLOAD_BACKOFF_S", 0.0)
     tenant_id, job_id = submit(repo, command=["sh", "-c", "echo hi; echo x > $E31_OUTPUT_DIR/x"])
     artifacts = OutputsFail(f"file://{tmp_path / 'a'}")
 
-    task.run_job(runtime(repo, redis_client, tmp_path, artifacts), job_id)
+    task.run_job(services(repo, redis_client, tmp_path, artifacts), job_id)
 
     record = repo.get_job(None, job_id)
     assert record.state == "failed"
@@ -77,7 +89,8 @@ class OutputsFailOnce(ArtifactStore):
 
     failed = False
 
-    def put_tree(self, local_dir: Path, tenant_id: str, job_id: str, prefix: str) -> list[dict[str, Any]]:
+    def put_tree(self, local_dir: Path, tenant_id: str, job_id: str,
+                 prefix: str) -> list[dict[str, Any]]:
         if prefix == "outputs" and not self.failed:
             self.failed = True
             raise OSError("transient")
@@ -85,12 +98,15 @@ class OutputsFailOnce(ArtifactStore):
 
 
 def test_an_upload_that_succeeds_on_retry_keeps_the_job_succeeded(
-        repo: Repo, redis_client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(task, "UPLOAD_BACKOFF_S", 0.0)
+        repo: Repo, redis_client: redis.Redis, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shipping, "UPLOAD_BACKOFF_S", 0.0)
     _, job_id = submit(repo, command=["sh", "-c", "echo x > $E31_OUTPUT_DIR/x.txt"])
 
-    task.run_job(runtime(repo, redis_client, tmp_path, OutputsFailOnce(f"file://{tmp_path / 'a'}")), job_id)
+    artifacts = OutputsFailOnce(f"file://{tmp_path / 'a'}")
+    task.run_job(services(repo, redis_client, tmp_path, artifacts), job_id)
 
     record = repo.get_job(None, job_id)
     assert record.state == "succeeded" and record.outputs == [{"path": "x.txt", "size": 2}]
-    assert not (tmp_path / "work" / job_id).exists() or not any((tmp_path / "work" / job_id).iterdir())
+    job_dir = tmp_path / "work" / job_id
+    assert not job_dir.exists() or not any(job_dir.iterdir())

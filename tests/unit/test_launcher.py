@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from e31.errors import ConfigError
 from e31.settings import DEFAULT_SIZE_CLASSES
 from e31_worker.node.gpus import parse_simulated
@@ -14,7 +15,8 @@ CLASSES = DEFAULT_SIZE_CLASSES
 def slots_for(simulated: str | None, *, cpu_slots: int = 0, spill: bool = True,
               group: int = 1) -> list[WorkerSlot]:
     gpus = parse_simulated(simulated) if simulated else []
-    return plan_slots(gpus, cpu_slots=cpu_slots, spill=spill, group=group, classes=CLASSES, host="h")
+    return plan_slots(gpus, cpu_slots=cpu_slots, spill=spill, group=group, classes=CLASSES,
+                      host="h")
 
 
 def test_each_gpu_and_cpu_slot_gets_its_own_pinned_worker_that_spills_to_smaller_classes() -> None:

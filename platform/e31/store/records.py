@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from e31.spec import JobSpec
 from e31.states import AttemptReason
 
 
@@ -185,13 +186,14 @@ class ArrayManifest:
 
 @dataclass(frozen=True)
 class Claim:
-    """What a worker holds after a successful claim."""
+    """What a worker holds after a successful claim: the job's spec, validated, and the
+    fencing token its outcome is written with."""
 
     job_id: str
     tenant_id: str
     token: int
     attempt: int
-    spec: dict[str, Any]
+    spec: JobSpec
     gpus: int
 
 

@@ -198,8 +198,10 @@ class Repo(ArrayQueries, SchedulerQueries):
                 queued_seconds=Job.queued_seconds + seconds(queued_since, now), queued_since=None))
             s.add(Attempt(job_id=job_id, n=attempt, worker=worker, gpus=gpus, gpu_count=gpu_count,
                           started_at=now))
-            return Claim(job_id=job_id, tenant_id=tenant_id, token=token, attempt=attempt,
-                         spec=spec, gpus=job_gpus)
+        # Validated after the commit: params of up to a megabyte are not checked while the
+        # write transaction holds the store. It was validated on submit, so it passes again.
+        return Claim(job_id=job_id, tenant_id=tenant_id, token=token, attempt=attempt,
+                     spec=JobSpec.parse(spec), gpus=job_gpus)
 
     def renew(self, job_id: str, token: int, *, now: datetime, lease_ttl_s: float,
               progress: tuple[float, float] | None = None) -> tuple[bool, bool]:

@@ -43,7 +43,8 @@ class Layout:
         return "memory.oom_control" if self.version == 1 else "memory.events"
 
 
-def detect(root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup")) -> Layout | None:
+def detect(root: Path = CGROUP_ROOT,
+           proc_cgroup: Path = Path("/proc/self/cgroup")) -> Layout | None:
     """The memory cgroup this process lives in, or None where there is none to use."""
     try:
         lines = proc_cgroup.read_text().splitlines()
@@ -117,10 +118,12 @@ class JobCgroups:
 
     @classmethod
     def for_node(cls, node: str) -> JobCgroups | None:
-        """The node's cgroups where this process may create them, else None (said once in the log)."""
+        """The node's cgroups where this process may create them, else None (said once in the
+        log)."""
         layout = detect()
         if layout is None:
-            log.info("cgroups_unavailable node=%s: no memory cgroup; jobs run in process groups only", node)
+            log.info("cgroups_unavailable node=%s: no memory cgroup; jobs run in process groups "
+                     "only", node)
             return None
         groups = cls(layout, node)
         try:
@@ -133,7 +136,8 @@ class JobCgroups:
             return None
         return groups
 
-    def create(self, job_id: str, attempt: int, *, memory_max_bytes: int | None) -> JobCgroup | None:
+    def create(self, job_id: str, attempt: int, *,
+               memory_max_bytes: int | None) -> JobCgroup | None:
         path = self._base / f"{_UNSAFE.sub('_', job_id)}-a{attempt}"
         try:
             path.mkdir(exist_ok=True)
@@ -152,7 +156,8 @@ class JobCgroups:
     def reap(self) -> int:
         """Kill the processes of job cgroups a dead predecessor left behind, and remove them."""
         count = 0
-        for path in sorted(p for p in self._base.iterdir() if p.is_dir()) if self._base.is_dir() else []:
+        left = sorted(p for p in self._base.iterdir() if p.is_dir()) if self._base.is_dir() else []
+        for path in left:
             group = JobCgroup(path, self._layout)
             if group.pids():
                 log.warning("cgroup_orphans path=%s pids=%s: killed", path, group.pids())

@@ -31,7 +31,6 @@ class NodeLock:
 
     def __init__(self, path: Path) -> None:
         self._path = path
-        self._fd: int | None = None
 
     def acquire(self) -> int | None:
         """Take the lock; None when taken, else the pid of the process that holds it."""
@@ -45,7 +44,7 @@ class NodeLock:
             return int(holder) if holder.isdigit() else 0
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
-        self._fd = fd  # never closed: released by the kernel when this process ends
+        # `fd` is never closed: the kernel releases the lock when this process ends.
         return None
 
 

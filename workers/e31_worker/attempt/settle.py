@@ -21,29 +21,30 @@ import shutil
 from pathlib import Path
 
 from e31.store.records import Claim
-
+from e31_worker.attempt.record import CLAIM_FILE, claim_from_file_data, finish_attempt
+from e31_worker.attempt.services import AttemptServices
+from e31_worker.attempt.shipping import Shipper
 from e31_worker.attempt.supervisor import finished_outcome
-from e31_worker.node.runtime import WorkerRuntime
-from e31_worker.attempt.task import CLAIM_FILE, Shipper, attempt_plan, finish_attempt
+from e31_worker.attempt.task import attempt_plan
 
 log = logging.getLogger(__name__)
 
 
-def settle_left_attempts(rt: WorkerRuntime) -> int:
+def settle_left_attempts(svc: AttemptServices) -> int:
     """Record the finished attempts of this node's dead predecessor, clean up the rest;
     returns how many outcomes were offered to the store. Run before taking work."""
     settled = 0
-    for claim_file in sorted(rt.settings.resolved_work_dir.glob(f"*/attempt-*/{CLAIM_FILE}")):
+    for claim_file in sorted(svc.settings.resolved_work_dir.glob(f"*/attempt-*/{CLAIM_FILE}")):
         try:
             data = json.loads(claim_file.read_text())
         except (OSError, ValueError):
             continue
-        if data.pop("node", None) != rt.identity.node:
+        if data.pop("node", None) != svc.identity.node:
             continue  # another worker's, alive or not: its own successor settles it
         root = claim_file.parent
         try:
-            settled += _settle(rt, Claim(**data), root)
-        except Exception:  # noqa: BLE001 - never keep a worker from starting
+            settled += _settle(svc, claim_from_file_data(data), root)
+        except Exception:  # never keep a worker from starting
             log.exception("attempt_settle_failed dir=%s", root)
         finally:
             shutil.rmtree(root, ignore_errors=True)
@@ -51,17 +52,17 @@ def settle_left_attempts(rt: WorkerRuntime) -> int:
     return settled
 
 
-def _settle(rt: WorkerRuntime, claim: Claim, root: Path) -> int:
+def _settle(svc: AttemptServices, claim: Claim, root: Path) -> int:
     outcome = finished_outcome(root)
     if outcome is None:
         log.warning("attempt_abandoned job=%s attempt=%d node=%s: its worker died before it "
                     "finished; the scheduler recovers it", claim.job_id, claim.attempt,
-                    rt.identity.node)
+                    svc.identity.node)
         return 0
-    plan = attempt_plan(rt, claim)
-    state = finish_attempt(rt, claim, plan, Shipper(rt, claim, plan), outcome)
+    plan = attempt_plan(svc, claim)
+    state = finish_attempt(svc, claim, Shipper(svc, claim, plan), outcome)
     log.warning("attempt_settled job=%s attempt=%d node=%s reason=%s state=%s: its worker died "
-                "after the job ended", claim.job_id, claim.attempt, rt.identity.node,
+                "after the job ended", claim.job_id, claim.attempt, svc.identity.node,
                 outcome.reason.value, state or "fenced")
     return 1
 

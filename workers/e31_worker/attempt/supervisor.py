@@ -20,11 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
+from e31.spec import JobSpec
 from e31.states import AttemptReason
 from e31.store.records import Outcome
-
 from e31_worker.attempt.cgroups import JobCgroup, JobCgroups
 from e31_worker.attempt.groups import GroupRegistry
 
@@ -47,9 +46,11 @@ class Directive(str, Enum):
 
 @dataclass(frozen=True)
 class AttemptPlan:
+    """One attempt as the supervisor runs it: the job's spec, its GPUs, its directory, limits."""
+
     job_id: str
     attempt: int
-    spec: dict[str, Any]
+    spec: JobSpec
     gpus: str                 # CUDA_VISIBLE_DEVICES for the child ("" for the cpu class)
     root: Path                # fresh directory of this attempt
     kill_grace_s: float
@@ -59,7 +60,7 @@ class AttemptPlan:
     @property
     def memory_max_bytes(self) -> int | None:
         """The job's host-memory cap from `resources.mem_gb`, enforced by its cgroup."""
-        mem_gb = (self.spec.get("resources") or {}).get("mem_gb")
+        mem_gb = self.spec.resources.mem_gb
         return int(mem_gb * 1024 ** 3) if mem_gb else None
 
     @property
@@ -86,8 +87,9 @@ class AttemptPlan:
 Tick = Callable[[tuple[float, float] | None], Directive]
 
 
-class Executor:
-    """Runs one attempt to its end; `tick` is called every `tick_interval_s` with the progress."""
+class Supervisor:
+    """Runs one attempt's child to its end; `tick` is called every `tick_interval_s` with the
+    progress, and what it returns may stop the child."""
 
     def __init__(self, plan: AttemptPlan, *, tick: Tick, groups: GroupRegistry | None = None,
                  cgroups: JobCgroups | None = None) -> None:
@@ -121,7 +123,8 @@ class Executor:
         assert proc.stdout is not None
         done = threading.Event()
         pump = threading.Thread(target=_pump_log, name=f"log-{plan.job_id}",
-                                args=(proc.stdout.fileno(), plan.log_path, plan.log_max_bytes, done),
+                                args=(proc.stdout.fileno(), plan.log_path, plan.log_max_bytes,
+                                      done),
                                 daemon=True)
         pump.start()
         log.info("attempt_started job=%s attempt=%d pid=%d gpus=%r", plan.job_id, plan.attempt,
@@ -150,7 +153,7 @@ class Executor:
 
     def _supervise(self, proc: subprocess.Popen[bytes]) -> AttemptReason | Directive | None:
         plan = self._plan
-        deadline = time.monotonic() + float(plan.spec["timeout_s"])
+        deadline = time.monotonic() + float(plan.spec.timeout_s)
         next_tick = time.monotonic() + plan.tick_interval_s
         while proc.poll() is None:
             now = time.monotonic()
@@ -176,7 +179,8 @@ class Executor:
 
     def _kill(self, proc: subprocess.Popen[bytes], why: str) -> None:
         """SIGTERM the group, wait the grace period, then SIGKILL the group."""
-        log.info("attempt_stopping job=%s attempt=%d why=%s", self._plan.job_id, self._plan.attempt, why)
+        log.info("attempt_stopping job=%s attempt=%d why=%s", self._plan.job_id,
+                 self._plan.attempt, why)
         _killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=self._plan.kill_grace_s)
@@ -197,20 +201,20 @@ class Executor:
         plan = self._plan
         if stopped_for is None and oom_kills and code != 0:  # a helper process OOM-killed
             # under a job that still exited 0 is the job's business, not a failed attempt
-            limit = (f" (its limit: resources.mem_gb={plan.spec['resources']['mem_gb']:g})"
+            limit = (f" (its limit: resources.mem_gb={plan.spec.resources.mem_gb:g})"
                      if plan.memory_max_bytes else "")
             return Outcome(AttemptReason.OOM, exit_code=code,
                            error=f"killed by the kernel's OOM killer: out of host memory{limit}")
         if stopped_for is AttemptReason.TIMEOUT:
             return Outcome(AttemptReason.TIMEOUT, exit_code=code,
-                                 error=f"timed out after {plan.spec['timeout_s']:g} s")
+                                 error=f"timed out after {plan.spec.timeout_s:g} s")
         if stopped_for is Directive.CANCEL:
             return Outcome(AttemptReason.CANCELLED, exit_code=code, error="cancelled by its owner")
         if stopped_for is Directive.DRAIN:
             return Outcome(AttemptReason.DRAINED, exit_code=code, error="worker shut down")
         if stopped_for is Directive.LOST:
             return Outcome(AttemptReason.LOST, exit_code=code, error="lease lost")
-        if plan.spec.get("entrypoint"):
+        if plan.spec.entrypoint:
             return self._entrypoint_result(code)
         if code == 0:
             return Outcome(AttemptReason.SUCCEEDED, exit_code=0)
@@ -227,17 +231,18 @@ class Executor:
 
     def _argv(self) -> list[str]:
         spec = self._plan.spec
-        if spec.get("entrypoint"):
+        if spec.entrypoint:
             job_file = self._plan.root / "job.json"
-            job_file.write_text(json.dumps({"entrypoint": spec["entrypoint"], "params": spec["params"]}))
+            job_file.write_text(json.dumps({"entrypoint": spec.entrypoint, "params": spec.params}))
             return [sys.executable, "-m", "e31_worker.child.runner", str(job_file)]
-        return list(spec["command"])
+        assert spec.command is not None  # a valid spec holds exactly one of the two
+        return list(spec.command)
 
     def _env(self) -> dict[str, str]:
         plan = self._plan
         # The worker's own E31_* settings (store and broker URLs) are not the job's business.
         env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}
-        env.update(plan.spec.get("env") or {})
+        env.update(plan.spec.env)
         env.update({
             "CUDA_VISIBLE_DEVICES": plan.gpus, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "E31_JOB_ID": plan.job_id, "E31_ATTEMPT": str(plan.attempt),
@@ -325,7 +330,8 @@ def _pump_log(fd: int, path: Path, max_bytes: int, done: threading.Event) -> Non
             out.write(chunk[:room])
             written += min(len(chunk), room)
             if len(chunk) > room:
-                out.write(f"\n[e31: log cut at {max_bytes} bytes; the rest was discarded]\n".encode())
+                note = f"\n[e31: log cut at {max_bytes} bytes; the rest was discarded]\n"
+                out.write(note.encode())
                 cut = True
             out.flush()
 

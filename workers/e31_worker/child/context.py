@@ -38,12 +38,14 @@ class JobContext:
         return cls(job_id=env["E31_JOB_ID"], attempt=int(env.get("E31_ATTEMPT", "1")),
                    params=params, output_dir=Path(env["E31_OUTPUT_DIR"]),
                    checkpoint_dir=Path(env["E31_CHECKPOINT_DIR"]), work_dir=Path.cwd(),
-                   progress_path=Path(env["E31_PROGRESS_PATH"]) if env.get("E31_PROGRESS_PATH") else None,
+                   progress_path=(Path(env["E31_PROGRESS_PATH"])
+                                  if env.get("E31_PROGRESS_PATH") else None),
                    gpus=env.get("CUDA_VISIBLE_DEVICES", ""))
 
     @property
     def device(self) -> str:
-        """`cuda` when this job was given a real GPU, else `cpu`. Initialises CUDA here, in the job."""
+        """`cuda` when this job was given a real GPU, else `cpu`. Initialises CUDA here, in the
+        job."""
         if self._device is None:
             self._device = "cpu"
             if self.gpus:

@@ -16,14 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
+
 from e31.drain import clear_drain
 from e31.errors import ConfigError
 from e31.settings import Settings, SizeClass
 from e31.sizeclasses import class_for_gpu, cpu_class, queue_name, spill_queues
-
 from e31_worker.attempt.supervisor import PR_SET_PDEATHSIG, prctl_function
-from e31_worker.node.gpus import Gpu
 from e31_worker.node.celery_process import EXIT_DRAINED
+from e31_worker.node.gpus import Gpu
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ def default_host() -> str:
 class Launcher:
     """Supervises one worker process per slot."""
 
-    def __init__(self, *, settings: Settings, slots: Sequence[WorkerSlot], loglevel: str = "INFO") -> None:
+    def __init__(self, *, settings: Settings, slots: Sequence[WorkerSlot],
+                 loglevel: str = "INFO") -> None:
         self._settings = settings
         self._slots = list(slots)
         self._loglevel = loglevel
@@ -169,7 +170,8 @@ class Launcher:
             client.close()
 
     def stop(self) -> None:
-        """Drain: SIGTERM every worker (running jobs get the grace period), then SIGKILL stragglers."""
+        """Drain: SIGTERM every worker (running jobs get the grace period), then SIGKILL
+        stragglers."""
         for proc in self._procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""The attempt executor with real child processes: results, exit codes, timeouts, kills, logs."""
+"""The attempt supervisor with real child processes: results, exit codes, timeouts, kills, logs."""
 
 from __future__ import annotations
 
@@ -7,21 +7,21 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from e31.spec import JobSpec
 from e31.states import AttemptReason
-from e31_worker.attempt.supervisor import AttemptPlan, Directive, Executor
-
+from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
 from tests.conftest import process_alive, wait_for
 
 
 def plan(tmp_path: Path, *, log_max_bytes: int = 1 << 20, **spec: object) -> AttemptPlan:
-    full = JobSpec.parse(spec).model_dump(mode="json")
-    return AttemptPlan(job_id="j-test", attempt=1, spec=full, gpus="3", root=tmp_path / "attempt",
-                       kill_grace_s=1.0, log_max_bytes=log_max_bytes, tick_interval_s=0.1)
+    return AttemptPlan(job_id="j-test", attempt=1, spec=JobSpec.parse(spec), gpus="3",
+                       root=tmp_path / "attempt", kill_grace_s=1.0, log_max_bytes=log_max_bytes,
+                       tick_interval_s=0.1)
 
 
 def run(p: AttemptPlan, directive: Directive = Directive.CONTINUE):
-    return Executor(p, tick=lambda progress: directive).run()
+    return Supervisor(p, tick=lambda progress: directive).run()
 
 
 def test_an_entrypoint_returns_its_json_result_and_sees_its_pinned_gpu(tmp_path: Path) -> None:
@@ -37,7 +37,8 @@ def test_an_entrypoint_returns_its_json_result_and_sees_its_pinned_gpu(tmp_path:
 def test_a_command_job_fails_with_its_exit_code_and_its_output_logged(tmp_path: Path) -> None:
     p = plan(tmp_path, command=["sh", "-c", "echo out; echo err >&2; exit 7"])
     result = run(p)
-    assert (result.reason, result.exit_code, result.error) == (AttemptReason.ERROR, 7, "exited with code 7")
+    assert (result.reason, result.exit_code, result.error) == (
+        AttemptReason.ERROR, 7, "exited with code 7")
     log = p.log_path.read_text()
     assert "out" in log and "err" in log
 
@@ -72,7 +73,8 @@ def test_a_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
 
 
 def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
-    script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(300)"
+    script = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              "print('up', flush=True); time.sleep(300)")
     p = plan(tmp_path, command=[sys.executable, "-c", script], timeout_s=1)
     result = run(p)
     assert result.reason is AttemptReason.TIMEOUT and result.exit_code == -9
@@ -113,7 +115,7 @@ def test_a_failing_supervisor_never_leaves_the_job_running(tmp_path: Path) -> No
         raise RuntimeError("heartbeat blew up")
 
     try:
-        Executor(p, tick=broken_tick).run()
+        Supervisor(p, tick=broken_tick).run()
     except RuntimeError:
         pass
     wait_for(lambda: not process_alive(int(pidfile.read_text())), timeout_s=5,
@@ -160,7 +162,7 @@ def test_a_failure_to_record_the_group_still_stops_the_job(tmp_path: Path) -> No
     (tmp_path / "not-a-dir").write_text("")
     p = plan(tmp_path, command=["sleep", "300"], env={"TEST_MARK": mark})
     try:
-        Executor(p, tick=lambda progress: Directive.CONTINUE,
+        Supervisor(p, tick=lambda progress: Directive.CONTINUE,
                  groups=GroupRegistry(tmp_path / "not-a-dir" / "groups")).run()
     except OSError:
         pass
@@ -174,7 +176,8 @@ def _processes_with_env(entry: bytes) -> list[int]:
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if entry in (d / "environ").read_bytes().split(b"\0") and process_alive(int(d.name)):
+                environ = (d / "environ").read_bytes().split(b"\0")
+                if entry in environ and process_alive(int(d.name)):
                     found.append(int(d.name))
             except OSError:
                 pass
@@ -237,9 +240,11 @@ def job_modules(tmp_path: Path):
         os.environ["PYTHONPATH"] = saved
 
 
-def test_an_out_of_memory_exception_in_the_job_ends_the_attempt_as_oom(tmp_path: Path, job_modules) -> None:
+def test_an_out_of_memory_exception_in_the_job_ends_the_attempt_as_oom(tmp_path: Path,
+                                                                       job_modules) -> None:
     job_modules("oom_job", "class OutOfMemoryError(RuntimeError):\n    pass\n\n"
-                "def main(ctx):\n    raise OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n")
+                "def main(ctx):\n"
+                "    raise OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n")
     result = run(plan(tmp_path, entrypoint="oom_job:main"))
     assert result.reason is AttemptReason.OOM
     assert "CUDA out of memory" in result.error
@@ -248,7 +253,7 @@ def test_an_out_of_memory_exception_in_the_job_ends_the_attempt_as_oom(tmp_path:
 @pytest.fixture
 def cgroups():
     from e31_worker.attempt.cgroups import JobCgroups
-    groups = JobCgroups.for_node(f"test-{os.getpid()}@executor")
+    groups = JobCgroups.for_node(f"test-{os.getpid()}@supervisor")
     if groups is None:
         pytest.skip("this machine lets the tests create no memory cgroup")
     yield groups
@@ -262,7 +267,7 @@ def test_the_kernels_oom_kill_of_a_job_over_its_mem_gb_is_reported_as_oom(
              resources={"gpus": 0, "mem_gb": 0.0625})
 
     # When it runs in its cgroup
-    result = Executor(p, tick=lambda progress: Directive.CONTINUE, cgroups=cgroups).run()
+    result = Supervisor(p, tick=lambda progress: Directive.CONTINUE, cgroups=cgroups).run()
 
     # Then the kernel killed it and the attempt says why
     assert result.reason is AttemptReason.OOM, result
@@ -278,7 +283,7 @@ def test_a_process_that_left_the_group_is_still_killed_through_the_cgroup(
              resources={"gpus": 0})
 
     # When the attempt ends
-    result = Executor(p, tick=lambda progress: Directive.CONTINUE, cgroups=cgroups).run()
+    result = Supervisor(p, tick=lambda progress: Directive.CONTINUE, cgroups=cgroups).run()
 
     # Then the escaped process is gone too
     assert result.reason is AttemptReason.SUCCEEDED

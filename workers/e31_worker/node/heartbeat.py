@@ -1,5 +1,8 @@
-"""`WorkerRuntime`: what one pinned worker process holds — its identity, store, artifacts,
-Redis, and the heartbeat that tells the scheduler whether it is idle.
+"""`Heartbeat`: tells the scheduler that this worker process lives and whether it is busy,
+and watches for an operator's drain request.
+
+It writes through `e31.heartbeat` (one record type for every reader). The attempt layer
+sees it only as the `busy` callback and the `draining` event of its `AttemptServices`.
 """
 
 from __future__ import annotations
@@ -9,35 +12,29 @@ import threading
 from collections.abc import Callable
 
 import redis
-from e31 import heartbeat, keys
-from e31.artifacts import ArtifactStore
-from e31.heartbeat import WorkerInfo
-from e31.settings import Settings
-from e31.store import Repo
 
-from e31_worker.attempt.cgroups import JobCgroups
-from e31_worker.attempt.groups import GroupRegistry, NodeLock
+from e31 import heartbeat, keys
+from e31.heartbeat import WorkerInfo
 
 log = logging.getLogger(__name__)
 
 
+class Heartbeat:
+    """One worker process's heartbeat thread and its drain state.
 
-class WorkerRuntime:
-    def __init__(self, *, settings: Settings, identity: WorkerInfo, repo: Repo,
-                 artifacts: ArtifactStore, redis_client: redis.Redis) -> None:
-        self.settings = settings
+    `draining` is set when the process stops (the running job is requeued, no new one is
+    claimed); `drain_requested` when an operator asked for it (`e31 worker --drain`), after
+    which `on_drain` is called once.
+    """
+
+    def __init__(self, *, redis_client: redis.Redis, identity: WorkerInfo, interval_s: float,
+                 on_drain: Callable[[], None]) -> None:
         self.identity = identity
-        self.repo = repo
-        self.artifacts = artifacts
-        self.redis = redis_client
         self.draining = threading.Event()
-        # Per node: a restarted worker process finds what its predecessor left running.
-        groups_dir = settings.resolved_work_dir / ".groups"
-        self.groups = GroupRegistry(groups_dir / identity.node)
-        self.node_lock = NodeLock(groups_dir / f"{identity.node}.lock")
-        self.cgroups: JobCgroups | None = None  # set up in start()
-        self.drain_requested = threading.Event()  # an operator ran `e31 worker --drain`
-        self.on_drain: Callable[[], None] = lambda: None
+        self.drain_requested = threading.Event()
+        self._redis = redis_client
+        self._interval_s = interval_s
+        self._on_drain = on_drain
         self._busy_job: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -51,21 +48,17 @@ class WorkerRuntime:
             log.warning("heartbeat_failed node=%s: %s", self.identity.node, exc)
 
     def beat(self) -> None:
-        """Publish this worker's heartbeat now."""
+        """Publish this worker's heartbeat now (withdraw it while draining)."""
         if self.draining.is_set():
-            heartbeat.withdraw(self.redis, self.identity.node)
+            heartbeat.withdraw(self._redis, self.identity.node)
             return
-        heartbeat.write(self.redis, self.identity.busy(self._busy_job),
-                        interval_s=self.settings.heartbeat_interval_s)
+        heartbeat.write(self._redis, self.identity.busy(self._busy_job),
+                        interval_s=self._interval_s)
 
     def start(self) -> None:
         """Start the heartbeat thread (once the Celery consumer is ready)."""
         if self._thread is not None:
             return
-        self.groups.reap()
-        self.cgroups = JobCgroups.for_node(self.identity.node)
-        if self.cgroups is not None:
-            self.cgroups.reap()
         self._thread = threading.Thread(target=self._loop, name="e31-heartbeat", daemon=True)
         self._thread.start()
         log.info("worker_ready node=%s queues=%s gpus=%r", self.identity.node,
@@ -76,7 +69,7 @@ class WorkerRuntime:
         self.draining.set()
         self._stop.set()
         try:
-            heartbeat.withdraw(self.redis, self.identity.node)
+            heartbeat.withdraw(self._redis, self.identity.node)
         except redis.RedisError:
             pass
 
@@ -87,13 +80,13 @@ class WorkerRuntime:
                 self._check_drain()
             except redis.RedisError as exc:
                 log.warning("heartbeat_failed node=%s: %s", self.identity.node, exc)
-            self._stop.wait(self.settings.heartbeat_interval_s)
+            self._stop.wait(self._interval_s)
 
     def _check_drain(self) -> None:
         """An operator's drain request: stop as on SIGTERM, and tell the launcher not to restart."""
-        if self.drain_requested.is_set() or not self.redis.exists(keys.drain(self.identity.node)):
+        if self.drain_requested.is_set() or not self._redis.exists(keys.drain(self.identity.node)):
             return
         log.warning("worker_drain_requested node=%s busy_job=%s: stopping after the running job "
                     "is requeued", self.identity.node, self._busy_job)
         self.drain_requested.set()
-        self.on_drain()
+        self._on_drain()

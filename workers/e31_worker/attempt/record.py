@@ -1,0 +1,128 @@
+"""The record stage: store an ended attempt's files and write its outcome with the fencing
+token, retrying through a store outage; and the claim file that lets a restarted worker
+do the same for an attempt its predecessor could not finish recording.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from e31.clock import utcnow
+from e31.errors import StoreError
+from e31.spec import JobSpec
+from e31.states import AttemptReason
+from e31.store.records import Claim, Outcome
+from e31_worker.attempt.services import AttemptServices
+from e31_worker.attempt.shipping import Shipper
+
+log = logging.getLogger(__name__)
+
+STORE_RETRY_FIRST_S = 0.25  # first wait after a store error; doubled up to the heartbeat
+CLAIM_FILE = "claim.json"   # in the attempt's directory: what a restarted worker needs
+
+
+def finish_attempt(svc: AttemptServices, claim: Claim, shipper: Shipper,
+                   result: Outcome) -> str | None:
+    """Store an ended attempt's files and record its outcome, if it still holds the lease;
+    returns the job's new state, or None when fenced off. Also used by a restarted worker
+    for the attempt its predecessor could not finish recording (e31_worker.attempt.settle)."""
+    shipper.finish()
+    if result.reason is not AttemptReason.LOST and not still_ours(svc, claim):
+        # It ended on its own, but the job was recovered elsewhere meanwhile: its files
+        # are not stored, and its outcome is offered to the fence, which refuses it.
+        shipper.ship_log()
+        state = record_outcome(svc, claim, result)
+        log.warning("lease_lost_at_end job=%s attempt=%d node=%s recorded=%s", claim.job_id,
+                    claim.attempt, svc.identity.node, state)
+        return state
+    if result.reason is AttemptReason.LOST:  # fenced off: its files must not overwrite
+        shipper.ship_log()                    # those of the attempt that replaced it
+        log.warning("lease_lost job=%s attempt=%d node=%s", claim.job_id, claim.attempt,
+                    svc.identity.node)
+        return None
+    outputs, upload_error = shipper.store_files()
+    shipper.ship_log()
+    if upload_error and result.reason is AttemptReason.SUCCEEDED:
+        result = Outcome(AttemptReason.ERROR, exit_code=result.exit_code,
+                         error=f"the job succeeded but {upload_error}")
+    state = record_outcome(svc, claim, dataclasses.replace(result, outputs=outputs))
+    log.info("job_%s job=%s attempt=%d node=%s reason=%s", state or "fenced", claim.job_id,
+             claim.attempt, svc.identity.node, result.reason.value)
+    return state
+
+
+def still_ours(svc: AttemptServices, claim: Claim) -> bool:
+    """Whether this attempt still holds its lease, asked before its files are stored: the
+    outputs and checkpoints of an attempt that was recovered elsewhere (its worker was cut
+    off) must not overwrite those of the attempt that replaced it. Waits through a store
+    outage; an answer that never comes counts as lost."""
+    try:
+        ours, _ = with_store_retries(svc, "lease_check", claim.job_id, lambda: svc.repo.renew(
+            claim.job_id, claim.token, now=utcnow(), lease_ttl_s=svc.settings.lease_ttl_s))
+    except StoreError:
+        return False
+    return ours
+
+
+def record_outcome(svc: AttemptServices, claim: Claim, outcome: Outcome) -> str | None:
+    """Write the outcome, retrying through a store outage; None when fenced off or lost."""
+    try:
+        state = with_store_retries(svc, "outcome_write", claim.job_id,
+                                   lambda: svc.repo.record_outcome(claim.job_id, claim.token,
+                                                                   outcome, now=utcnow()))
+    except StoreError:
+        # The lease has long expired: the scheduler recovers the job as `lost`.
+        log.error("outcome_lost job=%s attempt=%d: store unreachable for %.0f s", claim.job_id,
+                  claim.attempt, svc.settings.store_retry_max_s)
+        return None
+    if state is None:
+        log.warning("outcome_fenced job=%s attempt=%d token=%d: the job was recovered elsewhere",
+                    claim.job_id, claim.attempt, claim.token)
+        return None
+    return state.value
+
+
+T = TypeVar("T")
+
+
+def with_store_retries(svc: AttemptServices, what: str, job_id: str, call: Callable[[], T]) -> T:
+    """`call()`, retried with back-off while the store is unreachable, for up to
+    `store_retry_max_s`; the back-off stays below the heartbeat interval, so a write lands
+    within a beat of the store's return (before the scheduler's grace period ends)."""
+    deadline = time.monotonic() + svc.settings.store_retry_max_s
+    delay = STORE_RETRY_FIRST_S
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return call()
+        except StoreError as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s_failed job=%s try=%d: %s; retrying in %.1f s", what, job_id, tries,
+                        exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, svc.settings.heartbeat_interval_s)
+
+
+def write_claim(root: Path, node: str, claim: Claim) -> None:
+    """Keep the claim beside the attempt, so that if this worker process dies after the job
+    ended, its successor on the node can record the outcome (e31_worker.attempt.settle)."""
+    payload: dict[str, Any] = {f.name: getattr(claim, f.name) for f in dataclasses.fields(claim)}
+    payload["spec"] = claim.spec.model_dump(mode="json")
+    tmp = root / f".{CLAIM_FILE}.tmp"
+    tmp.write_text(json.dumps({"node": node, **payload}))
+    os.replace(tmp, root / CLAIM_FILE)
+
+
+def claim_from_file_data(data: dict[str, Any]) -> Claim:
+    """The claim `write_claim` kept (its "node" already taken out), its spec validated again;
+    raises TypeError or ValueError when the data is not such a claim."""
+    return Claim(**{**data, "spec": JobSpec.model_validate(data.get("spec"))})

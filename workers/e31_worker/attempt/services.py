@@ -1,0 +1,37 @@
+"""`AttemptServices`: what an attempt needs from the worker process that runs it.
+
+The node layer (`e31_worker.node.celery_process`) builds it once per process; every stage
+of an attempt reads it and nothing else of the process. It points down only: the attempt
+layer never imports the node layer, and learns that the node is draining, or tells it
+which job it holds, through the two members the node hands in (`draining`, `busy`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from e31.artifacts import ArtifactStore
+from e31.heartbeat import WorkerInfo
+from e31.settings import Settings
+from e31.store import Repo
+from e31_worker.attempt.cgroups import JobCgroups
+from e31_worker.attempt.groups import GroupRegistry
+
+
+@dataclass(frozen=True)
+class AttemptServices:
+    """The worker process's settings, identity and connections, as its attempts see them."""
+
+    settings: Settings
+    identity: WorkerInfo            # the node name, its queues and its GPUs
+    repo: Repo
+    artifacts: ArtifactStore
+    redis: redis.Redis              # the broker's Redis: the scheduler's wake-up signal
+    groups: GroupRegistry | None    # the job process groups running, for a successor to reap
+    cgroups: JobCgroups | None      # None where this process may not create cgroups
+    draining: threading.Event       # set when the node stops: a running job is requeued
+    busy: Callable[[str | None], None]  # told the job in hand (None when idle), for heartbeats

@@ -1,0 +1,133 @@
+"""The ship stage: an attempt's log, checkpoints and outputs, copied to the artifact store."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from e31.artifacts import log_name
+from e31.store.records import Claim
+from e31_worker.attempt.services import AttemptServices
+from e31_worker.attempt.supervisor import AttemptPlan
+
+log = logging.getLogger(__name__)
+
+UPLOAD_TRIES = 3            # outputs and checkpoints: an upload is retried this often
+UPLOAD_BACKOFF_S = 1.0      # doubled after each failed try
+
+
+class Shipper:
+    """Copies the attempt's log, and its checkpoints when they changed, to the artifact store.
+
+    Heartbeats start a copy in the background, one at a time, so a slow store never delays
+    the lease renewal; a checkpoint saved mid-run is therefore safe before the attempt ends
+    (a SIGKILLed worker's job resumes from it). Only a tick that still holds the lease
+    starts a copy: a fenced-off attempt must not overwrite its successor's files.
+    """
+
+    def __init__(self, svc: AttemptServices, claim: Claim, plan: AttemptPlan) -> None:
+        self._svc, self._claim, self._plan = svc, claim, plan
+        self._log_bytes = -1
+        self._checkpoints: dict[str, tuple[int, int]] = {}
+        self._thread: threading.Thread | None = None
+
+    def poke(self) -> None:
+        """Start a background copy of what changed, unless one is still running."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(target=self._ship_all, name=f"ship-{self._claim.job_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    def finish(self) -> None:
+        """Wait for a copy in flight (the final copies follow it)."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def mark_checkpoints(self) -> None:
+        """What is in the checkpoint directory now needs no upload (it came down from the store)."""
+        self._checkpoints = self._fingerprints()
+
+    def store_files(self) -> tuple[list[dict[str, Any]], str | None]:
+        """Upload checkpoints (what changed) and outputs, each retried; returns (outputs, what
+        failed or None)."""
+        claim, plan = self._claim, self._plan
+        outputs: list[dict[str, Any]] = []
+        failed: list[str] = []
+        steps: list[tuple[str, Callable[[], list[dict[str, Any]] | None]]] = [
+            ("checkpoints", self.ship_checkpoints),
+            ("outputs", lambda: self._svc.artifacts.put_tree(plan.output_dir, claim.tenant_id,
+                                                             claim.job_id, "outputs"))]
+        for what, upload in steps:
+            delay = UPLOAD_BACKOFF_S
+            for attempt in range(1, UPLOAD_TRIES + 1):
+                try:
+                    files = upload()
+                except Exception as exc:  # any fsspec backend's error
+                    error = f"{type(exc).__name__}: {exc}"
+                    log.warning("upload_failed job=%s what=%s try=%d: %s", claim.job_id, what,
+                                attempt, error)
+                    if attempt == UPLOAD_TRIES:
+                        failed.append(f"its {what} could not be stored: {error}")
+                    else:
+                        time.sleep(delay)
+                        delay *= 2
+                    continue
+                if files is not None:
+                    outputs = files
+                break
+        return outputs, "; ".join(failed) or None
+
+    def _ship_all(self) -> None:
+        self.ship_log()
+        try:
+            self.ship_checkpoints()
+        except Exception as exc:  # the next beat tries again; the end retries too
+            log.warning("checkpoint_upload_failed job=%s: %s", self._claim.job_id, exc)
+
+    def ship_checkpoints(self) -> None:
+        """Upload the checkpoint files that changed since the last upload, in name order (a job
+        may rely on that order), each atomically; raises when one cannot be stored."""
+        current = self._fingerprints()
+        changed = sorted(rel for rel, mark in current.items() if self._checkpoints.get(rel) != mark)
+        for rel in changed:
+            self._svc.artifacts.put_file(self._plan.checkpoint_dir / rel, self._claim.tenant_id,
+                                         self._claim.job_id, f"checkpoints/{rel}")
+            self._checkpoints[rel] = current[rel]
+        if changed:
+            log.info("checkpoint_stored job=%s attempt=%d files=%d", self._claim.job_id,
+                     self._claim.attempt, len(changed))
+
+    def _fingerprints(self) -> dict[str, tuple[int, int]]:
+        """Each checkpoint file's (mtime, size); hidden names (a save in progress) are skipped."""
+        root = self._plan.checkpoint_dir
+        marks: dict[str, tuple[int, int]] = {}
+        for path in root.rglob("*"):
+            rel = path.relative_to(root)
+            if any(part.startswith(".") for part in rel.parts):
+                continue
+            try:
+                if path.is_file():
+                    st = path.stat()
+                    marks[rel.as_posix()] = (st.st_mtime_ns, st.st_size)
+            except OSError:  # replaced while we looked: the next beat looks again
+                continue
+        return marks
+
+    def ship_log(self) -> None:
+        """Copy the log if it grew since the last copy; a failed copy is only logged."""
+        try:
+            size = self._plan.log_path.stat().st_size
+        except OSError:
+            return
+        if size == self._log_bytes:
+            return
+        try:
+            self._svc.artifacts.put_file(self._plan.log_path, self._claim.tenant_id,
+                                         self._claim.job_id, log_name(self._claim.attempt))
+            self._log_bytes = size
+        except Exception as exc:  # a log copy is never worth failing the job for
+            log.warning("log_upload_failed job=%s: %s", self._claim.job_id, exc)
