@@ -2,23 +2,94 @@
 
 Layout under the store's root: `<tenant>/<job>/outputs/...`, `<tenant>/<job>/logs/attempt-N.log`,
 `<tenant>/<job>/checkpoints/...` (checkpoints belong to the job, not the attempt).
+
+Links are never followed (docs/security.md). A job decides what its directories hold, so a
+symbolic link (to `/proc/self/environ`, to the store's database) or a hard link to a file
+outside must not make a worker upload, or the API serve, the bytes of its target. Local files
+are therefore found with `lstat`, opened one directory at a time with `O_NOFOLLOW`, and only a
+regular file with a single link is stored or served; an opened file must also resolve beneath
+the directory it was looked up in. Object stores (`s3://`, ...) have no links.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
+import os
 import posixpath
 import re
+import stat
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
-from e31.errors import NotFound
+from e31.errors import LinkRefused, NotFound
+
+log = logging.getLogger(__name__)
 
 _LOG_NAME = re.compile(r"^attempt-(\d+)\.log$")
 TMP_PREFIX = ".e31-upload-"  # an upload in progress; never listed, never downloaded
+COPY_CHUNK_BYTES = 1024 * 1024  # one read and one write per MiB of a copied file
+
+# Every local open passes NO_FOLLOW: a module attribute rather than a literal, so that a test
+# can switch the protection off and show that its attack then succeeds.
+NO_FOLLOW = os.O_NOFOLLOW
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO a job left behind must not hang the worker (it is refused after).
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+
+SYMLINK = "symbolic link"
+HARD_LINK = "hard link"
+NOT_REGULAR = "not a regular file"
+OUTSIDE = "resolves outside its directory"
+
+
+def refusal(st: os.stat_result) -> str | None:
+    """Why a file of this `lstat` status is neither stored nor served, or None when it may be:
+    only a regular file with one link is a job's own file (a second link may be the store's
+    database or a password file, hard-linked in by a job on the same filesystem)."""
+    if stat.S_ISLNK(st.st_mode):
+        return SYMLINK
+    if not stat.S_ISREG(st.st_mode):
+        return NOT_REGULAR
+    if st.st_nlink > 1:
+        return HARD_LINK
+    return None
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A file of a job's directory that was not stored, and why."""
+
+    path: str     # relative to the directory that was scanned
+    reason: str   # SYMLINK, HARD_LINK, NOT_REGULAR, OUTSIDE
+
+    def __str__(self) -> str:
+        shown = self.path if self.path.isprintable() else repr(self.path)
+        return f"{shown}: {self.reason}"
+
+
+@dataclass
+class TreeScan:
+    """What a scan found: the files that may be stored or served (with their `lstat`), sorted
+    by path, and what it refused."""
+
+    files: dict[str, os.stat_result] = field(default_factory=dict)
+    refused: list[Refused] = field(default_factory=list)
+
+
+def scan_tree(local_dir: Path) -> TreeScan:
+    """Every file under `local_dir`, found without following a link: a symbolic link (to a
+    file or a directory), a hard link, a FIFO or a device is refused with its reason and never
+    descended into. A missing directory is empty."""
+    return _scan_beneath(str(local_dir), "")
 
 
 class ArtifactStore:
@@ -27,6 +98,7 @@ class ArtifactStore:
     def __init__(self, url: str) -> None:
         self._url = url
         self._fs, self._root = fsspec.core.url_to_fs(url)
+        self._local = isinstance(self._fs, LocalFileSystem)
 
     @property
     def url(self) -> str:
@@ -35,51 +107,78 @@ class ArtifactStore:
     def _path(self, tenant_id: str, job_id: str, *parts: str) -> str:
         return posixpath.join(self._root, tenant_id, job_id, *parts)
 
+    def _rel(self, tenant_id: str, job_id: str, *parts: str) -> str:
+        """A path below the root, for the local walks that start at the root."""
+        return posixpath.join(tenant_id, job_id, *parts)
+
     # -- writing (workers) ---------------------------------------------------------------
 
-    def put_file(self, local: Path, tenant_id: str, job_id: str, rel: str) -> None:
-        """Upload atomically: to a temporary name beside the target, then renamed over it,
-        so a reader (the next attempt loading a checkpoint) never sees half a file."""
-        target = self._path(tenant_id, job_id, _safe(rel))
-        parent = posixpath.dirname(target)
-        self._fs.makedirs(parent, exist_ok=True)
-        tmp = posixpath.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex[:12]}-{posixpath.basename(target)}")
-        try:
-            self._fs.put_file(str(local), tmp)
-            self._fs.mv(tmp, target)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self._fs.rm(tmp)
-            raise
+    def put_file(self, local: Path, tenant_id: str, job_id: str, rel: str, *,
+                 base: Path | None = None) -> int:
+        """Upload `local` atomically: to a temporary name beside the target, then renamed over
+        it, so a reader (the next attempt loading a checkpoint) never sees half a file.
 
-    def put_tree(self, local_dir: Path, tenant_id: str, job_id: str, prefix: str) -> list[dict[str, Any]]:
-        """Copy every file under `local_dir` to `<prefix>/`; returns [{path, size}] sorted."""
+        No link at or below `base` (the directory the job was given; default: the file's own
+        directory) is followed: a link, or a file that is not a regular file of one link,
+        raises LinkRefused. Returns the number of bytes stored."""
+        target = self._path(tenant_id, job_id, _safe(rel))
+        where = base if base is not None else local.parent
+        fd = _open_beneath(str(where), local.relative_to(where).as_posix())
+        with os.fdopen(fd, "rb") as src:
+            parent = posixpath.dirname(target)
+            self._fs.makedirs(parent, exist_ok=True)
+            tmp = posixpath.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex[:12]}-"
+                                         f"{posixpath.basename(target)}")
+            try:
+                with self._fs.open(tmp, "wb") as dst:
+                    size = _copy(src, dst)
+                self._fs.mv(tmp, target)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self._fs.rm(tmp)
+                raise
+        return size
+
+    def put_tree(self, local_dir: Path, tenant_id: str, job_id: str,
+                 prefix: str) -> list[dict[str, Any]]:
+        """Copy every file under `local_dir` to `<prefix>/`; returns [{path, size}] sorted.
+        Links and other files `scan_tree` refuses are not copied (the worker says so in the
+        attempt's log)."""
+        scan = scan_tree(local_dir)
+        for refused in scan.refused:
+            log.warning("artifact_refused job=%s where=%s path=%r reason=%s", job_id, prefix,
+                        refused.path, refused.reason)
         files: list[dict[str, Any]] = []
-        for f in sorted(p for p in local_dir.rglob("*") if p.is_file()):
-            rel = f.relative_to(local_dir).as_posix()
-            self.put_file(f, tenant_id, job_id, f"{prefix}/{rel}")
-            files.append({"path": rel, "size": f.stat().st_size})
+        for rel in scan.files:
+            try:
+                size = self.put_file(local_dir / rel, tenant_id, job_id, f"{prefix}/{rel}",
+                                     base=local_dir)
+            except LinkRefused as exc:  # replaced by a link since the scan
+                log.warning("artifact_refused job=%s where=%s %s", job_id, prefix, exc)
+                continue
+            files.append({"path": rel, "size": size})
         return files
 
     def get_tree(self, tenant_id: str, job_id: str, prefix: str, local_dir: Path) -> int:
-        """Copy `<prefix>/` down into `local_dir`; returns the number of files."""
-        base = self._path(tenant_id, job_id, prefix)
-        if not self._fs.exists(base):
-            return 0
+        """Copy `<prefix>/` down into `local_dir`; returns the number of files. A link in the
+        store is skipped, and nothing is written through a link in `local_dir`."""
         count = 0
-        for remote in self._fs.find(base):
-            if posixpath.basename(remote).startswith(TMP_PREFIX):
-                continue  # an upload that never finished
-            rel = posixpath.relpath(remote, base)
-            target = local_dir / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self._fs.get_file(remote, str(target))
+        for rel in self._stored_files(tenant_id, job_id, prefix):
+            with self._open_stored(tenant_id, job_id, f"{prefix}/{rel}") as src:
+                local_dir.mkdir(parents=True, exist_ok=True)
+                fd = _create_beneath(str(local_dir), rel)
+                with os.fdopen(fd, "wb") as dst:
+                    _copy(src, dst)
             count += 1
         return count
 
     # -- reading (API) -------------------------------------------------------------------
 
     def list_outputs(self, tenant_id: str, job_id: str) -> list[dict[str, Any]]:
+        if self._local:
+            scan = _scan_beneath(self._root, self._rel(tenant_id, job_id, "outputs"))
+            return [{"path": rel, "size": st.st_size} for rel, st in scan.files.items()
+                    if not posixpath.basename(rel).startswith(TMP_PREFIX)]
         base = self._path(tenant_id, job_id, "outputs")
         if not self._fs.exists(base):
             return []
@@ -88,25 +187,57 @@ class ArtifactStore:
                 if not posixpath.basename(p).startswith(TMP_PREFIX)]
 
     def open_output(self, tenant_id: str, job_id: str, rel: str) -> IO[bytes]:
-        path = self._path(tenant_id, job_id, "outputs", _safe(rel))
-        if not self._fs.isfile(path):
-            raise NotFound(f"job {job_id} has no output {rel!r}")
-        return self._fs.open(path, "rb")
+        """The output's bytes; NotFound for a missing file and for anything refused (a link),
+        so an answer never tells a link from an absent file."""
+        safe = _safe(rel)
+        try:
+            return self._open_stored(tenant_id, job_id, f"outputs/{safe}")
+        except (LinkRefused, FileNotFoundError, NotADirectoryError) as exc:  # all alike: 404
+            raise NotFound(f"job {job_id} has no output {rel!r}") from exc
 
     def log_attempts(self, tenant_id: str, job_id: str) -> list[int]:
-        base = self._path(tenant_id, job_id, "logs")
-        if not self._fs.exists(base):
-            return []
-        found = (_LOG_NAME.match(posixpath.basename(p)) for p in self._fs.ls(base, detail=False))
+        if self._local:
+            names = list(_scan_beneath(self._root, self._rel(tenant_id, job_id, "logs")).files)
+        else:
+            base = self._path(tenant_id, job_id, "logs")
+            if not self._fs.exists(base):
+                return []
+            names = [posixpath.basename(p) for p in self._fs.ls(base, detail=False)]
+        found = (_LOG_NAME.match(name) for name in names)
         return sorted(int(m.group(1)) for m in found if m)
 
     def read_log(self, tenant_id: str, job_id: str, attempt: int, offset: int = 0) -> bytes:
-        path = self._path(tenant_id, job_id, "logs", f"attempt-{attempt}.log")
-        if not self._fs.exists(path):
+        """One attempt's log from `offset`; empty when there is none (or it is a link)."""
+        try:
+            with self._open_stored(tenant_id, job_id, log_name(attempt)) as f:
+                f.seek(offset)
+                return f.read()
+        except (LinkRefused, FileNotFoundError, NotADirectoryError):
             return b""
-        with self._fs.open(path, "rb") as f:
-            f.seek(offset)
-            return f.read()
+
+    # -- local and remote, one way ---------------------------------------------------------
+
+    def _stored_files(self, tenant_id: str, job_id: str, prefix: str) -> Iterator[str]:
+        """The stored files under `prefix`, relative to it, without uploads in progress."""
+        if self._local:
+            scan = _scan_beneath(self._root, self._rel(tenant_id, job_id, prefix))
+            rels: list[str] = list(scan.files)
+        else:
+            base = self._path(tenant_id, job_id, prefix)
+            rels = ([posixpath.relpath(p, base) for p in self._fs.find(base)]
+                    if self._fs.exists(base) else [])
+        return (r for r in rels if not posixpath.basename(r).startswith(TMP_PREFIX))
+
+    def _open_stored(self, tenant_id: str, job_id: str, rel: str) -> IO[bytes]:
+        """A stored file for reading; on a local store, reached without following a link
+        from the store's root down (LinkRefused, FileNotFoundError)."""
+        if self._local:
+            return os.fdopen(_open_beneath(self._root, self._rel(tenant_id, job_id, rel)), "rb")
+        path = self._path(tenant_id, job_id, rel)
+        if not self._fs.isfile(path):
+            raise FileNotFoundError(path)
+        opened: IO[bytes] = self._fs.open(path, "rb")
+        return opened
 
 
 def log_name(attempt: int) -> str:
@@ -119,3 +250,156 @@ def _safe(rel: str) -> str:
     if norm.startswith("/") or norm == ".." or norm.startswith("../"):
         raise NotFound(f"no such output {rel!r}")
     return norm
+
+
+def _copy(src: IO[bytes], dst: IO[bytes]) -> int:
+    size = 0
+    while chunk := src.read(COPY_CHUNK_BYTES):
+        dst.write(chunk)
+        size += len(chunk)
+    return size
+
+
+# -- the local walk: one directory at a time, never through a link ------------------------
+
+def _parts(rel: str) -> list[str]:
+    return [p for p in rel.split("/") if p and p != "."]
+
+
+def _open_dir_beneath(base: str, rel: str) -> int:
+    """A descriptor of the directory `base/rel`, each component below `base` opened with
+    NO_FOLLOW relative to its parent (`base` itself is the operator's, and trusted)."""
+    fd = os.open(base, _DIR_FLAGS)
+    try:
+        for part in _parts(rel):
+            try:
+                child = os.open(part, _DIR_FLAGS | NO_FOLLOW, dir_fd=fd)
+            except OSError as exc:
+                _raise_if_link(exc, fd, part, rel)
+                raise
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_beneath(base: str, rel: str) -> int:
+    """A read-only descriptor of the file `base/rel`, reached without following a link below
+    `base` and checked to be a regular file of one link that resolves beneath `base`;
+    LinkRefused otherwise, FileNotFoundError when it is missing."""
+    parts = _parts(rel)
+    if not parts:
+        raise LinkRefused(f"{rel!r}: {NOT_REGULAR}")
+    dir_fd = _open_dir_beneath(base, "/".join(parts[:-1]))
+    try:
+        try:
+            fd = os.open(parts[-1], _READ_FLAGS | NO_FOLLOW, dir_fd=dir_fd)
+        except OSError as exc:
+            _raise_if_link(exc, dir_fd, parts[-1], rel)
+            raise
+    finally:
+        os.close(dir_fd)
+    why = refusal(os.fstat(fd))
+    if why is None and not _resolves_beneath(fd, base):
+        why = OUTSIDE
+    if why is not None:
+        os.close(fd)
+        raise LinkRefused(str(Refused(rel, why)))
+    return fd
+
+
+def _create_beneath(base: str, rel: str) -> int:
+    """A new file `base/rel` for writing (directories made as needed), created without
+    following a link below `base`: an existing name is replaced, never written through."""
+    parts = _parts(rel)
+    fd = os.open(base, _DIR_FLAGS)
+    try:
+        for part in parts[:-1]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            try:
+                child = os.open(part, _DIR_FLAGS | NO_FOLLOW, dir_fd=fd)
+            except OSError as exc:
+                _raise_if_link(exc, fd, part, rel)
+                raise
+            os.close(fd)
+            fd = child
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(parts[-1], dir_fd=fd)
+        return os.open(parts[-1], _CREATE_FLAGS | NO_FOLLOW, 0o666, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _raise_if_link(exc: OSError, dir_fd: int, name: str, rel: str) -> None:
+    """Turn the error of an O_NOFOLLOW open into LinkRefused when `name` is a link (ELOOP for
+    a file, ENOTDIR for a directory); other errors are left to the caller."""
+    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+        return
+    try:
+        is_link = stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return
+    if is_link:
+        raise LinkRefused(str(Refused(rel, SYMLINK))) from exc
+
+
+def _resolves_beneath(fd: int, base: str) -> bool:
+    """The resolved-path check: the opened file's real path lies beneath `base`'s. Without
+    /proc (not Linux) the descriptor walk above is the whole check."""
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return True
+    root = os.path.realpath(base).rstrip("/")
+    return real.startswith(root + "/")
+
+
+def _scan_beneath(base: str, rel: str) -> TreeScan:
+    """`scan_tree` of `base/rel`, reaching `rel` without following a link below `base`; a
+    missing directory, or one that is a link, is empty."""
+    scan = TreeScan()
+    try:
+        fd = _open_dir_beneath(base, rel)
+    except LinkRefused as exc:
+        log.warning("artifact_refused %s", exc)
+        return scan
+    except (FileNotFoundError, NotADirectoryError):
+        return scan
+    try:
+        _walk(fd, "", scan)
+    finally:
+        os.close(fd)
+    scan.files = dict(sorted(scan.files.items()))
+    return scan
+
+
+def _walk(dir_fd: int, prefix: str, scan: TreeScan) -> None:
+    with os.scandir(dir_fd) as entries:
+        found = sorted(entries, key=lambda e: e.name)
+    for entry in found:
+        rel = prefix + entry.name
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:  # removed while we looked
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                child = os.open(entry.name, _DIR_FLAGS | NO_FOLLOW, dir_fd=dir_fd)
+            except FileNotFoundError:
+                continue
+            except OSError:  # replaced by a link or a file since the lstat
+                scan.refused.append(Refused(rel, SYMLINK))
+                continue
+            try:
+                _walk(child, rel + "/", scan)
+            finally:
+                os.close(child)
+            continue
+        why = refusal(st)
+        if why is None:
+            scan.files[rel] = st
+        else:
+            scan.refused.append(Refused(rel, why))

@@ -48,6 +48,10 @@ class NotFound(StoreError):
     """Raised when a job, tenant or output does not exist for the caller."""
 
 
+class LinkRefused(NotFound):
+    """Raised when a job's file is a link or not a plain file: it is neither stored nor served."""
+
+
 class Conflict(StoreError):
     """Raised when a change conflicts with the current state (a finished job, a taken name)."""
 
