@@ -33,7 +33,7 @@ class LeaseKeeper:
         try:
             ours, cancel = svc.repo.renew(claim.job_id, claim.token, now=utcnow(),
                                           lease_ttl_s=svc.settings.lease_ttl_s, progress=progress)
-        except Exception as exc:  # keep the job running while the lease lasts
+        except Exception as exc:  # noqa: BLE001 - keep the job running while the lease lasts
             silent_s = time.monotonic() - self._renewed
             log.warning("lease_renew_failed job=%s silent_s=%.1f: %s: %s", claim.job_id, silent_s,
                         type(exc).__name__, exc)

@@ -66,7 +66,7 @@ class Shipper:
             for attempt in range(1, UPLOAD_TRIES + 1):
                 try:
                     files = upload()
-                except Exception as exc:  # any fsspec backend's error
+                except Exception as exc:  # noqa: BLE001 - any fsspec backend's error
                     error = f"{type(exc).__name__}: {exc}"
                     log.warning("upload_failed job=%s what=%s try=%d: %s", claim.job_id, what,
                                 attempt, error)
@@ -85,7 +85,7 @@ class Shipper:
         self.ship_log()
         try:
             self.ship_checkpoints()
-        except Exception as exc:  # the next beat tries again; the end retries too
+        except Exception as exc:  # noqa: BLE001 - the next beat tries again; the end retries too
             log.warning("checkpoint_upload_failed job=%s: %s", self._claim.job_id, exc)
 
     def ship_checkpoints(self) -> None:
@@ -129,5 +129,5 @@ class Shipper:
             self._svc.artifacts.put_file(self._plan.log_path, self._claim.tenant_id,
                                          self._claim.job_id, log_name(self._claim.attempt))
             self._log_bytes = size
-        except Exception as exc:  # a log copy is never worth failing the job for
+        except Exception as exc:  # noqa: BLE001 - a log copy is never worth failing the job for
             log.warning("log_upload_failed job=%s: %s", self._claim.job_id, exc)

@@ -68,7 +68,7 @@ def run_job(svc: AttemptServices, job_id: Any) -> None:
         svc.busy(None)
         try:
             wake(svc.redis)
-        except Exception:  # the next tick publishes anyway
+        except Exception:  # noqa: BLE001 - the next tick publishes anyway
             pass
 
 

@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
     error_path = job_file.with_name("error.json")
     try:
         fn = load_entrypoint(job["entrypoint"])
-    except Exception as exc:  # any import failure is the job's error
+    except Exception as exc:  # noqa: BLE001 - any import failure is the job's error
         traceback.print_exc()
         _write(error_path, {"error": f"cannot import entrypoint {job['entrypoint']}: "
                                      f"{type(exc).__name__}: {exc}"})
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
     ctx = JobContext.from_env(job["params"])
     try:
         value = fn(ctx, **job["params"])
-    except Exception as exc:  # whatever the job raises is its error
+    except Exception as exc:  # noqa: BLE001 - whatever the job raises is its error
         traceback.print_exc()
         _write(error_path, {"error": f"{type(exc).__name__}: {exc}",
                             "reason": "oom" if is_out_of_memory(exc) else "error"})

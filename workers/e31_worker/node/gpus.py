@@ -44,7 +44,7 @@ def discover() -> list[Gpu]:
     """The machine's GPUs, without touching CUDA; [] when there are none."""
     try:
         return _nvml()
-    except Exception as exc:  # no driver, no library: try the next way
+    except Exception as exc:  # noqa: BLE001 - no driver, no library: try the next way
         log.debug("nvml unavailable: %s", exc)
     return _nvidia_smi()
 
