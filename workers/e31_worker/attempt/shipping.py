@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from e31.artifacts import log_name
+from e31.artifacts import log_name, refusal, scan_tree
 from e31.store.records import Claim
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.supervisor import AttemptPlan
@@ -55,6 +56,7 @@ class Shipper:
         """Upload checkpoints (what changed) and outputs, each retried; returns (outputs, what
         failed or None)."""
         claim, plan = self._claim, self._plan
+        self.note_refused()
         outputs: list[dict[str, Any]] = []
         failed: list[str] = []
         steps: list[tuple[str, Callable[[], list[dict[str, Any]] | None]]] = [
@@ -95,7 +97,8 @@ class Shipper:
         changed = sorted(rel for rel, mark in current.items() if self._checkpoints.get(rel) != mark)
         for rel in changed:
             self._svc.artifacts.put_file(self._plan.checkpoint_dir / rel, self._claim.tenant_id,
-                                         self._claim.job_id, f"checkpoints/{rel}")
+                                         self._claim.job_id, f"checkpoints/{rel}",
+                                         base=self._plan.checkpoint_dir)
             self._checkpoints[rel] = current[rel]
         if changed:
             log.info("checkpoint_stored job=%s attempt=%d files=%d", self._claim.job_id,
@@ -110,12 +113,28 @@ class Shipper:
             if any(part.startswith(".") for part in rel.parts):
                 continue
             try:
-                if path.is_file():
-                    st = path.stat()
+                st = path.lstat()  # a link is never followed, nor uploaded
+                if refusal(st) is None:
                     marks[rel.as_posix()] = (st.st_mtime_ns, st.st_size)
             except OSError:  # replaced while we looked: the next beat looks again
                 continue
         return marks
+
+    def note_refused(self) -> None:
+        """Say in the attempt's log which outputs and checkpoints are not stored, and why: a
+        link, a hard link, a FIFO (docs/security.md)."""
+        plan = self._plan
+        scanned = (("output", plan.output_dir), ("checkpoint", plan.checkpoint_dir))
+        lines = [f"{what} refused: {refused}\n"
+                 for what, where in scanned for refused in scan_tree(where).refused]
+        if not lines:
+            return
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            with os.fdopen(os.open(plan.log_path, flags, 0o644), "a") as out:
+                out.write("".join(lines))
+        except OSError as exc:  # the log itself was replaced by a link: the worker's log says it
+            log.warning("refusals_not_logged job=%s: %s; %s", self._claim.job_id, exc, lines)
 
     def ship_log(self) -> None:
         """Copy the log if it grew since the last copy; a failed copy is only logged."""
