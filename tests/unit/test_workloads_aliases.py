@@ -6,26 +6,32 @@ import subprocess
 import sys
 
 import pytest
+
 from e31.errors import SpecError
-from e31.workloads import WORKLOADS, resolve
+from e31.spec import JobSpec
+from e31.workloads import WORKLOADS
 
 
-def test_each_short_name_resolves_to_its_entrypoint() -> None:
-    # Given the three built-in workloads
-    # When their short names are resolved
-    resolved = {name: resolve(name) for name in ("batch-inference", "train", "footage")}
+@pytest.mark.parametrize(("name", "entrypoint"), [
+    ("batch-inference", "e31_worker.workloads.batch_inference:run"),
+    ("train", "e31_worker.workloads.training:run"),
+    ("footage", "e31_worker.workloads.footage:run"),
+])
+def test_each_short_name_stands_for_its_entrypoint(name: str, entrypoint: str) -> None:
+    # Given a spec that names a built-in workload by its short name
+    # When it is parsed
+    spec = JobSpec.parse({"workload": name})
 
-    # Then each names a module:function of e31_worker.workloads
-    assert resolved == {"batch-inference": "e31_worker.workloads.batch_inference:run",
-                        "train": "e31_worker.workloads.training:run",
-                        "footage": "e31_worker.workloads.footage:run"}
+    # Then it runs that workload's module:function of e31_worker.workloads
+    assert spec.entrypoint == entrypoint
+    assert set(WORKLOADS) == {"batch-inference", "train", "footage"}
 
 
 def test_an_unknown_name_is_a_spec_error_that_lists_the_known_ones() -> None:
     # Given a name that is not in the table
-    # When it is resolved
+    # When a spec names it
     with pytest.raises(SpecError) as refused:
-        resolve("trian")
+        JobSpec.parse({"workload": "trian"})
 
     # Then the error names the field and every known workload
     [error] = refused.value.errors
@@ -46,8 +52,6 @@ def test_the_table_imports_without_torch_or_the_worker_package() -> None:
 
 
 def test_a_spec_may_name_a_built_in_workload_by_its_short_name() -> None:
-    from e31.spec import JobSpec
-
     spec = JobSpec.parse({"workload": "train", "params": {"epochs": 1}})
 
     assert spec.entrypoint == "e31_worker.workloads.training:run"
@@ -58,9 +62,6 @@ def test_a_spec_may_name_a_built_in_workload_by_its_short_name() -> None:
                                   {"workload": "train", "entrypoint": "pkg.mod:main"},
                                   {"workload": "train", "command": ["true"]}])
 def test_an_unknown_or_doubled_workload_is_refused_on_the_workload_field(body: dict) -> None:
-    from e31.errors import SpecError
-    from e31.spec import JobSpec
-
     with pytest.raises(SpecError) as refused:
         JobSpec.parse(body)
 
