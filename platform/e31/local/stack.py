@@ -3,6 +3,11 @@
 Redis (E31_REDIS_URL, else a private redis-server), SQLite under E31_HOME, the API, the
 scheduler, the workers and Flower, as child processes of `e31 up`, which stops them all on
 Ctrl-C, SIGTERM or `e31 down`.
+
+The private Redis requires a password that `e31 up` generates each time and keeps in
+`E31_HOME/redis.password`; every process it starts gets it inside its `E31_REDIS_URL`, which a
+job never sees (docs/security.md). E31_HOME is 0700; the password, the profile and the SQLite
+store are 0600.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ from pathlib import Path
 
 import httpx
 import redis
+from sqlalchemy.engine import make_url
 
 from e31 import keys
+from e31.client.profile import read_profile, write_profile
 from e31.clock import utcnow
 from e31.errors import ConfigError, Conflict
-from e31.client.profile import read_profile, write_profile
 from e31.local.redisserver import start_redis
 from e31.settings import Settings
 from e31.store import Repo, make_engine
@@ -37,6 +43,10 @@ READY_TIMEOUT_S = 90.0        # API answering and every worker beating
 STOP_TIMEOUT_S = 30.0         # per process, after SIGTERM (workers get kill_grace_s more)
 DEFAULT_TENANT = "default"
 STATE_FILE = "stack.json"     # under home: the up process, its children, ready or not
+REDIS_PASSWORD_FILE = "redis.password"  # under home, 0600: the private Redis's password
+REDIS_PASSWORD_BYTES = 32     # of randomness, URL-safe base64: 43 characters
+PRIVATE_DIR_MODE = 0o700      # E31_HOME: the store, artifacts, logs and secrets are inside
+PRIVATE_FILE_MODE = 0o600     # the store file, the profile, the Redis password
 
 
 @dataclass
@@ -62,14 +72,19 @@ class LocalStack:
     def start(self) -> dict[str, str]:
         """Start everything; returns the profile (url, token, flower address)."""
         home = self.settings.home
-        (home / "logs").mkdir(parents=True, exist_ok=True)
+        make_private_home(home)
+        (home / "logs").mkdir(exist_ok=True)
         _refuse_second_stack(self.state_path)
-        redis_url = self.settings.redis_url
+        redis_url = self.settings.redis_url  # the user's own Redis is used as it is
         if not redis_url:
-            self._redis_proc, redis_url = start_redis(home / "redis", log_path=home / "logs" / "redis.log")
+            self._redis_proc, redis_url = start_redis(
+                home / "redis", log_path=home / "logs" / "redis.log",
+                password=new_redis_password(home))
+        make_private_sqlite(self.settings.resolved_database_url)
         engine = make_engine(self.settings.resolved_database_url)
         upgrade(engine)
-        profile = _ensure_profile(self.settings, Repo(engine), redis_url)
+        repo = Repo(engine, half_life_s=self.settings.fair_share_half_life_s)
+        profile = _ensure_profile(self.settings, repo, redis_url)
         env = dict(os.environ, E31_HOME=str(home), E31_REDIS_URL=redis_url,
                    E31_DATABASE_URL=self.settings.resolved_database_url,
                    E31_ARTIFACTS_URL=self.settings.resolved_artifacts_url,
@@ -129,7 +144,8 @@ class LocalStack:
         while not self._stop.wait(1.0):
             for child in self.children:
                 if child.proc and child.proc.poll() is not None:
-                    log.warning("%s exited with code %s; restarting", child.name, child.proc.returncode)
+                    log.warning("%s exited with code %s; restarting", child.name,
+                                child.proc.returncode)
                     self._spawn(child, self._env)
 
     def request_stop(self) -> None:
@@ -185,6 +201,40 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def make_private_home(home: Path) -> None:
+    """Create E31_HOME readable by its owner only (mode 0700), or make it so."""
+    home.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    os.chmod(home, PRIVATE_DIR_MODE)
+
+
+def new_redis_password(home: Path) -> str:
+    """A fresh password for the private Redis, written to E31_HOME/redis.password with mode
+    0600 (created so, never widened by the umask) before anything else can read it."""
+    password = secrets.token_urlsafe(REDIS_PASSWORD_BYTES)
+    path = home / REDIS_PASSWORD_FILE
+    tmp = path.with_name(f".{REDIS_PASSWORD_FILE}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
+    with os.fdopen(fd, "w") as f:
+        f.write(password + "\n")
+    os.replace(tmp, path)
+    return password
+
+
+def make_private_sqlite(database_url: str) -> None:
+    """Create a SQLite store file with mode 0600 before the engine opens it (SQLite gives its
+    -wal and -shm files the same mode), or make an existing one so; other stores: nothing."""
+    url = make_url(database_url)
+    if not url.drivername.startswith("sqlite") or not url.database or url.database == ":memory:":
+        return
+    path = Path(url.database)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, PRIVATE_FILE_MODE))
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if file.exists():
+            os.chmod(file, PRIVATE_FILE_MODE)
 
 
 def _ensure_profile(settings: Settings, repo: Repo, redis_url: str) -> dict[str, str]:
