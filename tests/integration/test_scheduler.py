@@ -7,9 +7,12 @@ import threading
 from datetime import timedelta
 
 import redis
+from kombu import Connection
+
 from e31 import keys
 from e31.celeryapp import make_celery
 from e31.clock import utcnow
+from e31.heartbeat import WorkerInfo, write
 from e31.scheduling.leader import Scheduler
 from e31.settings import Settings
 from e31.sizeclasses import route
@@ -24,19 +27,23 @@ def heartbeat(r: redis.Redis, node: str, queues: list[str], busy_job: str | None
     same GPU share it."""
     if gpus is None:
         gpus = node.split("@")[0].removeprefix("gpu").replace("-", ",")
-    r.set(keys.worker(node), json.dumps({"node": node, "queues": queues, "gpus": gpus,
-                                         "gpu_count": len(gpus.split(",")) if gpus else 0,
-                                         "busy_job": busy_job}), ex=30)
+    write(r, WorkerInfo(node=node, queues=tuple(queues), gpus=gpus,
+                        gpu_count=len(gpus.split(",")) if gpus else 0, busy_job=busy_job),
+          interval_s=10)  # alive for three beats: 30 s, longer than any test
 
 
 def published(r: redis.Redis, queue: str) -> list[str]:
-    """Job ids waiting in a Celery queue (every priority bucket)."""
+    """Job ids waiting in a Celery queue (every priority bucket): each message's arguments as
+    Kombu decodes them for a worker, not Celery's display-only `argsrepr` header."""
     ids = []
-    for key in r.scan_iter(match=f"{queue}*"):
-        if r.type(key) != b"list":
-            continue
-        for raw in r.lrange(key, 0, -1):
-            ids.append(json.loads(json.loads(raw)["headers"]["argsrepr"].replace("'", '"'))[0])
+    with Connection("memory://") as decoder:  # Kombu's message codec, the Redis one's: no I/O
+        channel = decoder.default_channel
+        for key in r.scan_iter(match=f"{queue}*"):
+            if r.type(key) != b"list":
+                continue
+            for raw in r.lrange(key, 0, -1):
+                args, _kwargs, _embed = channel.message_to_python(json.loads(raw)).decode()
+                ids.append(args[0])
     return ids
 
 
