@@ -128,11 +128,8 @@ class Settings(BaseModel):
                 values[name] = value
         if "home" in values:
             values["home"] = Path(str(values["home"])).expanduser()
-        if values.get("redis_password_file") and values.get("redis_url"):
-            password = _read_secret(Path(str(values["redis_password_file"])).expanduser())
-            values["redis_url"] = with_redis_password(str(values["redis_url"]), password)
         try:
-            return cls(**values)
+            settings = cls(**values)
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"])
@@ -140,6 +137,11 @@ class Settings(BaseModel):
             where = ("config file" if top in ("retries", "size_classes")
                      else f"E31_{top.upper()} or config file")
             raise ConfigError(f"setting {field}: {first['msg']} ({where})") from exc
+        if settings.redis_password_file and settings.redis_url:
+            password = _read_secret(Path(settings.redis_password_file).expanduser())
+            settings = settings.model_copy(
+                update={"redis_url": with_redis_password(settings.redis_url, password)})
+        return settings
 
 
 def with_redis_password(url: str, password: str) -> str:
