@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,15 +52,9 @@ def test_an_entrypoint_that_cannot_be_imported_fails_with_that_reason(tmp_path: 
     assert "cannot import entrypoint no_such_module_e31:main" in result.error
 
 
-def test_a_result_that_is_not_json_is_an_error(tmp_path: Path) -> None:
-    jobs = tmp_path / "jobs"
-    jobs.mkdir()
-    (jobs / "nonjson_job.py").write_text("def main(ctx):\n    return {1, 2}\n")
-    os.environ["PYTHONPATH"] = f"{jobs}:{os.environ.get('PYTHONPATH', '')}"
-    try:
-        result = run(plan(tmp_path, entrypoint="nonjson_job:main"))
-    finally:
-        os.environ["PYTHONPATH"] = os.environ["PYTHONPATH"].split(":", 1)[1]
+def test_a_result_that_is_not_json_is_an_error(tmp_path: Path, job_modules) -> None:
+    job_modules("nonjson_job", "def main(ctx):\n    return {1, 2}\n")
+    result = run(plan(tmp_path, entrypoint="nonjson_job:main"))
     assert result.reason is AttemptReason.ERROR
     assert result.error.startswith("result is not JSON")
 
@@ -97,13 +92,11 @@ def test_the_log_is_capped_and_says_where_it_was_cut(tmp_path: Path) -> None:
     assert len(log) < 1200
 
 
-def test_the_job_environment_hides_the_workers_own_settings(tmp_path: Path) -> None:
-    os.environ["E31_DATABASE_URL"] = "postgresql://secret@db/e31"
-    try:
-        p = plan(tmp_path, command=["sh", "-c", "env"], env={"MY_FLAG": "1"})
-        run(p)
-    finally:
-        del os.environ["E31_DATABASE_URL"]
+def test_the_job_environment_hides_the_workers_own_settings(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("E31_DATABASE_URL", "postgresql://secret@db/e31")
+    p = plan(tmp_path, command=["sh", "-c", "env"], env={"MY_FLAG": "1"})
+    run(p)
     env = p.log_path.read_text()
     assert "secret" not in env
     assert "MY_FLAG=1" in env and "CUDA_VISIBLE_DEVICES=3" in env and "E31_JOB_ID=j-test" in env
@@ -113,8 +106,13 @@ def test_a_failing_supervisor_never_leaves_the_job_running(tmp_path: Path) -> No
     pidfile = tmp_path / "pid"
     p = plan(tmp_path, command=["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"])
 
+    started = time.monotonic()
+
     def broken_tick(progress: object) -> Directive:
-        raise RuntimeError("heartbeat blew up")
+        # it fails once the job has written its pid (or after 30 s), so the test can find it
+        if (pidfile.exists() and pidfile.read_text().strip()) or time.monotonic() - started > 30:
+            raise RuntimeError("heartbeat blew up")
+        return Directive.CONTINUE
 
     try:
         Supervisor(p, tick=broken_tick).run()
@@ -230,22 +228,14 @@ def test_one_process_per_node_holds_the_node_lock_until_it_dies(tmp_path: Path) 
     assert NodeLock(lock_path).acquire() is None
 
 
-def _job_module(tmp_path: Path, name: str, source: str) -> None:
-    """Put a job module on the children's PYTHONPATH for this test."""
-    jobs = tmp_path / "jobs"
-    jobs.mkdir(exist_ok=True)
-    (jobs / f"{name}.py").write_text(source)
-    os.environ["PYTHONPATH"] = f"{jobs}:{os.environ.get('PYTHONPATH', '')}"
-
-
 @pytest.fixture
-def job_modules(tmp_path: Path):
-    saved = os.environ.get("PYTHONPATH")
-    yield lambda name, source: _job_module(tmp_path, name, source)
-    if saved is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = saved
+def job_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """`job_modules(name, source)` puts a job module on the children's PYTHONPATH for this
+    test."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(jobs), prepend=os.pathsep)
+    return lambda name, source: (jobs / f"{name}.py").write_text(source)
 
 
 def test_an_out_of_memory_exception_in_the_job_ends_the_attempt_as_oom(tmp_path: Path,
