@@ -99,7 +99,7 @@ def run_them(repo: Repo, r: redis.Redis) -> None:
 def measure(url: str, size: int, redis_url: str, *, workers: int, rounds: int) -> dict[str, float]:
     engine = make_engine(url)
     upgrade(engine)
-    repo = Repo(engine)
+    repo = Repo(engine, half_life_s=Settings().fair_share_half_life_s)
     fill(repo, size)
     settings = Settings(redis_url=redis_url, dispatch_headroom=0)
     client = redis.Redis.from_url(redis_url)

@@ -99,7 +99,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 def repo(database_url: str) -> Iterator[Repo]:
     engine = make_engine(database_url)
     upgrade(engine)
-    yield Repo(engine)
+    yield Repo(engine, half_life_s=Settings().fair_share_half_life_s)
     engine.dispose()
 
 
@@ -107,5 +107,5 @@ def repo(database_url: str) -> Iterator[Repo]:
 def sqlite_repo(tmp_path: Path) -> Iterator[Repo]:
     engine = make_engine(f"sqlite:///{tmp_path / 'e31.db'}")
     upgrade(engine)
-    yield Repo(engine)
+    yield Repo(engine, half_life_s=Settings().fair_share_half_life_s)
     engine.dispose()

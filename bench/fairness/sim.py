@@ -3,10 +3,10 @@
     pip install matplotlib   # for the plot; bench-only, not a dependency of e31
     python bench/fairness/sim.py
 
-Drives the real policy, `e31.scheduling.admission.decide` with
-`e31.scheduling.fairshare.DecayedUsage` (imported, not copied), and a FIFO baseline (below)
-over the same trace (`workload.py`): tenants a (weight 2, with an x4 job every 40 min), b
-and c (weight 1; c floods 10,000 jobs first) and d, light. Each policy runs on two pools of
+Drives the real policy, `e31.scheduling.admission.decide` with `e31.usage.UsageState`
+(imported, not copied), and a FIFO baseline (below) over the same trace (`workload.py`):
+tenants a (weight 2, with an x4 job every 40 min), b and c (weight 1; c floods 10,000 jobs
+first) and d, light. Each policy runs on two pools of
 16 gpu80 GPUs: `shared` (a node's one-GPU slots and x4 slots overlap: a big job needs 4 free
 GPUs of one node) and `static` (the live launcher: 12 one-GPU workers and one x4 worker that
 spills). Prints the figures, writes them as JSON (`--json`) and plots each tenant's share of
@@ -29,12 +29,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from e31.scheduling.admission import AdmissionConfig, Slot, decide
-from e31.scheduling.fairshare import DecayedUsage, Job, Tenant
+from e31.scheduling.fairshare import Tenant
+from e31.store.records import Candidate
+from e31.usage import UsageState
 
 from workload import BACKLOGGED, HORIZON_S, LIGHT, OTHERS_START_S, POOLS, WEIGHTS, SimJob, trace
 
 HEAD_K = 16              # candidates per queue, tenant and band the store hands over
-FIFO_HEAD = 64           # FIFO: the oldest per queue, as the store's dispatch_candidates
+FIFO_HEAD = 64           # FIFO: the oldest per queue, whoever submitted them
 BIN_S = 60.0             # accounting resolution
 PLOT_BIN_S = 600.0       # share-over-time plot resolution
 SIZE_CLASS = "gpu80"
@@ -42,7 +44,8 @@ PRIORITY = 5
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def fifo_decide(slots: Sequence[Slot], heads: Mapping[str, Sequence[Job]]) -> list[tuple[str, str]]:
+def fifo_decide(slots: Sequence[Slot],
+                heads: Mapping[str, Sequence[Candidate]]) -> list[tuple[str, str]]:
     """FIFO baseline: oldest first, each free slot serving its own queue before spill ones."""
     held = {g for s in slots if s.busy for g in s.gpu_ids}
     taken = {s.node for s in slots if s.busy}
@@ -64,6 +67,20 @@ def fifo_decide(slots: Sequence[Slot], heads: Mapping[str, Sequence[Job]]) -> li
     return placed
 
 
+def accrue(usage: UsageState, running_gpus: float, now_s: float,
+           half_life_s: float) -> UsageState:
+    """Charge `running_gpus` held since `usage.at_s` until `now_s`, decaying as it accrues.
+
+    Exact for a constant rate r: v(t) = v0·e^(−λΔ) + r·(1 − e^(−λΔ))/λ, λ = ln 2 / half-life,
+    so the result does not depend on how often the simulation calls it. (The live store bills
+    each attempt as a lump when it ends, `UsageState.plus`.)
+    """
+    lam = math.log(2.0) / half_life_s
+    keep = math.exp(-lam * max(0.0, now_s - usage.at_s))
+    return UsageState(usage.value_gpu_s * keep + running_gpus * (1.0 - keep) / lam,
+                      max(now_s, usage.at_s))
+
+
 class Sim:
     """One run: a policy on a pool over the trace."""
 
@@ -74,10 +91,10 @@ class Sim:
         self.cfg = AdmissionConfig(half_life_s=half_life_s, reserve_after_s=reserve_after_s,
                                    spill_max_s=spill_max_s)
         self.tick_s = tick_s
-        self.usage = DecayedUsage(half_life_s=half_life_s)
+        self.usage: dict[str, UsageState] = defaultdict(UsageState)   # tenant -> decayed
         self.by_id = {j.id: j for j in jobs}
-        self.as_job = {j.id: Job(j.id, j.tenant, j.queue, SIZE_CLASS, j.gpus, PRIORITY,
-                                 j.submitted_at_s, j.timeout_s) for j in jobs}
+        self.as_job = {j.id: Candidate(j.id, j.tenant, j.queue, SIZE_CLASS, j.gpus, PRIORITY,
+                                       j.submitted_at_s, j.timeout_s) for j in jobs}
         self.queued: dict[tuple[str, str], deque[SimJob]] = defaultdict(deque)
         self.running: dict[str, tuple[SimJob, float]] = {}   # slot node -> job, started at
         self.started: dict[str, float] = {}
@@ -120,15 +137,16 @@ class Sim:
                 self.gpu_s_bins[tenant][b] += gpus * (b_end_s - a_s)
             a_s = b_end_s
         for tenant in WEIGHTS:
-            self.usage.accrue(tenant, running.get(tenant, 0), t1_s)
+            self.usage[tenant] = accrue(self.usage[tenant], running.get(tenant, 0), t1_s,
+                                        self.cfg.half_life_s)
 
     def pool_gpus(self) -> int:
         return len({g for s in self.pool for g in s.gpu_ids})
 
     # -- decisions -------------------------------------------------------------------------
 
-    def heads(self) -> dict[str, list[Job]]:
-        heads: dict[str, list[Job]] = defaultdict(list)
+    def heads(self) -> dict[str, list[Candidate]]:
+        heads: dict[str, list[Candidate]] = defaultdict(list)
         for (queue, _), q in self.queued.items():
             heads[queue] += [self.as_job[j.id] for j in list(q)[:HEAD_K]]
         if self.policy == "fifo":
@@ -141,7 +159,7 @@ class Sim:
         if self.policy == "fifo":
             return fifo_decide(slots, heads)
         running = self.running_gpus()
-        tenants = {t: Tenant(t, weight=w, usage_gpu_s=self.usage.value(t, now_s),
+        tenants = {t: Tenant(t, weight=w, usage_gpu_s=self.usage[t].at(now_s, self.cfg.half_life_s),
                              running_gpus={SIZE_CLASS: running.get(t, 0)})
                    for t, w in WEIGHTS.items()}
         decision = decide(now_s=now_s, slots=slots, tenants=tenants, heads=heads,

@@ -1,7 +1,8 @@
 """The one error hierarchy of E31 Batch.
 
-Every error has a one-line "Raised when…" docstring, which is also its default message.
-The API maps these classes to HTTP status codes in one place (`e31.api.errors`).
+A root (`E31Error`), a sub-root per subsystem, and every class raised somewhere. Every error
+has a one-line "Raised when…" docstring, which is also its default message. The API maps
+these classes to HTTP status codes in one place (`e31.api.errors`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,11 @@ class LinkRefused(NotFound):
 
 
 class Conflict(StoreError):
-    """Raised when a change conflicts with the current state (a finished job, a taken name)."""
+    """Raised when a change conflicts with what is stored already (a taken tenant name)."""
+
+
+class IllegalTransition(StoreError):
+    """Raised when a job would move between two states the transitions table does not allow."""
 
 
 class AuthError(E31Error):
@@ -62,10 +67,6 @@ class AuthError(E31Error):
 
 class SchedulingError(E31Error):
     """Raised when the scheduler cannot publish a job."""
-
-
-class ExecutionError(E31Error):
-    """Raised when a worker cannot run a job's attempt."""
 
 
 class ClientError(E31Error):

@@ -48,10 +48,11 @@ def route(spec: JobSpec, classes: Sequence[SizeClass]) -> Route:
     if res.size_class is not None:
         chosen = by_name.get(res.size_class)
         if chosen is None:
-            raise SpecError.one("resources.size_class",
-                                f"unknown size class {res.size_class!r}; known: {', '.join(by_name)}")
+            raise SpecError.one("resources.size_class", f"unknown size class {res.size_class!r}; "
+                                                        f"known: {', '.join(by_name)}")
         if chosen.gpu_mem_gb == 0 and res.gpus > 0:
-            raise SpecError.one("resources.gpus", f"size class {chosen.name} has no GPUs; use gpus: 0")
+            raise SpecError.one("resources.gpus",
+                                f"size class {chosen.name} has no GPUs; use gpus: 0")
         if chosen.gpu_mem_gb > 0 and res.gpus == 0:
             raise SpecError.one("resources.gpus", f"size class {chosen.name} needs gpus >= 1")
         if res.gpu_mem_gb is not None and res.gpu_mem_gb > chosen.gpu_mem_gb:
@@ -84,7 +85,8 @@ def class_for_gpu(mem_gb: float, classes: Sequence[SizeClass]) -> SizeClass:
 
 
 def spill_queues(own: SizeClass, gpus: int, classes: Sequence[SizeClass]) -> list[str]:
-    """Queues a worker of class `own` consumes with --spill: its own first, then smaller GPU classes.
+    """Queues a worker of class `own` consumes with --spill: its own first, then smaller GPU
+    classes.
 
     The cpu class is never spilled onto a GPU: a CPU job would hold a GPU it does not use.
     """
@@ -95,7 +97,7 @@ def spill_queues(own: SizeClass, gpus: int, classes: Sequence[SizeClass]) -> lis
 def redis_priority(size_class: str, classes: Sequence[SizeClass]) -> int:
     """Kombu Redis priority for a class: the biggest class 0 (popped first), smaller ones after.
 
-    A worker that spills pops its own class before the smaller ones (ARCHITECTURE §4).
+    A worker that spills pops its own class before the smaller ones (docs/scheduling.md).
     """
     ordered = sorted(classes, key=lambda c: -c.gpu_mem_gb)
     names = [c.name for c in ordered]

@@ -1,4 +1,8 @@
-"""Job states and the only table of allowed transitions."""
+"""Job states and the only table of allowed transitions.
+
+The store changes a job's state only through `e31.store.transitions.move`, which refuses a
+step this table does not allow, so the table is the rule, not a description of it.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ from enum import Enum
 
 
 class JobState(str, Enum):
+    """A job's state as stored and sent: each member equals its wire string."""
+
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -14,15 +20,20 @@ class JobState(str, Enum):
 
     @property
     def is_final(self) -> bool:
+        """Whether the job has ended: it never changes state again."""
         return self in FINAL_STATES
 
 
-FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+# The states a job ends in. Members are `str`s, so a status string tests membership too
+# (`status["state"] in FINAL_STATES`).
+FINAL_STATES: frozenset[JobState] = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
-# queued -> running happens only through the atomic claim; running -> queued is a retry
-# (or, later, a lost lease / drain); cancel is allowed from both live states.
+# queued -> running happens only through the atomic claim; running -> queued is a retry, a
+# lost lease or a drain; cancel is allowed from both live states (a queued job also when a
+# dependency of it fails).
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),
+    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
     JobState.RUNNING: frozenset(
         {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED}
     ),
@@ -50,6 +61,7 @@ class AttemptReason(str, Enum):
 
     @property
     def is_retryable(self) -> bool:
+        """Whether the job is queued again after an attempt ended this way (retries left)."""
         return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT, AttemptReason.OOM,
                         AttemptReason.LOST, AttemptReason.DRAINED}
 

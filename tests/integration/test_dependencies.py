@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import redis
+
 from e31.clock import utcnow
 from e31.errors import SpecError
 from e31.settings import Settings
@@ -12,7 +13,6 @@ from e31.spec import JobSpec
 from e31.states import AttemptReason
 from e31.store import Repo
 from e31.store.records import Outcome
-
 from tests.integration.test_fair_scheduling import one
 from tests.integration.test_scheduler import heartbeat, make, published
 

@@ -6,17 +6,17 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import redis
+from sqlalchemy import text
+
+from e31.api.service import Service
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
-from e31.api.service import Service
 from e31.settings import Settings
 from e31.sizeclasses import route
 from e31.spec import JobSpec
 from e31.states import AttemptReason
 from e31.store import Repo
 from e31.store.records import Outcome
-from sqlalchemy import text
-
 from tests.integration.test_scheduler import heartbeat, make, published
 
 GPU24, X4 = "e31.gpu24", "e31.gpu24.x4"
@@ -25,8 +25,8 @@ GPU24, X4 = "e31.gpu24", "e31.gpu24.x4"
 def backlog(repo: Repo, tenant_id: str, n: int, **fields: object) -> list[str]:
     """`n` queued jobs of one tenant, stored in one transaction (as an array)."""
     spec = JobSpec.parse({"entrypoint": "pkg.mod:main", **fields})
-    record = repo.insert_array(tenant_id, "backlog", [(spec, route(spec, Settings().size_classes))] * n,
-                               now=utcnow())
+    where = route(spec, Settings().size_classes)
+    record = repo.insert_array(tenant_id, "backlog", [(spec, where)] * n, now=utcnow())
     return [item.id for item in record.items or []]
 
 

@@ -91,7 +91,7 @@ def test_a_class_without_any_worker_gets_no_messages(repo: Repo, redis_url: str,
     heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])
 
     assert make(repo, redis_url).tick() == 0
-    assert [c.id for c in repo.dispatch_candidates("e31.gpu80", now=utcnow(), limit=5)]
+    assert [c.id for c in repo.heads({"e31.gpu80": 5}, now=utcnow())]
 
 
 def test_a_big_worker_that_spills_takes_its_own_class_first(repo: Repo, redis_url: str,
@@ -134,8 +134,8 @@ def test_a_second_scheduler_waits_while_the_first_leads(repo: Repo, redis_url: s
 
 def test_a_submit_wakes_the_scheduler_at_once(repo: Repo, redis_url: str,
                                               redis_client: redis.Redis, tmp_path) -> None:
-    from e31.artifacts import ArtifactStore
     from e31.api.service import Service
+    from e31.artifacts import ArtifactStore
     tenant, _ = repo.create_tenant("a", now=utcnow())
     heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])
     settings = Settings(redis_url=redis_url, scheduler_tick_s=60)  # a tick would take a minute

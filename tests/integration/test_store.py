@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+
 from e31.clock import utcnow
 from e31.errors import NotFound
 from e31.settings import Settings
@@ -118,7 +119,8 @@ def test_gpu_seconds_bill_each_attempts_duration_times_its_gpus(repo: Repo) -> N
     job = submit(repo, tenant.id, resources={"gpus": 2}, retries={"max": 1, "backoff_s": 0})
     t0 = utcnow()
     c1 = repo.claim(job.id, worker="w", gpus="0,1", gpu_count=2, now=t0, lease_ttl_s=10)
-    repo.record_outcome(job.id, c1.token, Outcome(AttemptReason.ERROR), now=t0 + timedelta(seconds=5))
+    repo.record_outcome(job.id, c1.token, Outcome(AttemptReason.ERROR),
+                        now=t0 + timedelta(seconds=5))
     c2 = repo.claim(job.id, worker="w", gpus="0,1", gpu_count=2, now=t0 + timedelta(seconds=65),
                     lease_ttl_s=10)
     repo.record_outcome(job.id, c2.token, Outcome(AttemptReason.SUCCEEDED, result={"ok": 1}),
@@ -162,25 +164,52 @@ def test_a_tenant_cannot_read_or_cancel_another_tenants_job(repo: Repo) -> None:
     assert repo.get_job(a.id, job.id).state == "queued"
 
 
-def test_candidates_come_in_priority_then_submission_order_and_dispatch_marks_once(repo: Repo) -> None:
+def heads(repo: Repo, queue: str = "e31.gpu24", *, now=None) -> list[str]:
+    """The ids of the candidates the scheduler reads for `queue`, in the order it reads them."""
+    return [c.id for c in repo.heads({queue: 10}, now=now or utcnow())]
+
+
+def test_candidates_come_in_band_then_submission_order_and_dispatch_marks_once(
+        repo: Repo) -> None:
+    # Given three queued jobs of one tenant in three priority bands
     tenant, _ = repo.create_tenant("a", now=utcnow())
     low = submit(repo, tenant.id, priority=1)
     high = submit(repo, tenant.id, priority=9)
     mid = submit(repo, tenant.id, priority=5)
     now = utcnow()
-    ids = [c.id for c in repo.dispatch_candidates("e31.gpu24", now=now, limit=10)]
-    assert ids == [high.id, mid.id, low.id]
 
+    # Then the scheduler reads them highest band first
+    assert heads(repo, now=now) == [high.id, mid.id, low.id]
+
+    # And a job is marked published once, is no candidate while it waits for its worker,
+    # and holds a slot of its queue meanwhile
     assert repo.mark_dispatched([high.id], now=now) == [high.id]
     assert repo.mark_dispatched([high.id], now=now) == []  # already published
-    assert repo.outstanding_by_queue() == {"e31.gpu24": 1}
-    assert [c.id for c in repo.dispatch_candidates("e31.gpu24", now=now, limit=10)] == [mid.id, low.id]
+    assert heads(repo, now=now) == [mid.id, low.id]
+    [published] = repo.scheduling_view(now=now, queues=["e31.gpu24"]).outstanding
+    assert (published.tenant_id, published.queue) == (tenant.id, "e31.gpu24")
 
+    # And a publication never claimed is forgotten after the timeout, in its own queue only
     later = now + timedelta(seconds=121)
     assert repo.expire_dispatches(["e31.gpu48"], now=later, timeout_s=120) == 0  # other queue
-    assert repo.expire_dispatches(["e31.gpu24"], now=now + timedelta(seconds=60), timeout_s=120) == 0
+    soon = now + timedelta(seconds=60)
+    assert repo.expire_dispatches(["e31.gpu24"], now=soon, timeout_s=120) == 0
     assert repo.expire_dispatches(["e31.gpu24"], now=later, timeout_s=120) == 1
-    assert repo.outstanding_by_queue() == {}
+    assert repo.scheduling_view(now=later, queues=["e31.gpu24"]).outstanding == []
+    assert heads(repo, now=later) == [high.id, mid.id, low.id]
+
+
+def test_a_job_in_retry_back_off_is_no_candidate_until_its_back_off_ends(repo: Repo) -> None:
+    # Given a job whose first attempt failed with a back-off of 60 s
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    job = submit(repo, tenant.id, retries={"max": 1, "backoff_s": 60})
+    c = claim(repo, job.id)
+    now = utcnow()
+    repo.record_outcome(job.id, c.token, Outcome(AttemptReason.ERROR, error="boom"), now=now)
+
+    # Then the scheduler does not read it during the back-off, and does after it
+    assert heads(repo, now=now + timedelta(seconds=30)) == []
+    assert heads(repo, now=now + timedelta(seconds=61)) == [job.id]
 
 
 def test_a_cancel_racing_the_workers_outcome_write_is_serialised(
@@ -210,13 +239,21 @@ def test_a_cancel_racing_the_workers_outcome_write_is_serialised(
     assert seen == [JobState.CANCELLED]        # the worker saw the cancel, not a stale row
     record = repo.get_job(tenant.id, job.id)
     assert record.state == "cancelled" and record.attempts[0].ended_at is not None
-    assert repo.dispatch_candidates("e31.gpu24", now=utcnow(), limit=5) == []
+    assert heads(repo) == []
 
 
 def test_a_worker_is_busy_while_its_lease_lives_and_not_after_it_expired(repo: Repo) -> None:
+    # Given a worker that claimed a job with a lease of 10 s and then died
     tenant, _ = repo.create_tenant("a", now=utcnow())
     job = submit(repo, tenant.id)
     now = utcnow()
-    claim(repo, job.id, worker="gpu0@dead", now=now)              # lease of 10 s
-    assert repo.busy_workers(now=now + timedelta(seconds=5)) == {"gpu0@dead"}
-    assert repo.busy_workers(now=now + timedelta(seconds=11)) == set()
+    claim(repo, job.id, worker="gpu0@dead", now=now)
+
+    def live_leases(at: object) -> list[str | None]:
+        view = repo.scheduling_view(now=at, queues=["e31.gpu24"])  # type: ignore[arg-type]
+        return [r.node for r in view.running if r.lease_live]
+
+    # Then the scheduler counts it busy while the lease lives, and not after it expired (a
+    # worker restarted under the same name gets work)
+    assert live_leases(now + timedelta(seconds=5)) == ["gpu0@dead"]
+    assert live_leases(now + timedelta(seconds=11)) == []

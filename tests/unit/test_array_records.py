@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+
 from e31.store.records import ArrayItem, ArrayRecord, array_state
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)

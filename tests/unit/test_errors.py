@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
+
 from e31 import errors
 from e31.errors import ClientError, E31Error, JobFailed, SpecError
 
@@ -25,11 +29,25 @@ NO_ARG = [c for c in ALL if c not in (SpecError, JobFailed)]
 def test_every_exception_class_in_errors_descends_from_the_root() -> None:
     # Given every exception class the errors module defines
     defined = [v for v in vars(errors).values()
-               if isinstance(v, type) and issubclass(v, BaseException) and v.__module__ == errors.__name__]
+               if isinstance(v, type) and issubclass(v, BaseException)
+               and v.__module__ == errors.__name__]
 
     # Then each is an E31Error, so callers can catch one root
     assert defined and all(issubclass(c, E31Error) for c in defined)
     assert set(defined) == set(ALL)
+
+
+SOURCES = [p for root in ("platform/e31", "workers/e31_worker")
+           for p in (Path(__file__).parents[2] / root).rglob("*.py") if p.name != "errors.py"]
+
+
+@pytest.mark.parametrize("cls", [c for c in ALL if c is not E31Error], ids=lambda c: c.__name__)
+def test_every_error_class_is_raised_somewhere(cls: type[E31Error]) -> None:
+    # Given the package's sources outside the errors module
+    raised = re.compile(rf"\braise {cls.__name__}\b")
+
+    # Then some code raises the class: none is kept for a use that never came
+    assert any(raised.search(p.read_text()) for p in SOURCES), cls
 
 
 @pytest.mark.parametrize("cls", ALL, ids=lambda c: c.__name__)
@@ -39,7 +57,8 @@ def test_every_error_class_has_a_raised_when_docstring(cls: type[E31Error]) -> N
 
 
 @pytest.mark.parametrize("cls", NO_ARG, ids=lambda c: c.__name__)
-def test_an_error_raised_without_a_message_says_its_docstrings_first_line(cls: type[E31Error]) -> None:
+def test_an_error_raised_without_a_message_says_its_docstrings_first_line(
+        cls: type[E31Error]) -> None:
     # Given an error class
     first_line = (cls.__doc__ or "").strip().splitlines()[0]
 

@@ -1,4 +1,4 @@
-"""Fair share (issue 5): decayed usage, the admission decision, reservation, pending reasons.
+"""Fair share: decayed usage, the admission decision, reservation, pending reasons.
 
 Every test runs on a simulated clock: times are plain seconds, nothing reads the wall clock.
 """
@@ -11,17 +11,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 import pytest
+
 from e31.scheduling.admission import AdmissionConfig, Decision, Slot, decide
-from e31.scheduling.fairshare import (
-    DecayedUsage,
-    Job,
-    Pending,
-    Reason,
-    Tenant,
-    UsageState,
-    estimated_start_s,
-    position_in_queue,
-)
+from e31.scheduling.fairshare import Pending, Reason, Tenant, estimated_start_s, position_in_queue
+from e31.store.records import Candidate
+from e31.usage import UsageState
 
 GPU80, GPU80X4 = "e31.gpu80", "e31.gpu80.x4"
 HOUR_S = 3600.0
@@ -31,9 +25,10 @@ _ids = itertools.count()
 
 
 def job(tenant: str, *, queue: str = GPU80, gpus: int = 1, priority: int = 5,
-        submitted_at_s: float = NOW_S - 60, timeout_s: float = 600.0) -> Job:
-    return Job(id=f"{tenant}-{next(_ids)}", tenant=tenant, queue=queue, size_class="gpu80",
-               gpus=gpus, priority=priority, submitted_at_s=submitted_at_s, timeout_s=timeout_s)
+        submitted_at_s: float = NOW_S - 60, timeout_s: float = 600.0) -> Candidate:
+    return Candidate(id=f"{tenant}-{next(_ids)}", tenant_id=tenant, queue=queue,
+                     size_class="gpu80", gpus=gpus, priority=priority,
+                     submitted_at_s=submitted_at_s, timeout_s=timeout_s)
 
 
 def single_slots(n: int, *, host: str = "h") -> list[Slot]:
@@ -41,12 +36,12 @@ def single_slots(n: int, *, host: str = "h") -> list[Slot]:
             for i in range(n)]
 
 
-def heads_of(jobs: Iterable[Job], k: int) -> dict[str, list[Job]]:
+def heads_of(jobs: Iterable[Candidate], k: int) -> dict[str, list[Candidate]]:
     """What the store hands over: per queue, each tenant's oldest k per priority band."""
-    groups: dict[tuple[str, str, int], list[Job]] = defaultdict(list)
+    groups: dict[tuple[str, str, int], list[Candidate]] = defaultdict(list)
     for j in jobs:
-        groups[(j.queue, j.tenant, j.priority)].append(j)
-    heads: dict[str, list[Job]] = defaultdict(list)
+        groups[(j.queue, j.tenant_id, j.priority)].append(j)
+    heads: dict[str, list[Candidate]] = defaultdict(list)
     for (queue, _, _), group in groups.items():
         heads[queue] += sorted(group, key=lambda j: j.submitted_at_s)[:k]
     return dict(heads)
@@ -56,8 +51,8 @@ def tenants_of(*tenants: Tenant) -> dict[str, Tenant]:
     return {t.name: t for t in tenants}
 
 
-def published_by_tenant(decision: Decision, jobs: Sequence[Job]) -> dict[str, int]:
-    owner = {j.id: j.tenant for j in jobs}
+def published_by_tenant(decision: Decision, jobs: Sequence[Candidate]) -> dict[str, int]:
+    owner = {j.id: j.tenant_id for j in jobs}
     counts: dict[str, int] = defaultdict(int)
     for d in decision.publish:
         counts[owner[d.job_id]] += 1
@@ -67,48 +62,27 @@ def published_by_tenant(decision: Decision, jobs: Sequence[Job]) -> dict[str, in
 # -- decayed usage ---------------------------------------------------------------------------
 
 def test_usage_halves_every_half_life_and_is_only_decayed_when_read() -> None:
-    # Given 1000 GPU-seconds billed at t=0 with a one-hour half-life
-    usage = DecayedUsage(half_life_s=HOUR_S)
-    usage.update("a", 1000.0, now_s=0.0)
+    # Given 1000 GPU-seconds billed at t=0 with a one-hour half-life (as the store bills them)
+    usage = UsageState().plus(1000.0, now_s=0.0, half_life_s=HOUR_S)
 
     # Then the value halves per half-life, and the stored state has not moved
-    assert usage.value("a", now_s=HOUR_S) == pytest.approx(500.0)
-    assert usage.value("a", now_s=3 * HOUR_S) == pytest.approx(125.0)
-    assert usage.state("a") == UsageState(1000.0, 0.0)
+    assert usage.at(HOUR_S, HOUR_S) == pytest.approx(500.0)
+    assert usage.at(3 * HOUR_S, HOUR_S) == pytest.approx(125.0)
+    assert usage == UsageState(1000.0, 0.0)
     # And a second bill decays the first one to its own time before adding
-    usage.update("a", 100.0, now_s=HOUR_S)
-    assert usage.state("a").value_gpu_s == pytest.approx(600.0)
-    assert usage.state("a").at_s == HOUR_S
+    usage = usage.plus(100.0, now_s=HOUR_S, half_life_s=HOUR_S)
+    assert usage.value_gpu_s == pytest.approx(600.0)
+    assert usage.at_s == HOUR_S
 
 
-def test_accrual_does_not_depend_on_how_often_it_is_called() -> None:
-    # Given two ledgers charging 4 running GPUs for two hours, one in a step, one per second
-    coarse, fine = DecayedUsage(half_life_s=HOUR_S), DecayedUsage(half_life_s=HOUR_S)
-    coarse.accrue("a", 4, now_s=2 * HOUR_S)
-    for t_s in range(1, 7201):
-        fine.accrue("a", 4, now_s=float(t_s))
+def test_a_clock_that_goes_back_reads_usage_as_of_its_last_update() -> None:
+    # Given usage last updated at t=100 s
+    usage = UsageState(50.0, 100.0)
 
-    # Then both agree with the closed form, and steady state is GPUs × half-life / ln 2
-    lam = math.log(2) / HOUR_S
-    expected = 4 * (1 - math.exp(-lam * 2 * HOUR_S)) / lam
-    assert coarse.value("a", 2 * HOUR_S) == pytest.approx(expected)
-    assert fine.value("a", 2 * HOUR_S) == pytest.approx(expected, rel=1e-9)
-    coarse.accrue("a", 4, now_s=200 * HOUR_S)
-    assert coarse.value("a", 200 * HOUR_S) == pytest.approx(4 / lam)
-
-
-def test_usage_state_round_trips_through_what_the_store_persists() -> None:
-    # Given a ledger with two tenants
-    usage = DecayedUsage(half_life_s=HOUR_S)
-    usage.update("a", 10.0, now_s=5.0)
-    usage.accrue("b", 2, now_s=50.0)
-
-    # When it is rebuilt from its states (two columns per tenant)
-    again = DecayedUsage(half_life_s=HOUR_S, states=usage.states())
-
-    # Then it reads the same, and a clock that goes back reads as the last update
-    assert again.value("a", 99.0) == usage.value("a", 99.0)
-    assert again.value("b", 10.0) == again.state("b").value_gpu_s
+    # When it is read or billed at an earlier time (another host's clock)
+    # Then it is not inflated, and the update time does not go back
+    assert usage.at(10.0, HOUR_S) == 50.0
+    assert usage.plus(1.0, now_s=10.0, half_life_s=HOUR_S) == UsageState(51.0, 100.0)
 
 
 # -- admission order -------------------------------------------------------------------------

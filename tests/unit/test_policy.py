@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime, timedelta
 
+from e31.heartbeat import WorkerInfo
 from e31.scheduling.admission import AdmissionConfig, decide
-from e31.scheduling.fairshare import Job, Tenant
-from e31.scheduling.inputs import WorkerInfo, heads_per_queue, shared_queues, slots
-from e31.store.records import RunningJob
+from e31.scheduling.fairshare import Tenant
+from e31.scheduling.inputs import heads_per_queue, per_queue, shared_queues, slots
+from e31.store.records import Candidate, RunningJob
 
 GPU24, GPU48, GPU80 = "e31.gpu24", "e31.gpu48", "e31.gpu80"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -22,18 +23,15 @@ def worker(node: str, *queues: str, gpus: str = "0", busy_job: str | None = None
     return WorkerInfo(node=node, queues=tuple(queues), gpus=gpus, busy_job=busy_job)
 
 
-def job(job_id: str, queue: str, *, gpus: int = 1, age_s: float = 0.0) -> Job:
-    return Job(id=job_id, tenant="t", queue=queue, size_class=queue.split(".")[1], gpus=gpus,
-               priority=5, submitted_at_s=T0.timestamp() - age_s, timeout_s=60)
+def job(job_id: str, queue: str, *, gpus: int = 1, age_s: float = 0.0) -> Candidate:
+    return Candidate(id=job_id, tenant_id="t", queue=queue, size_class=queue.split(".")[1],
+                     gpus=gpus, priority=5, submitted_at_s=T0.timestamp() - age_s, timeout_s=60)
 
 
-def published(workers: list[WorkerInfo], jobs: list[Job], *, headroom: int = 0,
+def published(workers: list[WorkerInfo], jobs: list[Candidate], *, headroom: int = 0,
               running: list[RunningJob] | None = None) -> list[str]:
-    heads: dict[str, list[Job]] = {}
-    for j in jobs:
-        heads.setdefault(j.queue, []).append(j)
     d = decide(now_s=T0.timestamp(), slots=slots(workers, running or [], headroom=headroom),
-               tenants={"t": Tenant("t")}, heads=heads, config=AdmissionConfig())
+               tenants={"t": Tenant("t")}, heads=per_queue(jobs), config=AdmissionConfig())
     return [p.job_id for p in d.publish]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from e31.errors import ConfigError, SpecError
 from e31.settings import DEFAULT_SIZE_CLASSES, SizeClass
 from e31.sizeclasses import Route, class_for_gpu, queue_name, redis_priority, route, spill_queues
@@ -241,7 +242,7 @@ def test_a_group_worker_spills_onto_group_queues_of_the_same_size() -> None:
 
 def test_spill_order_does_not_depend_on_the_order_classes_are_listed() -> None:
     # Given the classes listed out of order
-    shuffled = [BY_NAME["gpu48"], BY_NAME["cpu"], BY_NAME["gpu141"], BY_NAME["gpu24"], BY_NAME["gpu80"]]
+    shuffled = [BY_NAME[name] for name in ("gpu48", "cpu", "gpu141", "gpu24", "gpu80")]
 
     # When spill queues are listed
     # Then they are still biggest first

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from e31.states import FINAL_STATES, TRANSITIONS, AttemptReason, JobState, can_transition
 
 
@@ -29,8 +30,22 @@ def test_exactly_succeeded_failed_and_cancelled_are_final() -> None:
     assert not JobState.RUNNING.is_final
 
 
+def test_a_status_string_is_tested_against_the_final_states_as_it_is() -> None:
+    # Given states as a client reads them from a status dict
+    # Then the one set of final states answers for the plain strings too
+    assert {"succeeded", "failed", "cancelled"} <= FINAL_STATES
+    assert "queued" not in FINAL_STATES and "running" not in FINAL_STATES
+
+
 def test_a_queued_job_may_start_running() -> None:
     assert can_transition(JobState.QUEUED, JobState.RUNNING)
+
+
+def test_a_queued_job_ends_only_by_being_cancelled() -> None:
+    # Given a job that never ran
+    # Then it cannot succeed or fail without running; it can only be cancelled
+    assert [s for s in JobState if can_transition(JobState.QUEUED, s) and s.is_final] == [
+        JobState.CANCELLED]
 
 
 def test_a_queued_job_cannot_succeed_without_running() -> None:
@@ -59,16 +74,18 @@ def test_states_are_their_wire_strings() -> None:
 
 
 @pytest.mark.parametrize(("reason", "counted"), [
-    (AttemptReason.ERROR, True), (AttemptReason.TIMEOUT, True),
+    (AttemptReason.ERROR, True), (AttemptReason.TIMEOUT, True), (AttemptReason.OOM, True),
     (AttemptReason.SUCCEEDED, False), (AttemptReason.CANCELLED, False),
     (AttemptReason.LOST, False), (AttemptReason.DRAINED, False),
 ])
-def test_only_errors_and_timeouts_count_against_retries(reason: AttemptReason, counted: bool) -> None:
+def test_only_errors_timeouts_and_ooms_count_against_retries(reason: AttemptReason,
+                                                             counted: bool) -> None:
     assert reason.counts_against_retries is counted
 
 
 @pytest.mark.parametrize("reason", [AttemptReason.LOST, AttemptReason.DRAINED])
-def test_a_lost_or_drained_attempt_is_retried_without_spending_a_retry(reason: AttemptReason) -> None:
+def test_a_lost_or_drained_attempt_is_retried_without_spending_a_retry(
+        reason: AttemptReason) -> None:
     # Given an attempt ended by infrastructure, not by the job
     # Then it is retried, and it is not the user's failure
     assert reason.is_retryable

@@ -40,9 +40,10 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from e31.client import ArrayHandle, Client, JobHandle
+from e31.client.profile import read_profile
 from e31.errors import ClientError, ConfigError, E31Error
 from e31.local.stack import STATE_FILE, pid_alive, stack_ready
-from e31.client.profile import read_profile
+from e31.states import FINAL_STATES
 
 READY_TIMEOUT_S = 120.0      # `e31 up -d`'s own limit for a stack to come up
 STOP_TIMEOUT_S = 120.0       # `e31 down`'s: workers drain running jobs first
@@ -61,7 +62,6 @@ SWEEP_LRS = (0.001, 0.003, 0.01, 0.03)
 VIDEO_S, VIDEO_FPS = 6, 10   # 60 frames: 20 red, 20 green, 20 blue
 # Tiny models run fastest on one thread, and a small machine's cores are shared by the jobs.
 JOB_ENV = {"OMP_NUM_THREADS": "1"}
-FINAL = ("succeeded", "failed", "cancelled")
 SUMMARY_CHARS = 120          # of a failed job's error, in the table (--json has all of it)
 
 
@@ -276,7 +276,7 @@ def _pipeline(client: Client, inputs: dict[str, Path], out_dir: Path, resources:
                         **common)
                 elif train.state in ("failed", "cancelled"):
                     bars.update(tasks[infer.name], info=f"skipped: {train.name} {train.state}")
-                live = [s for s in jobs if s.job is not None and s.state not in FINAL]
+                live = [s for s in jobs if s.job is not None and s.state not in FINAL_STATES]
                 if not live and sweep["done"] >= sweep["total"]:
                     break
                 if time.monotonic() > deadline:
@@ -296,7 +296,7 @@ def _pipeline(client: Client, inputs: dict[str, Path], out_dir: Path, resources:
 
 
 def _poll(step: Step, bars: Progress, task: TaskID) -> None:
-    if step.job is None or step.state in FINAL:
+    if step.job is None or step.state in FINAL_STATES:
         return
     step.status = step.job.status()
     prog = step.status.get("progress") or {}
@@ -317,7 +317,7 @@ def _counts(st: dict[str, Any]) -> str:
 def _cancel(client: Client, jobs: list[Step], array: ArrayHandle) -> None:
     """Best effort: the stack may be on its way down already."""
     for step in jobs:
-        if step.job is not None and step.state not in FINAL:
+        if step.job is not None and step.state not in FINAL_STATES:
             try:
                 step.job.cancel()
             except ClientError:

@@ -1,6 +1,6 @@
 """One tick's admission decision: which queued jobs to publish now, and why the rest wait.
 
-Pure (issue 5): the caller passes the capacity (worker slots), the tenants' fair-share view
+Pure: the caller passes the capacity (worker slots), the tenants' fair-share view
 and, per queue, a bounded head of candidates (the oldest K per tenant per priority band),
 so the cost of a decision depends on the pool and K, never on the backlog.
 
@@ -12,7 +12,7 @@ one node), and that is where the reservation matters. See docs/scheduling.md.
 
 Placement goes level by level: first every free slot takes work from its own queue
 (`queues[0]`), then from its first spill queue, and so on, so a big worker prefers its own
-class (ARCHITECTURE §4). Within a level, jobs compete in fair order: priority band, share
+class (docs/scheduling.md). Within a level, jobs compete in fair order: priority band, share
 key, age. A big job waiting longer than `reserve_after_s` goes first; if nothing can take
 it, it reserves the slot whose GPUs free up earliest (by the running jobs' timeout_s), and
 other work may use those GPUs only if its own timeout_s ends before then (backfill).
@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 
 from e31.scheduling.fairshare import (
     BIG_JOB_MIN_GPUS,
-    DEFAULT_HALF_LIFE_S,
     DEFAULT_RESERVE_AFTER_S,
-    Job,
     Pending,
     Reason,
     Tenant,
 )
+from e31.store.records import Candidate
+from e31.usage import DEFAULT_HALF_LIFE_S
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,8 @@ class Decision:
     steps: int = 0                        # candidates and slots examined: the cost measure
 
 
-_Entry = tuple[tuple[int, float, float, str], int, list[Job]]   # (order key, version, stream)
+# (order key, version, stream)
+_Entry = tuple[tuple[int, float, float, str], int, list[Candidate]]
 
 
 @dataclass
@@ -120,7 +121,7 @@ class _Tick:
         return max([self.now_s, self.taken.get(slot.node, self.now_s),
                     *(self.held.get(g, self.now_s) for g in slot.gpu_ids)])
 
-    def clashes(self, slot: Slot, job: Job | None) -> bool:
+    def clashes(self, slot: Slot, job: Candidate | None) -> bool:
         """Whether `job` on `slot` would delay the reservation."""
         r = self.reservation
         if job is None or r is None or r.job_id == job.id:
@@ -129,7 +130,7 @@ class _Tick:
             return False
         return self.now_s + job.timeout_s > r.start_s
 
-    def fill(self, slot: Slot, free_at_s: float, job: Job | None = None) -> None:
+    def fill(self, slot: Slot, free_at_s: float, job: Candidate | None = None) -> None:
         """Mark the slot and its GPUs used until `free_at_s`; publish `job` if given."""
         self.taken[slot.node] = free_at_s
         for g in slot.gpu_ids:
@@ -137,21 +138,21 @@ class _Tick:
         if job is not None:
             self.placed.add(job.id)
             self.publish.append(Dispatch(job.id, job.queue, slot.node))
-            self.tenants[job.tenant] = self._tenant(job.tenant).with_admitted(job.size_class,
-                                                                              job.gpus)
-            self.versions[job.tenant] += 1
+            self.tenants[job.tenant_id] = self._tenant(job.tenant_id).with_admitted(
+                job.size_class, job.gpus)
+            self.versions[job.tenant_id] += 1
 
     def _tenant(self, name: str) -> Tenant:
         return self.tenants.get(name) or Tenant(name)
 
-    def key(self, job: Job) -> tuple[int, float, float, str]:
-        return (-job.priority, self._tenant(job.tenant).key(self.cfg.half_life_s),
+    def key(self, job: Candidate) -> tuple[int, float, float, str]:
+        return (-job.priority, self._tenant(job.tenant_id).key(self.cfg.half_life_s),
                 job.submitted_at_s, job.id)
 
-    def fits_quota(self, job: Job) -> bool:
-        return self._tenant(job.tenant).fits_quota(job.size_class, job.gpus)
+    def fits_quota(self, job: Candidate) -> bool:
+        return self._tenant(job.tenant_id).fits_quota(job.size_class, job.gpus)
 
-    def find(self, slots: Iterable[Slot], job: Job | None) -> tuple[Slot | None, bool]:
+    def find(self, slots: Iterable[Slot], job: Candidate | None) -> tuple[Slot | None, bool]:
         """A free slot for `job` (best first), and whether any free slot existed at all."""
         any_free = False
         for slot in slots:
@@ -173,7 +174,8 @@ def _overlaps(slots: Sequence[Slot]) -> dict[str, int]:
 
 
 def decide(*, now_s: float, slots: Sequence[Slot], tenants: Mapping[str, Tenant],
-           heads: Mapping[str, Sequence[Job]], outstanding: Mapping[str, int] | None = None,
+           heads: Mapping[str, Sequence[Candidate]],
+           outstanding: Mapping[str, int] | None = None,
            config: AdmissionConfig = AdmissionConfig(),
            outstanding_timeout_s: Mapping[str, Sequence[float]] | None = None) -> Decision:
     """Choose what to publish now; give every other candidate in `heads` a pending reason.
@@ -224,7 +226,7 @@ def decide(*, now_s: float, slots: Sequence[Slot], tenants: Mapping[str, Tenant]
     return Decision(tuple(t.publish), pending, t.reservation, t.steps)
 
 
-def _serve_overdue_big_jobs(t: _Tick, jobs: Sequence[Job],
+def _serve_overdue_big_jobs(t: _Tick, jobs: Sequence[Candidate],
                             by_queue: Callable[[str], list[Slot]]) -> None:
     """Start big jobs waiting past `reserve_after_s`, oldest first; reserve for the first
     that cannot start (quota-blocked ones reserve nothing: they could not use it)."""
@@ -246,17 +248,17 @@ def _serve_overdue_big_jobs(t: _Tick, jobs: Sequence[Job],
         return
 
 
-def _serve_level(t: _Tick, level: int, heads: Mapping[str, Sequence[Job]],
+def _serve_level(t: _Tick, level: int, heads: Mapping[str, Sequence[Candidate]],
                  levels: Mapping[tuple[str, int], list[Slot]]) -> None:
     """Fill free slots from the queue each holds at `level`, in fair order across queues."""
     heap: list[_Entry] = []
     for queue, queue_jobs in heads.items():
         if not any(t.free(s) for s in levels.get((queue, level), [])):
             continue
-        streams: dict[tuple[str, int], list[Job]] = defaultdict(list)
+        streams: dict[tuple[str, int], list[Candidate]] = defaultdict(list)
         for j in queue_jobs:
             if j.id not in t.placed:
-                streams[(j.tenant, j.priority)].append(j)
+                streams[(j.tenant_id, j.priority)].append(j)
         for stream in streams.values():
             stream.sort(key=lambda j: (j.submitted_at_s, j.id), reverse=True)  # pop() = oldest
             _push(heap, t, stream)
@@ -268,7 +270,7 @@ def _serve_level(t: _Tick, level: int, heads: Mapping[str, Sequence[Job]],
         t.steps += 1
         if job.queue in full or not t.fits_quota(job):  # quota: the whole stream (same size)
             continue
-        if version != t.versions[job.tenant]:          # the tenant got a job since: re-rank
+        if version != t.versions[job.tenant_id]:       # the tenant got a job since: re-rank
             _push(heap, t, stream)
             continue
         if spill_max_s is not None and job.timeout_s > spill_max_s:
@@ -286,7 +288,7 @@ def _serve_level(t: _Tick, level: int, heads: Mapping[str, Sequence[Job]],
         _push(heap, t, stream)
 
 
-def _push(heap: list[_Entry], t: _Tick, stream: list[Job]) -> None:
+def _push(heap: list[_Entry], t: _Tick, stream: list[Candidate]) -> None:
     """Queue a stream's oldest job at its tenant's current standing."""
     if stream:
-        heapq.heappush(heap, (t.key(stream[-1]), t.versions[stream[-1].tenant], stream))
+        heapq.heappush(heap, (t.key(stream[-1]), t.versions[stream[-1].tenant_id], stream))

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from e31.scheduling.fairshare import Pending, Reason, Tenant, estimated_start_s, position_in_queue
 from e31.heartbeat import WorkerInfo
+from e31.scheduling.fairshare import Pending, Reason, Tenant, estimated_start_s, position_in_queue
 from e31.settings import SizeClass
 from e31.store.records import JobRecord, QueueLoad, QueuePosition, SchedulingView, iso
 

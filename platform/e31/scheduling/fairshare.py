@@ -1,6 +1,6 @@
-"""Fair share between tenants: decayed usage, the admission order key, and pending reasons.
+"""Fair share between tenants: the admission order key, quotas and pending reasons.
 
-Pure logic for the scheduler (issue 5): no I/O, no clock. Every time is a float of seconds
+Pure logic for the scheduler: no I/O, no clock. Every time is a float of seconds
 (`now_s`, `submitted_at_s`; the caller passes `datetime.timestamp()`), so the same code
 runs in the live scheduler, in unit tests with a simulated clock and in `bench/fairness`.
 `e31.scheduling.admission.decide` uses these pieces to choose what to publish in one tick.
@@ -17,77 +17,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 LN2 = math.log(2.0)
-DEFAULT_HALF_LIFE_S = 7 * 86400.0   # SLURM's PriorityDecayHalfLife default: a week
 DEFAULT_RESERVE_AFTER_S = 600.0     # a blocked big job waits this long before it reserves GPUs
 BIG_JOB_MIN_GPUS = 2                # "big" = a multi-GPU job (queue e31.<class>.xN)
 SECONDS_PER_MIN = 60.0
-
-
-@dataclass(frozen=True)
-class UsageState:
-    """One tenant's decayed GPU-seconds as stored: the value at `at_s` (two columns).
-
-    Decay is lazy: the value is brought to `now_s` only when read or updated, so an update
-    costs O(1) whatever the number of tenants or jobs.
-    """
-
-    value_gpu_s: float = 0.0
-    at_s: float = 0.0
-
-    def at(self, now_s: float, half_life_s: float) -> float:
-        """The decayed value at `now_s` (a time before `at_s` reads as `at_s`: clock skew)."""
-        return self.value_gpu_s * 2.0 ** (-max(0.0, now_s - self.at_s) / half_life_s)
-
-    def plus(self, gpu_s: float, now_s: float, half_life_s: float) -> UsageState:
-        """Add a lump of GPU-seconds at `now_s` (e.g. an attempt's bill when it ends)."""
-        return UsageState(self.at(now_s, half_life_s) + gpu_s, max(now_s, self.at_s))
-
-    def accrue(self, running_gpus: float, now_s: float, half_life_s: float) -> UsageState:
-        """Charge `running_gpus` held since `at_s` until `now_s`, decaying as it accrues.
-
-        Exact for a constant rate r: v(t) = v0·e^(−λΔ) + r·(1 − e^(−λΔ))/λ, λ = ln2 / half-life,
-        so the result does not depend on how often the scheduler calls it.
-        """
-        dt_s = max(0.0, now_s - self.at_s)
-        lam = LN2 / half_life_s
-        keep = math.exp(-lam * dt_s)
-        return UsageState(self.value_gpu_s * keep + running_gpus * (1.0 - keep) / lam,
-                          max(now_s, self.at_s))
-
-
-class DecayedUsage:
-    """Decayed GPU-seconds per tenant, with a configurable half-life (SLURM, AWS Batch).
-
-    The state is the `UsageState` per tenant (`states()` / the `states=` argument), which the
-    store persists as two columns per tenant. Either bill lumps with `update` (when an attempt
-    ends) or charge running GPUs with `accrue` every tick; not both for the same job.
-    """
-
-    def __init__(self, *, half_life_s: float = DEFAULT_HALF_LIFE_S,
-                 states: Mapping[str, UsageState] | None = None) -> None:
-        if half_life_s <= 0:
-            raise ValueError("half_life_s must be positive")
-        self.half_life_s = half_life_s
-        self._states: dict[str, UsageState] = dict(states or {})
-
-    def update(self, tenant: str, gpu_seconds: float, now_s: float) -> None:
-        """Add `gpu_seconds` used by `tenant`, as of `now_s`."""
-        self._states[tenant] = self.state(tenant).plus(gpu_seconds, now_s, self.half_life_s)
-
-    def accrue(self, tenant: str, running_gpus: float, now_s: float) -> None:
-        """Charge the GPUs `tenant` has held since its last update, up to `now_s`."""
-        self._states[tenant] = self.state(tenant).accrue(running_gpus, now_s, self.half_life_s)
-
-    def value(self, tenant: str, now_s: float) -> float:
-        """The tenant's decayed GPU-seconds at `now_s` (0 for a tenant never seen)."""
-        return self.state(tenant).at(now_s, self.half_life_s)
-
-    def state(self, tenant: str) -> UsageState:
-        return self._states.get(tenant, UsageState())
-
-    def states(self) -> dict[str, UsageState]:
-        """A copy of every tenant's state, to persist."""
-        return dict(self._states)
 
 
 def share_key(usage_gpu_s: float, running_gpus: int, weight: float, half_life_s: float) -> float:
@@ -96,9 +28,9 @@ def share_key(usage_gpu_s: float, running_gpus: int, weight: float, half_life_s:
     (decayed usage + running GPUs × mean life) / weight. Ordering by usage/weight is ordering
     by usage / fair share, since every tenant's fair share is weight × the same total. A
     running GPU adds what it would add to the decayed usage if it kept running (half-life /
-    ln 2 per GPU, the steady state of `accrue`): this blends history (SLURM) with the current
-    allocation, and makes a GPU admitted in this tick count at once, so one tick does not
-    hand every idle slot to the same tenant.
+    ln 2 per GPU: the steady state of a GPU charged continuously): this blends history (SLURM)
+    with the current allocation, and makes a GPU admitted in this tick count at once, so one
+    tick does not hand every idle slot to the same tenant.
     """
     return (usage_gpu_s + running_gpus * half_life_s / LN2) / weight
 
@@ -110,7 +42,7 @@ class Tenant:
     name: str
     weight: float = 1.0
     quotas: Mapping[str, int] = field(default_factory=dict)        # size class -> most GPUs at once
-    usage_gpu_s: float = 0.0                                       # DecayedUsage.value(name, now_s)
+    usage_gpu_s: float = 0.0                                       # UsageState.at(now_s, …)
     running_gpus: Mapping[str, int] = field(default_factory=dict)  # size class -> GPUs running
     #                                                                or published, not yet claimed
 
@@ -134,20 +66,6 @@ class Tenant:
         running = dict(self.running_gpus)
         running[size_class] = running.get(size_class, 0) + gpus
         return replace(self, running_gpus=running)
-
-
-@dataclass(frozen=True)
-class Job:
-    """A queued job the policy may publish (the store's `Candidate` plus what fairness needs)."""
-
-    id: str
-    tenant: str
-    queue: str            # e31.<class> or e31.<class>.xN
-    size_class: str
-    gpus: int             # N of .xN; 1 for a one-GPU job, 0 for cpu
-    priority: int         # 0..9, higher first
-    submitted_at_s: float
-    timeout_s: float      # per attempt: the bound backfill relies on
 
 
 class Reason(StrEnum):

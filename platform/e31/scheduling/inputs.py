@@ -1,6 +1,6 @@
-"""The live inputs of `e31.scheduling.admission.decide`: worker slots from heartbeats and the store,
-candidates from the store's heads, tenants' fair-share view. Pure: the scheduler reads,
-this shapes, `decide` chooses.
+"""The live inputs of `e31.scheduling.admission.decide`: worker slots from heartbeats and the
+store, the store's candidates per queue, tenants' fair-share view. Pure: the scheduler
+reads, this shapes, `decide` chooses.
 
 A worker's GPUs are named `<host>:<index>` (host = the part of its node name after `@`),
 so two workers of one host that pin the same GPU (a node advertising one-GPU workers and
@@ -17,8 +17,9 @@ from datetime import datetime
 
 from e31.heartbeat import WorkerInfo
 from e31.scheduling.admission import Slot
-from e31.scheduling.fairshare import Job, Tenant, UsageState
-from e31.store.records import Head, RunningJob, TenantShare
+from e31.scheduling.fairshare import Tenant
+from e31.store.records import Candidate, RunningJob, TenantShare
+from e31.usage import UsageState
 
 HEADROOM_NODE = "~headroom"   # sorts after real node names: real slots are filled first
 
@@ -75,14 +76,11 @@ def heads_per_queue(all_slots: Sequence[Slot], outstanding: Mapping[str, int], *
     return {q: max(per_tenant, n - outstanding.get(q, 0)) for q, n in free.items()}
 
 
-def candidates(heads: Iterable[Head]) -> dict[str, list[Job]]:
-    """The heads as the policy's jobs, per queue (tenants by id)."""
-    out: dict[str, list[Job]] = defaultdict(list)
-    for h in heads:
-        out[h.queue].append(Job(id=h.id, tenant=h.tenant_id, queue=h.queue,
-                                size_class=h.size_class, gpus=h.gpus, priority=h.priority,
-                                submitted_at_s=h.submitted_at.timestamp(),
-                                timeout_s=h.timeout_s))
+def per_queue(candidates: Iterable[Candidate]) -> dict[str, list[Candidate]]:
+    """The store's heads grouped by queue, as `decide` takes them."""
+    out: dict[str, list[Candidate]] = defaultdict(list)
+    for c in candidates:
+        out[c.queue].append(c)
     return dict(out)
 
 

@@ -1,9 +1,9 @@
-"""The scheduler: the only publisher into Celery (ARCHITECTURE §2, steps 2 and 6).
+"""The scheduler: the only publisher into Celery (docs/architecture.md, "The path of a job").
 
 One leader at a time, elected with a Redis lock; a second scheduler waits. The leader
 wakes on a signal (a submit, a job's end) or every tick, recovers what died (expired
-leases, messages a restarted or flushed Redis lost), and lets `e31.scheduling.admission.decide` choose
-what the free worker slots (plus a small headroom) take: priority band, then the tenant
+leases, messages a restarted or flushed Redis lost), and lets `admission.decide` choose what
+the free worker slots (plus a small headroom) take: priority band, then the tenant
 furthest below its fair share, then age; quotas; a reservation for a big job that waited
 too long (docs/scheduling.md). Every candidate it does not publish gets a pending reason.
 """
@@ -21,17 +21,16 @@ from celery import Celery
 from kombu.exceptions import OperationalError as BrokerError
 
 from e31 import keys
-from e31.scheduling import inputs as policy
-from e31.scheduling.admission import AdmissionConfig, Decision, decide
 from e31.celeryapp import TASK_NAME
 from e31.clock import utcnow
-from e31.errors import StoreError
+from e31.errors import SchedulingError, StoreError
 from e31.heartbeat import WorkerInfo, read_workers
-from e31.scheduling.inputs import idle_workers
+from e31.scheduling import inputs
+from e31.scheduling.admission import AdmissionConfig, Decision, decide
 from e31.settings import Settings
 from e31.sizeclasses import all_queues, redis_priority
 from e31.store import Repo
-from e31.store.records import Head, SchedulingView
+from e31.store.records import Candidate, SchedulingView
 from e31.store.scheduling import running_gpus
 
 log = logging.getLogger(__name__)
@@ -51,9 +50,10 @@ return 0
 """
 
 
-
-
 class Scheduler:
+    """The leader loop over one store, one Redis client (its calls bounded by
+    REDIS_SOCKET_TIMEOUT_S in the `e31 scheduler` process) and one Celery app."""
+
     def __init__(self, *, settings: Settings, repo: Repo, redis_client: redis.Redis,
                  celery: Celery) -> None:
         self._settings = settings
@@ -97,7 +97,7 @@ class Scheduler:
         workers = read_workers(self._redis)
         view = self._repo.scheduling_view(now=now, queues=self._queues)
         busy = {r.node for r in view.running if r.lease_live and r.node}
-        idle_queues = {q for w in idle_workers(workers, busy) for q in w.queues}
+        idle_queues = {q for w in inputs.idle_workers(workers, busy) for q in w.queues}
         expired = self._repo.expire_dispatches(sorted(idle_queues), now=now,
                                                timeout_s=self._settings.dispatch_timeout_s)
         if expired:
@@ -110,20 +110,20 @@ class Scheduler:
         return sent
 
     def _decide(self, workers: list[WorkerInfo], view: SchedulingView,
-                now: datetime) -> tuple[Decision, dict[str, Head]]:
-        slots = policy.slots(workers, view.running, headroom=self._settings.dispatch_headroom)
+                now: datetime) -> tuple[Decision, dict[str, Candidate]]:
+        slots = inputs.slots(workers, view.running, headroom=self._settings.dispatch_headroom)
         outstanding: dict[str, int] = {}
         bounds: dict[str, list[float]] = {}
-        for _tenant, queue, _cls, _gpus, timeout_s in view.outstanding:
-            outstanding[queue] = outstanding.get(queue, 0) + 1
-            bounds.setdefault(queue, []).append(timeout_s)
-        k = policy.heads_per_queue(slots, outstanding,
+        for p in view.outstanding:
+            outstanding[p.queue] = outstanding.get(p.queue, 0) + 1
+            bounds.setdefault(p.queue, []).append(p.timeout_s)
+        k = inputs.heads_per_queue(slots, outstanding,
                                    per_tenant=self._settings.heads_per_tenant)
         heads = {h.id: h for h in self._repo.heads(k, now=now)} if k else {}
-        tenants = policy.tenant_views(view.tenants, running_gpus(view.running, view.outstanding),
+        tenants = inputs.tenant_views(view.tenants, running_gpus(view.running, view.outstanding),
                                       now=now, half_life_s=self._config.half_life_s)
         decision = decide(now_s=now.timestamp(), slots=slots, tenants=tenants,
-                          heads=policy.candidates(heads.values()), outstanding=outstanding,
+                          heads=inputs.per_queue(heads.values()), outstanding=outstanding,
                           config=self._config, outstanding_timeout_s=bounds)
         r = decision.reservation
         if r is not None and r.job_id != self._reserved_for:
@@ -133,7 +133,7 @@ class Scheduler:
         self._reserved_for = r.job_id if r is not None else None
         return decision, heads
 
-    def _record_pending(self, decision: Decision, heads: dict[str, Head]) -> None:
+    def _record_pending(self, decision: Decision, heads: dict[str, Candidate]) -> None:
         """Store why each examined job waits, where that changed since the last tick."""
         changes = []
         for job_id, pending in decision.pending.items():
@@ -160,15 +160,21 @@ class Scheduler:
             log.warning("broker_reset: Redis is new, restarted empty or was flushed; %d published "
                         "jobs lost their messages and are published again", republish)
 
-    def _publish(self, chosen: list[Head], now: datetime) -> int:
+    def _publish(self, chosen: list[Candidate], now: datetime) -> int:
+        """Mark the chosen jobs published, then send each one's message; SchedulingError when
+        the broker refuses one (the next tick tries again: the job is published again when its
+        message does not arrive within the dispatch timeout)."""
         ids = set(self._repo.mark_dispatched([c.id for c in chosen], now=now))
         for c in chosen:
             if c.id not in ids:
                 continue
-            self._celery.send_task(
-                TASK_NAME, args=[c.id], queue=c.queue, routing_key=c.queue,
-                priority=redis_priority(c.size_class, self._settings.size_classes),
-                shadow=f"{self._tenant_names.get(c.tenant_id, c.tenant_id)}/{c.name}")
+            try:
+                self._celery.send_task(
+                    TASK_NAME, args=[c.id], queue=c.queue, routing_key=c.queue,
+                    priority=redis_priority(c.size_class, self._settings.size_classes),
+                    shadow=f"{self._tenant_names.get(c.tenant_id, c.tenant_id)}/{c.name}")
+            except BrokerError as exc:
+                raise SchedulingError(f"cannot publish job {c.id} to {c.queue}: {exc}") from exc
             log.info("job_published job=%s queue=%s tenant=%s", c.id, c.queue, c.tenant_id)
         return len(ids)
 
@@ -193,7 +199,7 @@ class Scheduler:
                     self.hold_lease_expiry()
                 self.tick()
                 self._wait_for_wake(stop, tick_s)
-            except (redis.RedisError, BrokerError, StoreError) as exc:
+            except (redis.RedisError, SchedulingError, StoreError) as exc:
                 log.warning("scheduler_error %s: %s; retrying", type(exc).__name__, exc)
                 if isinstance(exc, StoreError):
                     self.hold_lease_expiry()

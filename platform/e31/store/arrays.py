@@ -11,20 +11,19 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from e31.errors import NotFound
 from e31.sizeclasses import Route
 from e31.spec import JobSpec
 from e31.states import AttemptReason, JobState
-from e31.store import deps
-from e31.store.models import Array, Job, JobDep, Tenant
+from e31.store import deps, transitions
+from e31.store.models import Array, Job, Tenant
 from e31.store.records import ArrayItem, ArrayManifest, ArrayRecord, ManifestItem
-from e31.store.rows import new_array_id, queued_job, seconds
+from e31.store.rows import new_array_id, queued_job
 
 ARRAY_ID = re.compile(r"^a-[0-9a-f]{20}$")
-CANCEL_CHUNK = 500         # ids per `IN (...)` when cancelling an array (well under any bind limit)
 
 
 class ArrayQueries:
@@ -71,23 +70,10 @@ class ArrayQueries:
             live = s.execute(select(Job.id, Job.state, Job.queued_since)
                              .where(*mine, Job.state.in_([queued, running]))
                              .order_by(Job.id).with_for_update()).all()
-            waiting: dict[datetime | None, list[str]] = defaultdict(list)
-            for job_id, state, since in live:
-                if state == queued:
-                    waiting[since].append(job_id)
-            for since, ids in waiting.items():   # items queued together share their `since`
-                for start in range(0, len(ids), CANCEL_CHUNK):
-                    s.execute(update(Job).where(Job.id.in_(ids[start:start + CANCEL_CHUNK]),
-                                                Job.state == queued).values(
-                        state=JobState.CANCELLED.value, reason=AttemptReason.CANCELLED.value,
-                        ended_at=now, queued_since=None, pending_reason=None, pending_detail=None,
-                        queued_seconds=Job.queued_seconds + seconds(since, now)),
-                        execution_options={"synchronize_session": False})
-                    s.execute(delete(JobDep).where(JobDep.job_id.in_(ids[start:start + CANCEL_CHUNK])),
-                              execution_options={"synchronize_session": False})
-            cancelled = [(job_id, array.id, JobState.CANCELLED.value)
-                         for ids in waiting.values() for job_id in ids]
-            deps.on_final(s, cancelled, now=now)
+            waiting = [(job_id, since) for job_id, state, since in live if state == queued]
+            transitions.cancel_queued(s, waiting, now=now, reason=AttemptReason.CANCELLED.value)
+            deps.on_final(s, [(job_id, array.id, JobState.CANCELLED.value)
+                              for job_id, _ in waiting], now=now)
             if any(state == running for _, state, _ in live):
                 s.execute(update(Job).where(*mine, Job.state == running)
                           .values(cancel_requested=True),
@@ -102,8 +88,9 @@ class ArrayQueries:
                                     Job.outputs, Job.reason, Job.error)
                              .where(Job.array_id == array.id, Job.tenant_id == tenant_id)
                              .order_by(Job.array_index)).all()
-            items = [ManifestItem(index=i or 0, id=jid, state=state, params=(spec or {}).get("params", {}),
-                                  result=result, outputs=outputs or [], reason=reason, error=error)
+            items = [ManifestItem(index=i or 0, id=jid, state=state,
+                                  params=(spec or {}).get("params", {}), result=result,
+                                  outputs=outputs or [], reason=reason, error=error)
                      for i, jid, state, spec, result, outputs, reason, error in rows]
             counts: dict[str, int] = defaultdict(int)
             for item in items:

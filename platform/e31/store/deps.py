@@ -25,14 +25,15 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from e31.errors import SpecError
-from e31.states import JobState
+from e31.states import FINAL_STATES, JobState
+from e31.store import transitions
 from e31.store.db import unindexed
 from e31.store.models import Array, Job, JobDep
+from e31.store.rows import CHUNK
 
 DEPENDENCY_REASON = "dependency"   # jobs.reason of a job ended because a dependency failed
-CHUNK = 500                        # ids per IN (...)
-_LIVE = (JobState.QUEUED.value, JobState.RUNNING.value)
-_BAD = (JobState.FAILED.value, JobState.CANCELLED.value)
+_LIVE = sorted(s.value for s in JobState if not s.is_final)
+_BAD = sorted(s.value for s in FINAL_STATES if s is not JobState.SUCCEEDED)   # never succeed
 
 Ended = tuple[str, str | None, str]   # (job id, its array id or None, final state)
 
@@ -158,21 +159,10 @@ def _cancel_dependants(s: Session, bad: dict[str, str], *, now: datetime) -> lis
     for dep_id, why in sorted(bad.items()):
         waiting = list(s.scalars(select(JobDep.job_id).where(JobDep.dep_id == dep_id)))
         for start in range(0, len(waiting), CHUNK):
-            ids = waiting[start:start + CHUNK]
             rows = s.execute(select(Job.id, Job.array_id, Job.queued_since).where(
-                Job.id.in_(ids), unindexed(Job.state) == JobState.QUEUED.value).with_for_update()).all()
-            by_since: dict[datetime | None, list[str]] = {}
-            for job_id, array_id, since in rows:
-                by_since.setdefault(since, []).append(job_id)
-                ended.append((job_id, array_id, JobState.CANCELLED.value))
-            for since, same in by_since.items():
-                waited_s = max(0.0, (now - since).total_seconds()) if since else 0.0
-                s.execute(update(Job).where(Job.id.in_(same)).values(
-                    state=JobState.CANCELLED.value, reason=DEPENDENCY_REASON,
-                    error=f"{why}; this job never ran", ended_at=now, queued_since=None,
-                    queued_seconds=Job.queued_seconds + waited_s, deps_pending=0,
-                    pending_reason=None, pending_detail=None),
-                    execution_options={"synchronize_session": False})
-            s.execute(delete(JobDep).where(JobDep.job_id.in_(ids)),
-                      execution_options={"synchronize_session": False})
+                Job.id.in_(waiting[start:start + CHUNK]),
+                unindexed(Job.state) == JobState.QUEUED.value).with_for_update()).all()
+            transitions.cancel_queued(s, [(job_id, since) for job_id, _, since in rows], now=now,
+                                      reason=DEPENDENCY_REASON, error=f"{why}; this job never ran")
+            ended += [(job_id, array_id, JobState.CANCELLED.value) for job_id, array_id, _ in rows]
     return ended

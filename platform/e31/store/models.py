@@ -55,7 +55,7 @@ class Tenant(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     # Size class -> most GPUs held at once; None or a missing class: no quota.
     quotas: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
-    # Decayed GPU-seconds (`e31.scheduling.fairshare.UsageState`): the value as of `usage_at`. Every
+    # Decayed GPU-seconds (`e31.usage.UsageState`): the value as of `usage_at`. Every
     # attempt's bill is added in the transaction that ends it (`Repo._end_attempt`).
     usage_gpu_s: Mapped[float] = mapped_column(Float, default=0.0, server_default=text("0"))
     usage_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
@@ -65,7 +65,8 @@ class ApiKey(Base):
     __tablename__ = "api_keys"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
-    token_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex; token never stored
+    # sha256 hex: the token itself is never stored
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
@@ -126,7 +127,7 @@ class Job(Base):
     array_id: Mapped[str | None] = mapped_column(ForeignKey("arrays.id"), nullable=True)
     array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
-    # Scheduling (issue 5): the spec's timeout_s (backfill's bound), how many dependencies
+    # Scheduling: the spec's timeout_s (backfill's bound), how many dependencies
     # have not succeeded yet (the job is a candidate only at 0), and why it waits, as the
     # scheduler last judged it (written only when it changes).
     timeout_s: Mapped[float] = mapped_column(Float, server_default=text("86400"))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from e31.spec import JobSpec
-from e31.states import AttemptReason
+from e31.states import FINAL_STATES, AttemptReason, JobState
 
 
 def iso(ts: datetime | None) -> str | None:
@@ -95,8 +95,7 @@ class JobRecord:
         }
 
 
-FINAL_STATES = ("succeeded", "failed", "cancelled")
-ARRAY_COUNTS = ("queued", "running", *FINAL_STATES)
+ARRAY_COUNTS = tuple(s.value for s in JobState)   # an array status has a count per state
 
 
 def array_state(counts: dict[str, int]) -> str:
@@ -105,10 +104,11 @@ def array_state(counts: dict[str, int]) -> str:
     total = sum(counts.values())
     final = sum(counts.get(s, 0) for s in FINAL_STATES)
     if final < total:
-        return "queued" if counts.get("queued", 0) == total else "running"
-    if counts.get("succeeded", 0) == total:
-        return "succeeded"
-    return "failed" if counts.get("failed", 0) else "cancelled"
+        queued = counts.get(JobState.QUEUED, 0) == total
+        return (JobState.QUEUED if queued else JobState.RUNNING).value
+    if counts.get(JobState.SUCCEEDED, 0) == total:
+        return JobState.SUCCEEDED.value
+    return (JobState.FAILED if counts.get(JobState.FAILED, 0) else JobState.CANCELLED).value
 
 
 @dataclass(frozen=True)
@@ -210,32 +210,21 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A queued job the scheduler may publish."""
-
-    id: str
-    tenant: str
-    name: str
-    queue: str
-    size_class: str
-    priority: int
-    submitted_at: datetime
-
-
-@dataclass(frozen=True)
-class Head:
-    """A runnable queued job at the head of its (queue, tenant, band): a scheduling candidate."""
+    """A runnable queued job the scheduler may publish: what `Repo.heads` reads (each tenant's
+    oldest per queue and priority band) and what `e31.scheduling.admission.decide` ranks and
+    places. Its times are seconds, so the policy runs the same on a simulated clock."""
 
     id: str
     tenant_id: str
-    name: str
-    queue: str
+    queue: str            # e31.<class> or e31.<class>.xN
     size_class: str
-    gpus: int
-    priority: int
-    submitted_at: datetime
-    timeout_s: float
-    pending_reason: str | None
-    pending_detail: str | None
+    gpus: int             # N of .xN; 1 for a one-GPU job, 0 for cpu
+    priority: int         # 0..9, higher first
+    submitted_at_s: float
+    timeout_s: float      # per attempt: the bound backfill relies on
+    name: str = ""        # the job's display name, for the task name Flower shows
+    pending_reason: str | None = None   # as the scheduler last stored it, so that it writes
+    pending_detail: str | None = None   # only what changed
 
 
 @dataclass(frozen=True)
@@ -264,14 +253,24 @@ class TenantShare:
     usage_at: datetime | None
 
 
+class Published(NamedTuple):
+    """A job published and not claimed yet: its message holds a slot of its queue."""
+
+    tenant_id: str
+    queue: str
+    size_class: str
+    gpus: int
+    timeout_s: float
+
+
 @dataclass(frozen=True)
 class SchedulingView:
-    """What one tick reads besides the heads: tenants, running jobs, published-unclaimed jobs
-    as (tenant id, queue, size class, gpus, timeout_s). All bounded by the pool, not the backlog."""
+    """What one tick reads besides the heads: tenants, running jobs, published-unclaimed
+    jobs. All bounded by the pool, not the backlog."""
 
     tenants: list[TenantShare]
     running: list[RunningJob]
-    outstanding: list[tuple[str, str, str, int, float]]
+    outstanding: list[Published]
 
 
 @dataclass(frozen=True)
@@ -307,5 +306,6 @@ class UsageRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {"tenant": self.tenant, "size_class": self.size_class, "jobs": self.jobs,
-                "gpu_seconds": round(self.gpu_seconds, 3), "run_seconds": round(self.run_seconds, 3),
+                "gpu_seconds": round(self.gpu_seconds, 3),
+                "run_seconds": round(self.run_seconds, 3),
                 "queued_seconds": round(self.queued_seconds, 3)}

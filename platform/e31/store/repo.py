@@ -18,19 +18,18 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, or_, select, update
+from sqlalchemy import Engine, func, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from e31.errors import Conflict, NotFound, StoreError, StoreUnavailable
-from e31.scheduling.fairshare import DEFAULT_HALF_LIFE_S
 from e31.sizeclasses import Route
 from e31.spec import JobSpec, RetryPolicy
 from e31.states import AttemptReason, JobState
-from e31.store import deps, tenants
+from e31.store import deps, tenants, transitions
 from e31.store.arrays import ArrayQueries
 from e31.store.db import WRITE_OPTION
-from e31.store.models import ApiKey, Attempt, Job, JobDep, Tenant
+from e31.store.models import ApiKey, Attempt, Job, Tenant
 from e31.store.records import (
     AttemptRecord,
     Claim,
@@ -55,9 +54,10 @@ def hash_token(token: str) -> str:
 
 class Repo(ArrayQueries, SchedulerQueries):
     """All database access, over one engine. `half_life_s` decays tenants' usage when an
-    attempt's bill is added (`fair_share_half_life_s`; the same in every process)."""
+    attempt's bill is added: `fair_share_half_life_s`, the same in every process, so it has
+    no default here (`e31.wiring.repo` builds a Repo from settings)."""
 
-    def __init__(self, engine: Engine, *, half_life_s: float = DEFAULT_HALF_LIFE_S) -> None:
+    def __init__(self, engine: Engine, *, half_life_s: float) -> None:
         self._engine = engine
         self._half_life_s = half_life_s
 
@@ -126,7 +126,8 @@ class Repo(ArrayQueries, SchedulerQueries):
 
     # -- submit, read, cancel -------------------------------------------------------------
 
-    def insert_job(self, tenant_id: str, spec: JobSpec, route: Route, *, now: datetime) -> JobRecord:
+    def insert_job(self, tenant_id: str, spec: JobSpec, route: Route, *,
+                   now: datetime) -> JobRecord:
         """Store a queued job; its `after` dependencies must be the tenant's and not failed
         (`SpecError` naming `after[i]` otherwise)."""
         with self._session(write=True) as s:
@@ -143,7 +144,8 @@ class Repo(ArrayQueries, SchedulerQueries):
             job = self._job(s, tenant_id, job_id)
             return self._record(s, job, with_attempts=True)
 
-    def list_jobs(self, tenant_id: str, *, state: str | None = None, limit: int = 100) -> list[JobRecord]:
+    def list_jobs(self, tenant_id: str, *, state: str | None = None,
+                  limit: int = 100) -> list[JobRecord]:
         with self._session() as s:
             q = select(Job).where(Job.tenant_id == tenant_id)
             if state:
@@ -159,18 +161,13 @@ class Repo(ArrayQueries, SchedulerQueries):
             # SQLite's BEGIN IMMEDIATE already does): neither can act on a stale state.
             job = self._job(s, tenant_id, job_id, lock=True)
             if job.state == JobState.QUEUED.value:
-                job.state = JobState.CANCELLED.value
-                job.reason = AttemptReason.CANCELLED.value
-                job.ended_at = now
-                job.queued_seconds += seconds(job.queued_since, now)
-                job.queued_since = None
-                job.pending_reason = job.pending_detail = None
-                s.flush()
-                deps.on_final(s, [(job.id, job.array_id, job.state)], now=now)
-                s.execute(delete(JobDep).where(JobDep.job_id == job.id))
+                transitions.cancel_queued(s, [(job.id, job.queued_since)], now=now,
+                                          reason=AttemptReason.CANCELLED.value)
+                deps.on_final(s, [(job.id, job.array_id, JobState.CANCELLED.value)], now=now)
+                s.refresh(job)
             elif job.state == JobState.RUNNING.value:
                 job.cancel_requested = True
-            s.flush()
+                s.flush()
             return self._record(s, job, with_attempts=True)
 
     # -- worker: claim, renew, record ------------------------------------------------------
@@ -179,11 +176,10 @@ class Repo(ArrayQueries, SchedulerQueries):
               lease_ttl_s: float) -> Claim | None:
         """Atomically move a runnable queued job to running; None if it is not claimable."""
         with self._session(write=True) as s:
-            row = s.execute(update(Job).where(
-                Job.id == job_id, Job.state == JobState.QUEUED.value,
+            row = s.execute(transitions.move(job_id, JobState.QUEUED, JobState.RUNNING).where(
                 Job.cancel_requested.is_(False),
                 or_(Job.not_before.is_(None), Job.not_before <= now))
-                .values(state=JobState.RUNNING.value, lease_owner=worker,
+                .values(lease_owner=worker,
                         lease_token=Job.lease_token + 1,
                         lease_expires_at=now + timedelta(seconds=lease_ttl_s),
                         attempts_used=Job.attempts_used + 1,
@@ -243,7 +239,8 @@ class Repo(ArrayQueries, SchedulerQueries):
                 renewed = job.lease_expires_at - timedelta(seconds=lease_ttl_s)
                 outcome = Outcome(AttemptReason.LOST, error=(
                     f"lease of worker {job.lease_owner} expired at "
-                    f"{job.lease_expires_at.isoformat()}: the worker or its node died or was cut off"))
+                    f"{job.lease_expires_at.isoformat()}: the worker or its node died or was "
+                    "cut off"))
                 state = self._end_attempt(s, job, outcome, ended_at=renewed, now=now)
                 if state is not None:
                     done.append((job.id, state))
@@ -280,9 +277,10 @@ class Repo(ArrayQueries, SchedulerQueries):
         failures = sum(n for reason, n in tally.items() if reason in COUNTED_REASONS)
         lost = tally.get(AttemptReason.LOST.value, 0)
         state, error = _next_state(job, outcome, failures, lost)
-        values = _outcome_values(job, dataclasses.replace(outcome, error=error), state, now, failures)
-        res = s.execute(update(Job).where(Job.id == job.id, Job.lease_token == token,
-                                          Job.state == JobState.RUNNING.value).values(**values))
+        values = _outcome_values(job, dataclasses.replace(outcome, error=error), state, now,
+                                 failures)
+        res = s.execute(transitions.move(job.id, JobState.RUNNING, state)
+                        .where(Job.lease_token == token).values(**values))
         if not res.rowcount:  # type: ignore[attr-defined]
             return None
         if state.is_final:
@@ -301,7 +299,8 @@ class Repo(ArrayQueries, SchedulerQueries):
             waiting = select(Tenant.name, Job.size_class, Job.queued_since).join(
                 Tenant, Tenant.id == Job.tenant_id).where(Job.queued_since.is_not(None))
             if tenant_id is not None:
-                q, waiting = q.where(Job.tenant_id == tenant_id), waiting.where(Job.tenant_id == tenant_id)
+                q = q.where(Job.tenant_id == tenant_id)
+                waiting = waiting.where(Job.tenant_id == tenant_id)
             acc: dict[tuple[str, str], dict[str, Any]] = defaultdict(
                 lambda: {"jobs": {}, "gpu": 0.0, "run": 0.0, "queued": 0.0})
             for tenant, cls, state, n, gpu, run, queued in s.execute(
@@ -368,7 +367,8 @@ def _clean(text: str | None) -> str | None:
     return text if len(text) <= ERROR_MAX_CHARS else text[:ERROR_MAX_CHARS] + " [cut]"
 
 
-def _next_state(job: Job, outcome: Outcome, failures: int, lost: int) -> tuple[JobState, str | None]:
+def _next_state(job: Job, outcome: Outcome, failures: int,
+                lost: int) -> tuple[JobState, str | None]:
     """The job's next state and its error text.
 
     `failures`: attempts so far, this one included, that count against `retries.max`;
@@ -393,7 +393,7 @@ def _next_state(job: Job, outcome: Outcome, failures: int, lost: int) -> tuple[J
 def _outcome_values(job: Job, outcome: Outcome, state: JobState, now: datetime,
                     failures: int) -> dict[str, Any]:
     values: dict[str, Any] = {
-        "state": state.value, "gpu_seconds": job.gpu_seconds, "run_seconds": job.run_seconds,
+        "gpu_seconds": job.gpu_seconds, "run_seconds": job.run_seconds,
         "lease_owner": None, "lease_expires_at": None}
     if outcome.outputs:
         values["outputs"] = outcome.outputs

@@ -10,6 +10,8 @@ from e31.sizeclasses import Route
 from e31.spec import JobSpec
 from e31.states import JobState
 
+CHUNK = 500   # ids per `IN (...)`: well under any backend's bind limit
+
 
 def new_job_id() -> str:
     return "j-" + uuid.uuid4().hex[:20]

@@ -24,13 +24,14 @@ from e31.store.db import unindexed
 from e31.store.models import Attempt, Job, Tenant
 from e31.store.records import (
     Candidate,
-    Head,
+    Published,
     QueueLoad,
     QueuePosition,
     RunningJob,
     SchedulingView,
     TenantShare,
 )
+from e31.store.rows import CHUNK
 
 QUEUED = JobState.QUEUED.value
 RECENT_STARTS_S = 600.0     # the window of starts behind a queued job's estimated start
@@ -70,11 +71,11 @@ def bands(s: Session, queue: str, tenant_id: str) -> list[int]:
         below = int(top)
 
 
-def heads(s: Session, queues: Mapping[str, int], *, now: datetime) -> list[Head]:
+def heads(s: Session, queues: Mapping[str, int], *, now: datetime) -> list[Candidate]:
     """Per queue (-> K), each tenant's K oldest runnable jobs per band: unpublished, out of
     back-off. Published and backing-off jobs in the range are skipped row by row; both are
     few (published ones are bounded by the free slots)."""
-    out: list[Head] = []
+    out: list[Candidate] = []
     for queue, k in sorted(queues.items()):
         for tenant_id in tenants_with_work(s, queue):
             for band in bands(s, queue, tenant_id):
@@ -85,9 +86,10 @@ def heads(s: Session, queues: Mapping[str, int], *, now: datetime) -> list[Head]
                            Job.priority == band, Job.dispatched_at.is_(None),
                            or_(Job.not_before.is_(None), Job.not_before <= now))
                     .order_by(Job.submitted_at).limit(k)).all()
-                out += [Head(id=r[0], tenant_id=tenant_id, name=r[1], queue=queue,
-                             size_class=r[2], gpus=r[3], priority=band, submitted_at=r[4],
-                             timeout_s=r[5], pending_reason=r[6], pending_detail=r[7])
+                out += [Candidate(id=r[0], tenant_id=tenant_id, queue=queue, size_class=r[2],
+                                  gpus=r[3], priority=band, submitted_at_s=r[4].timestamp(),
+                                  timeout_s=r[5], name=r[1], pending_reason=r[6],
+                                  pending_detail=r[7])
                         for r in rows]
     return out
 
@@ -107,7 +109,7 @@ def view(s: Session, *, now: datetime, queues: Sequence[str]) -> SchedulingView:
                    .outerjoin(Attempt, and_(Attempt.job_id == Job.id,
                                             Attempt.n == Job.attempts_used))
                    .where(Job.state == JobState.RUNNING.value))]
-    outstanding = [(r[0], r[1], r[2], r[3], r[4]) for r in s.execute(
+    outstanding = [Published(*r) for r in s.execute(
         select(Job.tenant_id, Job.queue, Job.size_class, Job.gpus, Job.timeout_s)
         .where(Job.state == QUEUED, Job.queue.in_(list(queues)), Job.dispatched_at >= EPOCH))]
     return SchedulingView(tenants=tenants, running=running, outstanding=outstanding)
@@ -120,8 +122,8 @@ def write_pending(s: Session, changes: Iterable[tuple[str, str | None, str | Non
         groups[(reason, detail)].append(job_id)
     n = 0
     for (reason, detail), ids in groups.items():
-        for start in range(0, len(ids), deps.CHUNK):
-            s.execute(update(Job).where(Job.id.in_(ids[start:start + deps.CHUNK]),
+        for start in range(0, len(ids), CHUNK):
+            s.execute(update(Job).where(Job.id.in_(ids[start:start + CHUNK]),
                                         unindexed(Job.state) == QUEUED)
                       .values(pending_reason=reason, pending_detail=detail),
                       execution_options={"synchronize_session": False})
@@ -137,7 +139,8 @@ def load(s: Session, queue: str, *, now: datetime) -> QueueLoad:
         select(Job.tenant_id, Job.priority, func.count()).where(
             *_runnable_prefix(queue), Job.dispatched_at.is_(None))
         .group_by(Job.tenant_id, Job.priority)).tuples()}
-    starts = int(s.scalar(select(func.count()).select_from(Attempt).join(Job, Job.id == Attempt.job_id)
+    starts = int(s.scalar(select(func.count()).select_from(Attempt)
+                          .join(Job, Job.id == Attempt.job_id)
                           .where(Attempt.started_at >= now - timedelta(seconds=RECENT_STARTS_S),
                                  Job.queue == queue)) or 0)
     return QueueLoad(backlog=backlog, starts_recent=starts, window_s=RECENT_STARTS_S)
@@ -151,8 +154,8 @@ def position(s: Session, job: Job) -> QueuePosition:
         Job.priority == job.priority, Job.dispatched_at.is_(None),
         Job.submitted_at < job.submitted_at).limit(POSITION_CAP).subquery()
     older_own = int(s.scalar(select(func.count()).select_from(older)) or 0)
-    return QueuePosition(tenant_id=job.tenant_id, older_own=older_own,
-                         first_dependency=deps.first_pending(s, job.id) if job.deps_pending else None,
+    first = deps.first_pending(s, job.id) if job.deps_pending else None
+    return QueuePosition(tenant_id=job.tenant_id, older_own=older_own, first_dependency=first,
                          published=job.dispatched_at is not None,
                          stored_reason=job.pending_reason, stored_detail=job.pending_detail)
 
@@ -165,13 +168,13 @@ def queued_by_tenant(s: Session) -> dict[tuple[str, str], int]:
 
 
 def running_gpus(running: Sequence[RunningJob],
-                 outstanding: Sequence[tuple[str, str, str, int, float]]) -> dict[str, dict[str, int]]:
+                 outstanding: Sequence[Published]) -> dict[str, dict[str, int]]:
     """Tenant id -> size class -> GPUs running or published and not yet claimed."""
     acc: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for r in running:
         acc[r.tenant_id][r.size_class] += r.gpus
-    for tenant_id, _queue, size_class, gpus, _timeout_s in outstanding:
-        acc[tenant_id][size_class] += gpus
+    for p in outstanding:
+        acc[p.tenant_id][p.size_class] += p.gpus
     return {t: dict(c) for t, c in acc.items()}
 
 
@@ -186,37 +189,7 @@ class SchedulerQueries:
     def _job(s: Session, tenant_id: str | None, job_id: str, *, lock: bool = False) -> Job:
         raise NotImplementedError
 
-
-    def dispatch_candidates(self, queue: str, *, now: datetime, limit: int) -> list[Candidate]:
-        """Queued, unpublished, runnable jobs of one queue in priority then submission order."""
-        with self._session() as s:
-            rows = s.execute(
-                select(Job.id, Tenant.name, Job.name, Job.queue, Job.size_class, Job.priority,
-                       Job.submitted_at)
-                .join(Tenant, Tenant.id == Job.tenant_id)
-                .where(Job.state == JobState.QUEUED.value, Job.queue == queue,
-                       Job.dispatched_at.is_(None), Job.cancel_requested.is_(False),
-                       or_(Job.not_before.is_(None), Job.not_before <= now))
-                .order_by(Job.priority.desc(), Job.submitted_at, Job.id).limit(limit)).all()
-            return [Candidate(*r) for r in rows]
-
-    def outstanding_by_queue(self) -> dict[str, int]:
-        """Published but not yet claimed jobs per queue: capacity already promised."""
-        with self._session() as s:
-            rows = s.execute(select(Job.queue, func.count()).where(
-                Job.state == JobState.QUEUED.value, Job.dispatched_at.is_not(None))
-                .group_by(Job.queue)).all()
-            return {q: n for q, n in rows}
-
-    def busy_workers(self, *, now: datetime) -> set[str]:
-        """Workers holding a live lease. A lease that expired (its worker died and came back
-        under the same name) does not keep the restarted worker from getting work."""
-        with self._session() as s:
-            return set(s.scalars(select(Job.lease_owner).where(
-                Job.state == JobState.RUNNING.value, Job.lease_owner.is_not(None),
-                Job.lease_expires_at > now)))
-
-    def heads(self, queues: Mapping[str, int], *, now: datetime) -> list[Head]:
+    def heads(self, queues: Mapping[str, int], *, now: datetime) -> list[Candidate]:
         """Per queue (-> K), each tenant's K oldest runnable jobs per band (store/scheduling.py)."""
         with self._session() as s:
             return heads(s, queues, now=now)

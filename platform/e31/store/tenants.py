@@ -15,9 +15,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from e31.errors import NotFound, SpecError
-from e31.scheduling.fairshare import UsageState
 from e31.store.models import Tenant
 from e31.store.records import TenantRecord
+from e31.usage import UsageState
 
 MAX_QUOTA_GPUS = 1_000_000   # a typo guard, far above any pool
 

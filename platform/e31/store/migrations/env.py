@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
+
 from e31.store.models import Base
 
 engine = context.config.attributes["engine"]

@@ -5,6 +5,7 @@ Revises: 0002
 """
 import sqlalchemy as sa
 from alembic import op
+
 from e31.store.models import UTCDateTime
 
 revision = "0003"
