@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from e31.errors import ClientError, JobFailed, JobTimeout
+from e31.states import FINAL_STATES
 
 if TYPE_CHECKING:
     from e31.client.client import Client
 
 POLL_S = 0.5                 # status poll while waiting
-FINAL = {"succeeded", "failed", "cancelled"}
 
 
 class JobHandle:
@@ -42,7 +42,7 @@ class JobHandle:
         while True:
             status = self.status()
             yield status
-            if status["state"] in FINAL:
+            if status["state"] in FINAL_STATES:
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 raise JobTimeout(f"job {self.id} still {status['state']} after {timeout:g} s")
@@ -64,7 +64,7 @@ class JobHandle:
         status = self.status()
         if status["state"] == "succeeded":
             return status["result"]
-        if status["state"] in FINAL:
+        if status["state"] in FINAL_STATES:
             raise JobFailed(status)
         raise ClientError(f"job {self.id} is {status['state']}; no result yet (use wait())")
 
