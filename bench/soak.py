@@ -39,8 +39,9 @@ import redis
 
 from e31 import keys
 from e31.local.redisserver import start_redis
+from e31.states import FINAL_STATES
 
-from stack import FINAL, private_stack, submit_all
+from stack import private_stack, submit_all
 
 BENCH_DIR = Path(__file__).resolve().parent
 TASK_BODY = '''
@@ -189,7 +190,7 @@ def soak_e31(args: argparse.Namespace, url: str, tmp: Path) -> dict[str, Any]:
         deadline = time.monotonic() + args.max_wait_s
         while len(final) < len(handles) and time.monotonic() < deadline:
             for h in handles:
-                if h.id not in final and (st := h.status())["state"] in FINAL:
+                if h.id not in final and (st := h.status())["state"] in FINAL_STATES:
                     final[h.id] = st
             time.sleep(1)
         killer.stop()

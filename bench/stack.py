@@ -17,8 +17,7 @@ from typing import Any
 from e31.client import Client, JobHandle
 from e31.local.redisserver import free_port
 from e31.local.stack import stack_ready
-
-FINAL = ("succeeded", "failed", "cancelled")
+from e31.states import FINAL_STATES
 
 
 @contextmanager
@@ -53,4 +52,4 @@ def wait_all(handles: Sequence[JobHandle], poll_s: float = 0.5) -> list[dict[str
     """The final status of every job."""
     with ThreadPoolExecutor(8) as pool:
         return list(pool.map(lambda h: next(st for st in h.watch(poll_s=poll_s)
-                                             if st["state"] in FINAL), handles))
+                                             if st["state"] in FINAL_STATES), handles))
