@@ -74,6 +74,15 @@ class Settings(BaseModel):
     log_max_bytes: int = Field(default=100 * 1024 * 1024, gt=0)
     store_retry_max_s: float = Field(default=600.0, ge=0)  # a worker retries store writes this long
 
+    # What one API request may carry (docs/security.md, "Limits and quotas").
+    max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)  # a request's body
+    max_env_vars: int = Field(default=256, ge=0)                # env variables of one job
+    max_env_bytes: int = Field(default=64 * 1024, ge=0)         # one job's env, NAME=value each
+    max_argv_bytes: int = Field(default=128 * 1024, ge=1)       # one command job's argv
+    max_after_per_request: int = Field(default=10_000, ge=0)    # dependencies, all jobs together
+    max_spec_bytes_per_request: int = Field(default=32 * 1024 * 1024, ge=1024)  # names, env,
+    #                                 argv and params of all the jobs of one request together
+
     retries: RetryPolicy = RetryPolicy()  # the pool's default; a spec's own fields win
     size_classes: tuple[SizeClass, ...] = DEFAULT_SIZE_CLASSES
 
