@@ -6,12 +6,15 @@ import json
 import threading
 from datetime import timedelta
 
+import pytest
 import redis
 from kombu import Connection
+from kombu.exceptions import OperationalError as BrokerError
 
 from e31 import keys
 from e31.celeryapp import make_celery
 from e31.clock import utcnow
+from e31.errors import SchedulingError
 from e31.heartbeat import WorkerInfo, write
 from e31.scheduling.leader import Scheduler
 from e31.settings import Settings
@@ -156,3 +159,28 @@ def test_a_submit_wakes_the_scheduler_at_once(repo: Repo, redis_url: str,
         stop.set()
         redis_client.rpush(keys.WAKE, "1")
         runner.join(timeout=10)
+
+
+def test_a_publication_the_broker_refuses_is_a_scheduling_error_naming_the_job(
+        repo: Repo, redis_url: str, redis_client: redis.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given an idle worker, a queued job and a broker that refuses every message
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    job_id = submit(repo, tenant.id)
+    heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])
+    settings = Settings(redis_url=redis_url, dispatch_headroom=0)
+    celery = make_celery(settings)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise BrokerError("connection refused")
+
+    monkeypatch.setattr(celery, "send_task", refuse)
+    scheduler = Scheduler(settings=settings, repo=repo, redis_client=redis_client, celery=celery)
+
+    # When the scheduler publishes it
+    with pytest.raises(SchedulingError) as refused:
+        scheduler.tick()
+
+    # Then the error names the job and wraps the broker's (the loop logs it and ticks again)
+    assert job_id in refused.value.message and "connection refused" in refused.value.message
+    assert isinstance(refused.value.__cause__, BrokerError)
