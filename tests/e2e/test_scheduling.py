@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tests.conftest import wait_for
 
@@ -11,15 +12,24 @@ from .conftest import Stack
 WAIT_S = 60
 
 
-def test_a_job_after_another_starts_only_once_the_first_succeeded(stack: Stack) -> None:
-    # Given a 2 s cpu job, and a job after it (two cpu slots: it could start at once)
+def test_a_job_after_another_starts_only_once_the_first_succeeded(
+        stack: Stack, tmp_path: Path) -> None:
+    # Given a cpu job that runs until the test releases it, and a job after it (two cpu
+    # slots: it could start at once)
     client = stack.client()
-    first = client.submit(entrypoint="e2ejobs:timed", params={"seconds": 2}, resources={"gpus": 0})
+    release = tmp_path / "release"
+    first = client.submit(entrypoint="e2ejobs:held", params={"release": str(release)},
+                          resources={"gpus": 0})
     second = client.submit(entrypoint="e2ejobs:timed", params={"seconds": 0}, resources={"gpus": 0},
                            after=[first.id])
 
     # When the first runs, the second says what it waits for
-    status = json.loads(stack.e31("status", second.id, "--json").stdout)
+    try:
+        wait_for(lambda: (second.status()["pending"] or {}).get("reason") == "dependency",
+                 timeout_s=10, what="the scheduler's pending reason")
+        status = json.loads(stack.e31("status", second.id, "--json").stdout)
+    finally:
+        release.touch()
     assert status["after"] == [first.id]
     assert status["pending"]["reason"] == "dependency"
     assert status["pending"]["text"] == f"dependency {first.id} not finished"
@@ -29,27 +39,35 @@ def test_a_job_after_another_starts_only_once_the_first_succeeded(stack: Stack) 
     assert done[1]["result"]["start"] >= done[0]["result"]["end"]
 
 
-def test_status_and_queue_explain_a_job_waiting_for_a_busy_class(stack: Stack) -> None:
-    # Given one gpu48 GPU busy with a 4 s job and two more gpu48 jobs behind it
+def test_status_and_queue_explain_a_job_waiting_for_a_busy_class(
+        stack: Stack, tmp_path: Path) -> None:
+    # Given one gpu48 GPU busy with a job that runs until the test releases it, and two more
+    # gpu48 jobs behind it
     client = stack.client()
-    busy = client.submit(entrypoint="e2ejobs:timed", params={"seconds": 4},
+    release = tmp_path / "release"
+    busy = client.submit(entrypoint="e2ejobs:held", params={"release": str(release)},
                          resources={"gpu_mem_gb": 48})
-    wait_for(lambda: busy.status()["state"] == "running", timeout_s=WAIT_S, what="the first job")
-    behind = [client.submit(entrypoint="e2ejobs:timed", params={"seconds": 0},
-                            resources={"gpu_mem_gb": 48}) for _ in range(2)]
+    try:
+        wait_for(lambda: busy.status()["state"] == "running", timeout_s=WAIT_S,
+                 what="the first job")
+        behind = [client.submit(entrypoint="e2ejobs:timed", params={"seconds": 0},
+                                resources={"gpu_mem_gb": 48}) for _ in range(2)]
 
-    # When the last one is looked at (the first behind may already wait in its queue)
-    last = behind[-1]
-    wait_for(lambda: (last.status()["pending"] or {}).get("reason") == "no_capacity",
-             timeout_s=10, what="the scheduler's pending reason")
-    shown = stack.e31("status", last.id)
-    queue = json.loads(stack.e31("queue", "--json").stdout)
+        # When the last one is looked at (the first behind may already wait in its queue)
+        last = behind[-1]
+        wait_for(lambda: (last.status()["pending"] or {}).get("reason") == "no_capacity",
+                 timeout_s=10, what="the scheduler's pending reason")
+        shown = stack.e31("status", last.id)
+        queue = json.loads(stack.e31("queue", "--json").stdout)
+        queue_text = stack.e31("queue").stdout
+    finally:
+        release.touch()
 
     # Then status says why, where and when; the queue shows the class busy with work queued
     assert shown.returncode == 0, shown.stderr
     assert "waiting for a free gpu48 GPU" in shown.stdout and "position" in shown.stdout
     gpu48 = next(c for c in queue["classes"] if c["size_class"] == "gpu48")
     assert gpu48["gpus"] == 1 and gpu48["busy_gpus"] == 1 and gpu48["queued"] >= 1
-    assert "gpu48" in stack.e31("queue").stdout
+    assert "gpu48" in queue_text
     for job in (busy, *behind):
         assert job.wait(timeout=WAIT_S)["state"] == "succeeded"

@@ -26,3 +26,15 @@ def timed(ctx: Any, seconds: float) -> dict[str, float]:
     start = time.time()
     time.sleep(seconds)
     return {"start": start, "end": time.time()}
+
+
+def held(ctx: Any, release: str, timeout_s: float = 120) -> dict[str, float]:
+    """Runs until the file `release` exists (the test says when; at most `timeout_s`), and
+    says when it started and ended (wall clock)."""
+    start = time.time()
+    deadline = time.monotonic() + timeout_s
+    while not Path(release).exists():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{release} did not appear within {timeout_s:g} s")
+        time.sleep(0.05)
+    return {"start": start, "end": time.time()}
