@@ -50,12 +50,19 @@ def not_json(ctx: Any) -> object:
     return {1, 2, 3}
 
 
-def big_output(ctx: Any, trail: str, megabytes: int) -> dict[str, Any]:
-    """Writes a large output file (slow to store), then says it is done and returns."""
+def big_output(ctx: Any, trail: str, megabytes: int, release: str,
+               timeout_s: float = 120) -> dict[str, Any]:
+    """Writes an output file, says it is done, then returns once the file `release` exists
+    (the test says when; at most `timeout_s`)."""
     _mark(trail, "start", ctx)
     block = b"x" * (1 << 20)
     with open(ctx.output_dir / "big.bin", "wb") as f:
         for _ in range(megabytes):
             f.write(block)
     _mark(trail, "done", ctx)
+    deadline = time.monotonic() + timeout_s
+    while not Path(release).exists():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{release} did not appear within {timeout_s:g} s")
+        time.sleep(0.05)
     return {"attempt": ctx.attempt}
