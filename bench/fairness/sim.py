@@ -1,4 +1,4 @@
-"""Discrete-event simulation of the fair-share scheduler against FIFO (issue 5).
+"""Discrete-event simulation of the fair-share scheduler against FIFO (docs/scheduling.md).
 
     pip install matplotlib   # for the plot; bench-only, not a dependency of e31
     python bench/fairness/sim.py

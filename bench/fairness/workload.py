@@ -14,7 +14,7 @@ from e31.scheduling.admission import Slot
 
 GPU80, GPU80X4 = "e31.gpu80", "e31.gpu80.x4"
 HORIZON_S = 12 * 3600.0
-FLOOD_JOBS = 10_000          # tenant c dumps these at t=0 (issue 5)
+FLOOD_JOBS = 10_000          # tenant c dumps these at t=0
 OTHERS_START_S = 60.0        # a and b submit their backlog a minute after the flood
 WEIGHTS = {"a": 2.0, "b": 1.0, "c": 1.0, "d": 1.0}
 BACKLOGGED = ("a", "b", "c")
