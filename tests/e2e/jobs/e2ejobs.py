@@ -12,7 +12,9 @@ from typing import Any
 def spin(ctx: Any, pidfile: str, seconds: float = 300) -> None:
     """Starts a grandchild, records both pids, then waits (to be cancelled or timed out)."""
     grandchild = subprocess.Popen(["sleep", str(seconds)])
-    Path(pidfile).write_text(f"{os.getpid()} {grandchild.pid}")
+    partial = Path(f"{pidfile}.partial")
+    partial.write_text(f"{os.getpid()} {grandchild.pid}")
+    partial.replace(pidfile)  # a test that sees the file sees both pids
     print("spinning", flush=True)
     time.sleep(seconds)
 
