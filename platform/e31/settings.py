@@ -71,7 +71,8 @@ class Settings(BaseModel):
     lease_ttl_s: float = Field(default=10.0, gt=0)
     kill_grace_s: float = Field(default=10.0, ge=0)
     visibility_timeout_s: int = Field(default=86400, gt=0)
-    log_max_bytes: int = Field(default=100 * 1024 * 1024, gt=0)
+    log_max_bytes: int = Field(default=100 * 1024 * 1024, gt=0)  # one attempt's log
+    job_log_max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)  # all attempts of a job
     store_retry_max_s: float = Field(default=600.0, ge=0)  # a worker retries store writes this long
 
     # What one API request may carry (docs/security.md, "Limits and quotas").
@@ -82,6 +83,14 @@ class Settings(BaseModel):
     max_after_per_request: int = Field(default=10_000, ge=0)    # dependencies, all jobs together
     max_spec_bytes_per_request: int = Field(default=32 * 1024 * 1024, ge=1024)  # names, env,
     #                                 argv and params of all the jobs of one request together
+
+    # What jobs leave behind (docs/security.md, "Limits and quotas").
+    log_chunk_max_bytes: int = Field(default=1024 * 1024, ge=1024)   # one GET …/logs answer
+    job_outputs_max_bytes: int = Field(default=20 * 1024 ** 3, ge=0)  # one job's stored outputs
+    tenant_outputs_max_bytes: int = Field(default=1024 ** 4, ge=0)    # a tenant's, all jobs; a
+    #                                 tenant's own limit (`e31 tenant update`) wins
+    artifact_retention_days: float = Field(default=30.0, ge=0)  # `e31 gc` removes the artifacts
+    #                                 of jobs that ended longer ago; 0 keeps them forever
 
     retries: RetryPolicy = RetryPolicy()  # the pool's default; a spec's own fields win
     size_classes: tuple[SizeClass, ...] = DEFAULT_SIZE_CLASSES
