@@ -4,13 +4,20 @@ The model's validators are the one set of rules. A request body meets them once,
 API's route takes it as a `JobSpec`; any other untrusted input (an array item, a spec file)
 meets them through `JobSpec.parse`. Either way a refusal is a `SpecError` whose entries,
 worded by `describe_error`, name the field and the reason.
+
+Types are strict: `true` is no number and `"9"` no integer (a whole number may stand for a
+float). Names are printable text. The caps an installation sets on what one request may carry
+(settings `max_*`, docs/security.md) are `SpecLimits`: per job, and for all the jobs of one
+request together through a `RequestTally`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +46,53 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ITEM_REASON = re.compile(r"^(after\[\d+\]): (.*)$", re.DOTALL)
 DEP_ID = re.compile(r"^[ja]-[0-9a-f]{20}$")   # a job id j-… or an array id a-…
 NAME_MAX = 200
+# Not text a name may hold: control characters (newline, escape, DEL, C1), lone surrogates,
+# line and paragraph separators. A newline in a name would start a forged line in a log.
+_NOT_TEXT = frozenset({"Cc", "Cs", "Zl", "Zp"})
 
 
 def _no_nul(value: str, what: str) -> str:
+    """`value` if a process can take it as an argument or a variable: no NUL, and no lone
+    surrogate (which has no bytes to pass)."""
     if "\x00" in value:
         raise ValueError(f"{what} must not contain a NUL character")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ValueError(f"{what} must be text (a lone surrogate is not)") from None
     return value
 
 
+def _not_text(value: str) -> str | None:
+    """The first character of `value` that a name may not hold, or None."""
+    if value.isprintable():          # the fast path: most names are plain text
+        return None
+    return next((c for c in value if unicodedata.category(c) in _NOT_TEXT), None)
+
+
+def check_name(value: str, what: str = "the name") -> str:
+    """`value` if it is a name: printable text, no control character (`ValueError` naming it)."""
+    bad = _not_text(value)
+    if bad is not None:
+        raise ValueError(f"{what} must not contain a control character "
+                         f"(found {bad.encode('unicode_escape', 'backslashreplace').decode()})")
+    return value
+
+
+def printable(text: str) -> str:
+    """`text` with each character a name may not hold written as its escape (`\\n`): what a
+    log line or a task label carries of a name, so a name stored before names were checked
+    cannot start a line of its own."""
+    if _not_text(text) is None:
+        return text
+    return "".join(c.encode("unicode_escape", "backslashreplace").decode()
+                   if unicodedata.category(c) in _NOT_TEXT else c for c in text)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no `true` for a number, no "9" for an int; finite numbers only.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class Resources(_Strict):
@@ -160,7 +204,7 @@ class JobSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name_text(cls, v: str | None) -> str | None:
-        return _no_nul(v, "the name") if v is not None else v
+        return check_name(_no_nul(v, "the name")) if v is not None else v
 
     @field_validator("params")
     @classmethod
@@ -219,6 +263,82 @@ class JobSpec(_Strict):
             return cls.model_validate(dict(data))
         except ValidationError as exc:
             raise SpecError([describe_error(e) for e in exc.errors()]) from exc
+
+
+def env_bytes(env: Mapping[str, str]) -> int:
+    """What `env` takes in a process's environment: `NAME=value` and a NUL for each variable."""
+    return sum(len(k) + len(v.encode()) + 2 for k, v in env.items())
+
+
+def argv_bytes(argv: Sequence[str]) -> int:
+    """What `argv` takes on a process's command line: each argument and a NUL."""
+    return sum(len(a.encode()) + 1 for a in argv)
+
+
+def spec_bytes(spec: JobSpec) -> int:
+    """The free-form text a job brings to the store: its name, env, argv and params, in bytes
+    (params as their JSON, as `MAX_PARAMS_BYTES` counts them)."""
+    total = len(spec.name.encode()) if spec.name else 0
+    total += env_bytes(spec.env) + argv_bytes(spec.command or ())
+    return total + (len(json.dumps(spec.params)) if spec.params else 0)
+
+
+@dataclass(frozen=True)
+class SpecLimits:
+    """What one request may carry, as an installation sets it (settings `max_env_vars`,
+    `max_env_bytes`, `max_argv_bytes`, `max_after_per_request`, `max_spec_bytes_per_request`;
+    docs/security.md). `check` applies the caps on one job; a `RequestTally` the caps on all the
+    jobs of one request together, which an array's `defaults` would otherwise multiply."""
+
+    env_vars: int
+    env_bytes: int
+    argv_bytes: int
+    after_per_request: int
+    spec_bytes_per_request: int
+
+    def check(self, spec: JobSpec) -> list[dict[str, str]]:
+        """The caps on one job that `spec` passes, each as an error naming its field."""
+        errors: list[dict[str, str]] = []
+        if len(spec.env) > self.env_vars:
+            errors.append({"field": "env", "reason": f"{len(spec.env)} variables; at most "
+                                                     f"{self.env_vars} per job (max_env_vars)"})
+        elif (size := env_bytes(spec.env)) > self.env_bytes:
+            errors.append({"field": "env", "reason": f"{size} bytes (NAME=value and a NUL each); "
+                                                     f"at most {self.env_bytes} per job "
+                                                     "(max_env_bytes)"})
+        if spec.command is not None and (size := argv_bytes(spec.command)) > self.argv_bytes:
+            errors.append({"field": "command", "reason": f"{size} bytes (each argument and a "
+                                                         f"NUL); at most {self.argv_bytes} per "
+                                                         "job (max_argv_bytes)"})
+        return errors
+
+
+@dataclass
+class RequestTally:
+    """Running totals over the jobs of one request. `add` refuses the request as soon as a
+    total passes its cap, so a request far over it costs no more than one just over it."""
+
+    limits: SpecLimits
+    field: str | None = None    # what a refusal names: an array's `items`; None: one job's field
+    jobs: int = 0
+    after: int = 0
+    spec_bytes: int = 0
+
+    def add(self, spec: JobSpec) -> None:
+        """Count `spec` in; `SpecError` naming the cap when a total passes it."""
+        self.jobs += 1
+        self.after += len(spec.after)
+        if self.after > (cap := self.limits.after_per_request):
+            raise SpecError.one(self.field or "after", (
+                f"after: {self.after} dependencies in the first {self.jobs} jobs of this "
+                f"request; at most {cap} per request, all its jobs together "
+                "(max_after_per_request): depend on an array id (a-…) instead of its items"))
+        self.spec_bytes += spec_bytes(spec)
+        if self.spec_bytes > (cap := self.limits.spec_bytes_per_request):
+            raise SpecError.one(self.field or "spec", (
+                f"names, env, argv and params take {self.spec_bytes} bytes in the first "
+                f"{self.jobs} jobs of this request; at most {cap} per request, all its jobs "
+                "together (max_spec_bytes_per_request)"))
 
 
 def describe_error(error: Any) -> dict[str, str]:

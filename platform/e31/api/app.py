@@ -2,7 +2,8 @@
 
 Each route group (jobs, arrays, the pool's queue and usage) is added by a function of its own;
 every route names its caller's tenant by the `Caller` dependency and hands typed input to
-`Service`, which does the work.
+`Service`, which does the work. What arrives is bounded and typed strictly (`limits`): a body
+over `max_request_bytes` is refused while it is read, and query numbers are digits only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from e31 import __version__, wiring
 from e31.api import errors
+from e31.api.limits import BodyLimit, QueryBool, QueryInt
 from e31.api.service import LIST_LIMIT_MAX, Service
 from e31.settings import Settings
 from e31.spec import JobSpec
@@ -44,7 +46,7 @@ Caller = Annotated[TenantRecord, Depends(_caller)]
 class ArraySubmission(BaseModel):
     """N jobs as one array. Items are validated one by one, so an error names its item."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     name: str | None = Field(default=None, description="the array's name; items without a name "
                                                        "of their own are called NAME[i]")
     items: list[Any] = Field(description=f"job specs as for POST /v1/jobs, 1 to {MAX_ARRAY_ITEMS}")
@@ -71,6 +73,8 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
     _add_job_routes(app, service)
     _add_array_routes(app, service)
     _add_pool_routes(app, service)
+    # Added before the header middleware, so it runs inside it: a 413 carries the header too.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
     @app.middleware("http")
     async def _version_header(request: Request, call_next: Any) -> Any:
@@ -92,8 +96,8 @@ def _add_job_routes(app: FastAPI, svc: Service) -> None:
 
     @app.get("/v1/jobs", tags=["jobs"])
     def list_jobs(t: Caller, state: JobState | None = None,
-                  limit: Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX)] = LIST_LIMIT_DEFAULT,
-                  ) -> dict[str, Any]:
+                  limit: Annotated[QueryInt, Query(ge=1, le=LIST_LIMIT_MAX)]
+                  = LIST_LIMIT_DEFAULT) -> dict[str, Any]:
         jobs = svc.list(t, state=state.value if state else None, limit=limit)
         return {"jobs": [j.to_status() for j in jobs]}
 
@@ -107,8 +111,8 @@ def _add_job_routes(app: FastAPI, svc: Service) -> None:
 
     @app.get("/v1/jobs/{job_id}/logs", tags=["jobs"], response_class=Response)
     def logs(job_id: str, t: Caller,
-             attempt: Annotated[int | None, Query(ge=1, le=MAX_ATTEMPT)] = None,
-             offset: Annotated[int, Query(ge=0, le=MAX_LOG_OFFSET)] = 0) -> Response:
+             attempt: Annotated[QueryInt | None, Query(ge=1, le=MAX_ATTEMPT)] = None,
+             offset: Annotated[QueryInt, Query(ge=0, le=MAX_LOG_OFFSET)] = 0) -> Response:
         return Response(svc.logs(t, job_id, attempt=attempt, offset=offset),
                         media_type="text/plain; charset=utf-8")
 
@@ -140,7 +144,7 @@ def _add_array_routes(app: FastAPI, svc: Service) -> None:
 
     @app.get("/v1/arrays/{array_id}", tags=["arrays"])
     def get_array(array_id: str, t: Caller,
-                  items: Annotated[bool, Query(description="list every item")] = True,
+                  items: Annotated[QueryBool, Query(description="list every item")] = True,
                   ) -> dict[str, Any]:
         return svc.get_array(t, array_id, items=items).to_status()
 
@@ -163,5 +167,5 @@ def _add_pool_routes(app: FastAPI, svc: Service) -> None:
         return svc.queue(t)
 
     @app.get("/v1/usage", tags=["usage"])
-    def usage(t: Caller, all_tenants: bool = False) -> dict[str, Any]:
+    def usage(t: Caller, all_tenants: QueryBool = False) -> dict[str, Any]:
         return {"usage": svc.usage(t, all_tenants=all_tenants)}

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from e31.errors import AuthError, Conflict, E31Error, NotFound, SpecError, StoreUnavailable
 from e31.spec import describe_error
@@ -20,6 +21,25 @@ STATUS: list[tuple[type[E31Error], int, str]] = [
     (Conflict, 409, "conflict"),
     (StoreUnavailable, 503, "store_unavailable"),
 ]
+
+
+class BodyTooLarge(HTTPException):
+    """Raised when a request's body passes `max_request_bytes` while it is read. An HTTP
+    exception, not an `E31Error`: FastAPI lets only those out of its reading of a body."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        super().__init__(status_code=413, detail=_too_large_message(limit_bytes))
+        self.limit_bytes = limit_bytes
+
+
+def _too_large_message(limit_bytes: int) -> str:
+    return f"the request body is larger than {limit_bytes} bytes (max_request_bytes)"
+
+
+def too_large(limit_bytes: int) -> JSONResponse:
+    """The 413 answer to a body over the limit, which it names (`limit_bytes`)."""
+    return JSONResponse({"error": "request_too_large", "message": _too_large_message(limit_bytes),
+                         "limit_bytes": limit_bytes}, status_code=413)
 
 
 def _answer(exc: E31Error) -> JSONResponse:
@@ -36,11 +56,16 @@ def _answer(exc: E31Error) -> JSONResponse:
 
 
 def install(app: FastAPI) -> None:
-    """Answer every `E31Error`, and FastAPI's own refusal of a request's input, by `STATUS`."""
+    """Answer every `E31Error`, and FastAPI's own refusal of a request's input, by `STATUS`;
+    a body over the limit with `too_large`."""
 
     @app.exception_handler(E31Error)
     async def _e31(_: Request, exc: E31Error) -> JSONResponse:
         return _answer(exc)
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(_: Request, exc: BodyTooLarge) -> JSONResponse:
+        return too_large(exc.limit_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -15,6 +15,7 @@ from typing import IO, Any
 
 import redis
 
+from e31.api.limits import spec_limits
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
 from e31.errors import AuthError, SpecError
@@ -24,7 +25,7 @@ from e31.scheduling import inputs as policy
 from e31.scheduling.fairshare import Tenant
 from e31.settings import Settings
 from e31.sizeclasses import Route, all_queues, route
-from e31.spec import NAME_MAX, JobSpec
+from e31.spec import NAME_MAX, JobSpec, RequestTally, check_name
 from e31.store import Repo
 from e31.store.records import (
     ArrayManifest,
@@ -54,6 +55,7 @@ class Service:
         self._repo = repo
         self._artifacts = artifacts
         self._redis = redis_client
+        self._limits = spec_limits(settings)
         self._loads: dict[str, tuple[float, QueueLoad]] = {}   # queue -> (monotonic s, load)
 
     def authenticate(self, token: str | None) -> TenantRecord:
@@ -65,7 +67,9 @@ class Service:
         return tenant
 
     def submit(self, tenant: TenantRecord, spec: JobSpec) -> JobRecord:
-        """Route a validated spec, store the job as queued, then wake the scheduler."""
+        """Check a validated spec against the installation's caps, route it, store the job as
+        queued, then wake the scheduler."""
+        RequestTally(self._limits).add(self._within_limits(spec))
         spec, where = self._admit(spec)
         record = self._repo.insert_job(tenant.id, spec, where, now=utcnow())
         log.info("job_submitted job=%s tenant=%s queue=%s", record.id, tenant.name, record.queue)
@@ -78,7 +82,9 @@ class Service:
         one array in one transaction and wake the scheduler once. One bad item refuses the
         whole array with a `SpecError` naming it (`items[3].resources.gpus`); nothing is stored.
 
-        The items are untrusted mappings: each is validated here, once, by `JobSpec.parse`."""
+        The items are untrusted mappings: each is validated here, once, by `JobSpec.parse`, and
+        checked against the caps on one job; the caps on the request's jobs together refuse
+        the whole array as soon as a total passes one."""
         array_name = _array_name(name)
         if not items:
             raise SpecError.one("items", "must be a non-empty list of job specs")
@@ -88,16 +94,20 @@ class Service:
         admitted: list[tuple[JobSpec, Route]] = []
         errors: list[dict[str, str]] = []
         bad, named = 0, 0
+        tally = RequestTally(self._limits, field="items")
         for i, item in enumerate(items):
             data = merge_item(defaults or {}, _named(item, array_name, i, given=name is not None))
             try:
-                admitted.append(self._admit(JobSpec.parse(data)))
+                spec = self._within_limits(JobSpec.parse(data))
+                admitted.append(self._admit(spec))
             except SpecError as exc:
                 bad += 1
                 if named < ITEM_ERRORS_MAX:
                     named += 1
                     errors.extend({"field": _item_field(i, e["field"]), "reason": e["reason"]}
                                   for e in exc.errors)
+                continue
+            tally.add(spec)
         if errors:
             if bad > named:
                 errors.append({"field": "items", "reason": f"{bad} of {len(items)} items are "
@@ -107,6 +117,13 @@ class Service:
         log.info("array_submitted array=%s tenant=%s size=%d", record.id, tenant.name, record.size)
         self._wake(record.id)
         return record
+
+    def _within_limits(self, spec: JobSpec) -> JobSpec:
+        """`spec`, or `SpecError` naming each cap on one job that it passes (`max_env_vars` …)."""
+        errors = self._limits.check(spec)
+        if errors:
+            raise SpecError(errors)
+        return spec
 
     def _admit(self, spec: JobSpec) -> tuple[JobSpec, Route]:
         """The spec as this pool runs it (the pool's `[retries]` under the spec's own) and its
@@ -217,7 +234,10 @@ def _array_name(name: str | None) -> str:
         return DEFAULT_ARRAY_NAME
     if not name or len(name) > NAME_MAX or "\x00" in name:
         raise SpecError.one("name", f"must be text of 1 to {NAME_MAX} characters, without NUL")
-    return name
+    try:
+        return check_name(name)
+    except ValueError as exc:
+        raise SpecError.one("name", str(exc)) from None
 
 
 def _named(item: Any, array_name: str, index: int, *, given: bool) -> Any:
