@@ -29,6 +29,7 @@ from e31.scheduling import inputs
 from e31.scheduling.admission import AdmissionConfig, Decision, decide
 from e31.settings import Settings
 from e31.sizeclasses import all_queues, redis_priority
+from e31.spec import printable
 from e31.store import Repo
 from e31.store.records import Candidate, SchedulingView
 from e31.store.scheduling import running_gpus
@@ -168,11 +169,12 @@ class Scheduler:
         for c in chosen:
             if c.id not in ids:
                 continue
+            label = f"{self._tenant_names.get(c.tenant_id, c.tenant_id)}/{c.name}"
             try:
                 self._celery.send_task(
                     TASK_NAME, args=[c.id], queue=c.queue, routing_key=c.queue,
                     priority=redis_priority(c.size_class, self._settings.size_classes),
-                    shadow=f"{self._tenant_names.get(c.tenant_id, c.tenant_id)}/{c.name}")
+                    shadow=printable(label))   # worker logs show it: one line, whatever the name
             except BrokerError as exc:
                 raise SchedulingError(f"cannot publish job {c.id} to {c.queue}: {exc}") from exc
             log.info("job_published job=%s queue=%s tenant=%s", c.id, c.queue, c.tenant_id)
