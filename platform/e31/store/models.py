@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -59,6 +60,11 @@ class Tenant(Base):
     # attempt's bill is added in the transaction that ends it (`Repo._end_attempt`).
     usage_gpu_s: Mapped[float] = mapped_column(Float, default=0.0, server_default=text("0"))
     usage_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Outputs (docs/security.md, "Limits and quotas"): the tenant's own cap (None: the pool's
+    # `tenant_outputs_max_bytes`) and the bytes its jobs have stored, kept as a running total
+    # by the worker that stores them and `e31 gc` that removes them (`store.quotas`).
+    outputs_max_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    outputs_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
 
 
 class ApiKey(Base):
@@ -122,6 +128,8 @@ class Job(Base):
     run_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     queued_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     outputs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    # When `e31 gc` removed the job's outputs, logs and checkpoints (the row stays).
+    artifacts_removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     # Set for an item of an array: the array and the item's 0-based index in it.
     array_id: Mapped[str | None] = mapped_column(ForeignKey("arrays.id"), nullable=True)
@@ -146,6 +154,8 @@ class Job(Base):
         Index("ix_jobs_array_state", "array_id", "state"),
         Index("ix_jobs_tenant_submitted", "tenant_id", "submitted_at"),
         Index("ix_jobs_state_lease", "state", "lease_expires_at"),
+        # `e31 gc`: the ended jobs whose artifacts are still kept.
+        Index("ix_jobs_ended", "ended_at"),
         # An array's items in index order; one row per (array, index).
         Index("ix_jobs_array", "array_id", "array_index", unique=True),
     )
