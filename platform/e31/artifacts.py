@@ -19,6 +19,7 @@ import logging
 import os
 import posixpath
 import re
+import shutil
 import stat
 import uuid
 from collections.abc import Iterator
@@ -195,25 +196,92 @@ class ArtifactStore:
         except (LinkRefused, FileNotFoundError, NotADirectoryError) as exc:  # all alike: 404
             raise NotFound(f"job {job_id} has no output {rel!r}") from exc
 
-    def log_attempts(self, tenant_id: str, job_id: str) -> list[int]:
+    def log_sizes(self, tenant_id: str, job_id: str) -> dict[int, int]:
+        """Each attempt's stored log size in bytes, by attempt number (links left out)."""
         if self._local:
-            names = list(_scan_beneath(self._root, self._rel(tenant_id, job_id, "logs")).files)
+            scan = _scan_beneath(self._root, self._rel(tenant_id, job_id, "logs"))
+            sizes = {name: st.st_size for name, st in scan.files.items()}
         else:
             base = self._path(tenant_id, job_id, "logs")
-            if not self._fs.exists(base):
-                return []
-            names = [posixpath.basename(p) for p in self._fs.ls(base, detail=False)]
-        found = (_LOG_NAME.match(name) for name in names)
-        return sorted(int(m.group(1)) for m in found if m)
+            sizes = ({posixpath.basename(info["name"]): int(info.get("size") or 0)
+                      for info in self._fs.ls(base, detail=True)}
+                     if self._fs.exists(base) else {})
+        found = ((_LOG_NAME.match(name), size) for name, size in sizes.items())
+        return dict(sorted((int(m.group(1)), size) for m, size in found if m))
 
     def read_log(self, tenant_id: str, job_id: str, attempt: int, offset: int = 0) -> bytes:
-        """One attempt's log from `offset`; empty when there is none (or it is a link)."""
+        """One attempt's whole log from `offset`, in memory (tests and small logs; the API
+        reads a bounded range with `log_view`); empty when there is none (or it is a link)."""
+        view = self.log_view(tenant_id, job_id, attempt)
+        return b"".join(view.read(offset, max(0, view.size_bytes - offset)))
+
+    def log_view(self, tenant_id: str, job_id: str, attempt: int | None) -> LogView:
+        """One attempt's log, or (`attempt` None) every attempt's log in order, each under a
+        `=== attempt N ===` line, as one range of bytes of the size they have now."""
+        sizes = self.log_sizes(tenant_id, job_id)
+        parts: tuple[LogPart, ...]
+        if attempt is not None:
+            parts = (LogPart(attempt, b"", sizes.get(attempt, 0)),)
+        else:
+            parts = tuple(LogPart(n, f"=== attempt {n} ===\n".encode(), size)
+                          for n, size in sizes.items())
+        return LogView(self, tenant_id, job_id, parts)
+
+    def read_range(self, tenant_id: str, job_id: str, rel: str, offset: int,
+                     length: int) -> Iterator[bytes]:
+        """Up to `length` bytes of a stored file from `offset`, in blocks of at most
+        COPY_CHUNK_BYTES, never the whole file at once; stops early at its end, and yields
+        nothing for a missing file or a link."""
         try:
-            with self._open_stored(tenant_id, job_id, log_name(attempt)) as f:
-                f.seek(offset)
-                return f.read()
+            f = self._open_stored(tenant_id, job_id, rel)
         except (LinkRefused, FileNotFoundError, NotADirectoryError):
-            return b""
+            return
+        with f:
+            f.seek(offset)
+            while length > 0:
+                block = f.read(min(length, COPY_CHUNK_BYTES))
+                if not block:
+                    return
+                length -= len(block)
+                yield block
+
+    # -- retention (e31 gc) ----------------------------------------------------------------
+
+    def footprint(self, tenant_id: str, job_id: str) -> Footprint:
+        """What the job keeps in the store: files and bytes, and the bytes of its outputs."""
+        files, total, outputs = 0, 0, 0
+        for rel, size in self._sizes(tenant_id, job_id):
+            files += 1
+            total += size
+            if rel.startswith("outputs/"):
+                outputs += size
+        return Footprint(files=files, bytes=total, outputs_bytes=outputs)
+
+    def remove_job(self, tenant_id: str, job_id: str) -> Footprint:
+        """Remove every artifact of the job (outputs, logs, checkpoints); returns what was
+        there. A local store removes the job's directory without following a link in it (a
+        link is removed, never its target)."""
+        found = self.footprint(tenant_id, job_id)
+        if self._local:
+            _remove_beneath(self._root, self._rel(tenant_id, job_id))
+        else:
+            path = self._path(tenant_id, job_id)
+            if self._fs.exists(path):
+                self._fs.rm(path, recursive=True)
+        return found
+
+    def _sizes(self, tenant_id: str, job_id: str) -> Iterator[tuple[str, int]]:
+        """(path below the job, size) of each stored file of the job; on a local store, links
+        and other refused entries count as files of their own (`lstat`) size."""
+        if self._local:
+            scan = _scan_beneath(self._root, self._rel(tenant_id, job_id))
+            yield from ((rel, st.st_size) for rel, st in scan.files.items())
+            yield from ((r.path, 0) for r in scan.refused)
+            return
+        base = self._path(tenant_id, job_id)
+        if self._fs.exists(base):
+            for p, info in self._fs.find(base, detail=True).items():
+                yield posixpath.relpath(p, base), int(info.get("size") or 0)
 
     # -- local and remote, one way ---------------------------------------------------------
 
@@ -238,6 +306,62 @@ class ArtifactStore:
             raise FileNotFoundError(path)
         opened: IO[bytes] = self._fs.open(path, "rb")
         return opened
+
+
+@dataclass(frozen=True)
+class LogPart:
+    """One attempt's log within a `LogView`: the line put before it and its stored size."""
+
+    attempt: int
+    header: bytes
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class LogView:
+    """A job's logs as one range of bytes, sized when the view was taken: `read` serves any
+    part of it, streamed from the store (the API answers one bounded chunk of it per request)."""
+
+    store: ArtifactStore
+    tenant_id: str
+    job_id: str
+    parts: tuple[LogPart, ...]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(len(p.header) + p.size_bytes for p in self.parts)
+
+    def read(self, offset: int, length: int) -> Iterator[bytes]:
+        """The bytes [offset, offset + length) of the view, in blocks. Stops early if a log
+        is shorter than it was (removed meanwhile): what was sent is then all there is."""
+        end = min(offset + length, self.size_bytes)
+        pos = 0
+        for part in self.parts:
+            head_end = pos + len(part.header)
+            if offset < head_end and pos < end:
+                yield part.header[max(0, offset - pos):end - pos]
+            start, stop = max(offset, head_end), min(end, head_end + part.size_bytes)
+            if start < stop:
+                sent = 0
+                for block in self.store.read_range(self.tenant_id, self.job_id,
+                                                     log_name(part.attempt), start - head_end,
+                                                     stop - start):
+                    sent += len(block)
+                    yield block
+                if sent < stop - start:
+                    return
+            pos = head_end + part.size_bytes
+            if pos >= end:
+                return
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one job keeps in the artifact store."""
+
+    files: int
+    bytes: int
+    outputs_bytes: int
 
 
 def log_name(attempt: int) -> str:
@@ -331,6 +455,28 @@ def _create_beneath(base: str, rel: str) -> int:
         return os.open(parts[-1], _CREATE_FLAGS | NO_FOLLOW, 0o666, dir_fd=fd)
     finally:
         os.close(fd)
+
+
+def _remove_beneath(base: str, rel: str) -> None:
+    """Remove the directory `base/rel` and all below it, reached without following a link
+    below `base` (a link there is refused, and nothing is removed through it); the removal
+    itself is `shutil.rmtree`'s descriptor-based walk, which unlinks a link and never
+    descends into one. A missing directory is nothing to do."""
+    parts = _parts(rel)
+    try:
+        parent = _open_dir_beneath(base, "/".join(parts[:-1]))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    try:
+        st = os.lstat(parts[-1], dir_fd=parent)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            os.unlink(parts[-1], dir_fd=parent)
+        else:
+            shutil.rmtree(parts[-1], dir_fd=parent)
+    except FileNotFoundError:
+        return
+    finally:
+        os.close(parent)
 
 
 def _raise_if_link(exc: OSError, dir_fd: int, name: str, rel: str) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +30,16 @@ CHUNK_BYTES = 1 << 20
 MAX_LOG_OFFSET = 1 << 40   # far beyond any capped log; bigger numbers are input errors
 MAX_ATTEMPT = 10_000
 LIST_LIMIT_DEFAULT = 100
+# GET …/logs answers one bounded chunk; these say how big the logs are and where the next
+# chunk starts (the client, e31.client.handles, reads the same names).
+LOG_SIZE_HEADER = "X-E31-Log-Size"
+NEXT_OFFSET_HEADER = "X-E31-Next-Offset"
+LOG_HEADERS = {
+    LOG_SIZE_HEADER: {"description": "the size of the logs asked for, in bytes, as they are now",
+                      "schema": {"type": "integer"}},
+    NEXT_OFFSET_HEADER: {"description": "the offset of the byte after this chunk",
+                         "schema": {"type": "integer"}},
+}
 _bearer = HTTPBearer(auto_error=False, description="a tenant's API token")
 _Token = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
@@ -109,12 +119,20 @@ def _add_job_routes(app: FastAPI, svc: Service) -> None:
     def cancel(job_id: str, t: Caller) -> dict[str, Any]:
         return svc.cancel(t, job_id).to_status()
 
-    @app.get("/v1/jobs/{job_id}/logs", tags=["jobs"], response_class=Response)
+    @app.get("/v1/jobs/{job_id}/logs", tags=["jobs"], response_class=StreamingResponse,
+             responses={200: {"content": {"text/plain": {}}, "headers": LOG_HEADERS}})
     def logs(job_id: str, t: Caller,
              attempt: Annotated[QueryInt | None, Query(ge=1, le=MAX_ATTEMPT)] = None,
-             offset: Annotated[QueryInt, Query(ge=0, le=MAX_LOG_OFFSET)] = 0) -> Response:
-        return Response(svc.logs(t, job_id, attempt=attempt, offset=offset),
-                        media_type="text/plain; charset=utf-8")
+             offset: Annotated[QueryInt, Query(ge=0, le=MAX_LOG_OFFSET)] = 0,
+             limit: Annotated[QueryInt | None, Query(ge=1, le=MAX_LOG_OFFSET, description=(
+                 "the most bytes to answer; never more than the server's "
+                 "log_chunk_max_bytes"))] = None) -> StreamingResponse:
+        """One bounded chunk of the job's logs (one attempt's, or all under `=== attempt N ===`
+        lines) from `offset`; ask again from X-E31-Next-Offset until it reaches X-E31-Log-Size."""
+        chunk = svc.logs(t, job_id, attempt=attempt, offset=offset, limit=limit)
+        return StreamingResponse(chunk.body, media_type="text/plain; charset=utf-8",
+                                 headers={LOG_SIZE_HEADER: str(chunk.size_bytes),
+                                          NEXT_OFFSET_HEADER: str(chunk.next_offset)})
 
     @app.get("/v1/jobs/{job_id}/outputs", tags=["jobs"])
     def outputs(job_id: str, t: Caller) -> dict[str, Any]:

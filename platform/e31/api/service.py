@@ -9,7 +9,7 @@ import builtins
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import IO, Any
 
@@ -44,6 +44,16 @@ LIST_LIMIT_MAX = 1000
 LOAD_CACHE_S = 5.0        # a queue's backlog counts behind `pending`, reused this long
 ITEM_ERRORS_MAX = 20      # bad items named in one answer; a bad default would name them all
 DEFAULT_ARRAY_NAME = "array"
+
+
+@dataclasses.dataclass(frozen=True)
+class LogChunk:
+    """One bounded piece of a job's logs: the bytes it streams, where the next piece starts,
+    and how big the logs were when it was cut (docs/jobs.md, "Results, logs, outputs")."""
+
+    size_bytes: int
+    next_offset: int
+    body: Iterator[bytes]
 
 
 class Service:
@@ -202,17 +212,17 @@ class Service:
         log.info("job_cancel_requested job=%s state=%s", job_id, record.state)
         return record
 
-    def logs(self, tenant: TenantRecord, job_id: str, *, attempt: int | None,
-             offset: int) -> bytes:
-        """One attempt's log from `offset`, or every attempt's log with a header each."""
+    def logs(self, tenant: TenantRecord, job_id: str, *, attempt: int | None, offset: int,
+             limit: int | None = None) -> LogChunk:
+        """At most `log_chunk_max_bytes` (or `limit`, if smaller) of one attempt's log, or of
+        every attempt's log with a header each, from `offset`; streamed from the store."""
         record = self._repo.get_job(tenant.id, job_id)  # 404 for another tenant's job
-        if attempt is not None:
-            return self._artifacts.read_log(tenant.id, record.id, attempt, offset)
-        parts = []
-        for n in self._artifacts.log_attempts(tenant.id, record.id):
-            parts.append(f"=== attempt {n} ===\n".encode())
-            parts.append(self._artifacts.read_log(tenant.id, record.id, n))
-        return b"".join(parts)
+        view = self._artifacts.log_view(tenant.id, record.id, attempt)
+        size = view.size_bytes
+        bound = self._settings.log_chunk_max_bytes
+        length = max(0, min(bound if limit is None else min(limit, bound), size - offset))
+        return LogChunk(size_bytes=size, next_offset=offset + length,
+                        body=view.read(offset, length))
 
     def outputs(self, tenant: TenantRecord, job_id: str) -> builtins.list[dict[str, Any]]:
         record = self._repo.get_job(tenant.id, job_id)

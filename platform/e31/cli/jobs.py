@@ -8,6 +8,7 @@ and `e31.client` (lazily, inside the commands, so that `e31 --help` stays fast).
 
 from __future__ import annotations
 
+import codecs
 import json
 import sys
 import time
@@ -240,21 +241,39 @@ def logs(job_id: str,
         print_json({"id": job_id, "logs": {str(n): _call(job.logs, attempt=n) for n in numbers}})
         return
     if not follow:
-        sys.stdout.write(_call(job.logs, attempt=attempt))
+        decoder = _decoder()
+        _print_log(job, attempt, 0, decoder)
+        sys.stdout.write(decoder.decode(b"", final=True))
         return
-    offsets: dict[int, int] = {}
+    offsets: dict[int, int] = {}     # bytes printed so far, per attempt
+    decoders: dict[int, codecs.IncrementalDecoder] = {}
     while True:
         st = _call(job.status)
         numbers = [a["n"] for a in st["attempts"]] if attempt is None else [attempt]
         for n in numbers:
-            chunk = _call(job.logs, attempt=n, offset=offsets.get(n, 0))
-            if chunk:
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
-                offsets[n] = offsets.get(n, 0) + len(chunk.encode())
+            offsets[n] = _print_log(job, n, offsets.get(n, 0), decoders.setdefault(n, _decoder()))
         if JobState(st["state"]).is_final:
+            sys.stdout.write("".join(d.decode(b"", final=True) for d in decoders.values()))
             return
         time.sleep(FOLLOW_POLL_S)
+
+
+def _decoder() -> codecs.IncrementalDecoder:
+    """UTF-8 text from log bytes that arrive in chunks: a character cut between two chunks
+    is printed whole, with the second."""
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+
+def _print_log(job: Any, attempt: int | None, offset: int,
+               decoder: codecs.IncrementalDecoder) -> int:
+    """Print the log from byte `offset` to its current end, chunk by chunk as the API answers
+    them (never the whole log in memory); returns the offset after what was printed."""
+    chunks = iter(_call(job.log_chunks, attempt=attempt, offset=offset))
+    while (chunk := _call(next, chunks, None)) is not None:
+        sys.stdout.write(decoder.decode(chunk))
+        sys.stdout.flush()
+        offset += len(chunk)
+    return offset
 
 
 @app.command()

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from e31.client.client import Client
 
 POLL_S = 0.5                 # status poll while waiting
+LOG_SIZE_HEADER = "X-E31-Log-Size"   # GET …/logs: the log's size (e31.api.app says the same)
 
 
 class JobHandle:
@@ -85,10 +86,26 @@ class JobHandle:
         return paths
 
     def logs(self, attempt: int | None = None, offset: int = 0) -> str:
+        """The job's log from byte `offset`: one attempt's, or (None) every attempt's, each
+        under `=== attempt N ===`. Fetched chunk after chunk to its current end."""
+        return b"".join(self.log_chunks(attempt, offset)).decode("utf-8", errors="replace")
+
+    def log_chunks(self, attempt: int | None = None, offset: int = 0) -> Iterator[bytes]:
+        """The log's bytes from `offset` to its end as it is now, one API answer at a time:
+        the API answers at most a bounded chunk (`log_chunk_max_bytes`) per request and says
+        the log's size, so this asks again from where the last chunk ended until there."""
         params: dict[str, Any] = {"offset": offset}
         if attempt is not None:
             params["attempt"] = attempt
-        return self._client.request("GET", f"/v1/jobs/{self.id}/logs", params=params).text
+        while True:
+            response = self._client.request("GET", f"/v1/jobs/{self.id}/logs", params=params)
+            chunk = response.content
+            if chunk:
+                yield chunk
+            params["offset"] += len(chunk)
+            size = int(response.headers.get(LOG_SIZE_HEADER, "0"))
+            if not chunk or params["offset"] >= size:
+                return
 
     def cancel(self) -> dict[str, Any]:
         self._last = self._client.request("POST", f"/v1/jobs/{self.id}/cancel").json()
