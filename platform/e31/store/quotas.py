@@ -57,11 +57,12 @@ class QuotaQueries:
         raise NotImplementedError
 
     def charge_outputs(self, tenant_id: str, deltas_bytes: Sequence[int], *,
-                       default_max_bytes: int) -> OutputsCharge:
+                       default_max_bytes: int, force: bool = False) -> OutputsCharge:
         """Add each delta to the tenant's outputs total, in order, if the total stays within
         its cap (the tenant's own, else `default_max_bytes`); a delta <= 0 (a refund, a file
-        replaced by a smaller one) is always taken. One row-locked transaction, so the
-        concurrent charges of one tenant's jobs add up and none is lost."""
+        replaced by a smaller one) is always taken, and every delta with `force` (bytes that
+        are stored already). One row-locked transaction, so the concurrent charges of one
+        tenant's jobs add up and none is lost."""
         with self._session(write=True) as s:
             tenant = s.scalar(select(Tenant).where(Tenant.id == tenant_id).with_for_update())
             if tenant is None:
@@ -71,7 +72,7 @@ class QuotaQueries:
             total = tenant.outputs_bytes or 0
             accepted = []
             for delta in deltas_bytes:
-                ok = delta <= 0 or total + delta <= cap
+                ok = force or delta <= 0 or total + delta <= cap
                 if ok:
                     total = max(0, total + delta)
                 accepted.append(ok)

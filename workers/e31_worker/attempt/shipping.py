@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from e31.artifacts import log_name, refusal, scan_tree
+from e31.artifacts import Refused, log_name, refusal, scan_tree
 from e31.store.records import Claim
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.supervisor import AttemptPlan
@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 UPLOAD_TRIES = 3            # outputs and checkpoints: an upload is retried this often
 UPLOAD_BACKOFF_S = 1.0      # doubled after each failed try
+NOTE_LINES_MAX = 100        # the worker's notes (refused files) added to one attempt's log
+NOTE_LINE_MAX_CHARS = 512   # one note; a longer one (a deep path) is cut
 
 
 class Shipper:
@@ -54,11 +56,18 @@ class Shipper:
 
     def store_files(self) -> tuple[list[dict[str, Any]], str | None]:
         """Upload checkpoints (what changed) and outputs, each retried; returns (outputs, what
-        failed or None)."""
+        failed or None). Outputs beyond the job's or the tenant's quota are not stored, and
+        the attempt's log says which and why; the job's outcome stays what it was."""
         claim, plan = self._claim, self._plan
         self.note_refused()
         outputs: list[dict[str, Any]] = []
         failed: list[str] = []
+        try:
+            charged = self.admit_outputs()
+        except Exception as exc:  # noqa: BLE001 - the store or any fsspec backend's error
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("outputs_quota_unknown job=%s: %s", claim.job_id, error)
+            return [], f"its outputs could not be stored: {error}"
         steps: list[tuple[str, Callable[[], list[dict[str, Any]] | None]]] = [
             ("checkpoints", self.ship_checkpoints),
             ("outputs", lambda: self._svc.artifacts.put_tree(plan.output_dir, claim.tenant_id,
@@ -80,8 +89,64 @@ class Shipper:
                     continue
                 if files is not None:
                     outputs = files
+                    self._settle_charge(charged, outputs)
                 break
         return outputs, "; ".join(failed) or None
+
+    def admit_outputs(self) -> dict[str, tuple[int, int]]:
+        """Decide which outputs fit the job's quota (`job_outputs_max_bytes`, counting what
+        earlier attempts stored) and then the tenant's (its running total, charged here in
+        one store transaction); remove the others from the attempt's directory, so they are
+        not uploaded, and say so in its log. Returns (size, bytes charged) per admitted path (a
+        file replacing a stored one of the same path is charged the difference)."""
+        svc, claim, plan = self._svc, self._claim, self._plan
+        stored = {o["path"]: int(o["size"]) for o in
+                  svc.artifacts.list_outputs(claim.tenant_id, claim.job_id)}
+        job_max = svc.settings.job_outputs_max_bytes
+        job_bytes = sum(stored.values())
+        refused: list[Refused] = []
+        wanted: list[tuple[str, int, int]] = []        # (path, size, delta)
+        for rel, st in scan_tree(plan.output_dir).files.items():
+            delta = st.st_size - stored.get(rel, 0)
+            if delta > 0 and job_bytes + delta > job_max:
+                refused.append(Refused(rel, f"{st.st_size} bytes: over the job's outputs quota "
+                                            f"(job_outputs_max_bytes={job_max})"))
+                continue
+            job_bytes += delta
+            wanted.append((rel, st.st_size, delta))
+        charge = svc.repo.charge_outputs(claim.tenant_id, [d for _, _, d in wanted],
+                                         default_max_bytes=svc.settings.tenant_outputs_max_bytes)
+        charged: dict[str, tuple[int, int]] = {}
+        for (rel, size, delta), ok in zip(wanted, charge.accepted, strict=True):
+            if ok:
+                charged[rel] = (size, delta)
+            else:
+                refused.append(Refused(rel, f"{size} bytes: over the tenant's outputs quota "
+                                            f"({charge.max_bytes} bytes, {charge.used_bytes} "
+                                            f"in use)"))
+        for item in refused:
+            (plan.output_dir / item.path).unlink(missing_ok=True)  # never a link's target
+        if refused:
+            log.warning("outputs_refused job=%s attempt=%d files=%d: over quota", claim.job_id,
+                        claim.attempt, len(refused))
+            self._append_to_log([f"output refused: {item}\n" for item in refused])
+        return charged
+
+    def _settle_charge(self, charged: dict[str, tuple[int, int]],
+                       stored: list[dict[str, Any]]) -> None:
+        """Bring the tenant's total to what was stored: give back the charge of an admitted
+        file that was not stored (replaced by a link since), and add what a file grew by
+        since it was admitted. A failed correction is only logged."""
+        sizes = {o["path"]: int(o["size"]) for o in stored}
+        deltas = [sizes[rel] - size if rel in sizes else -delta
+                  for rel, (size, delta) in charged.items()]
+        if not any(deltas):
+            return
+        try:
+            self._svc.repo.charge_outputs(self._claim.tenant_id, deltas, default_max_bytes=0,
+                                          force=True)
+        except Exception as exc:  # noqa: BLE001 - the store's error: the total stays off
+            log.warning("outputs_charge_unsettled job=%s: %s", self._claim.job_id, exc)
 
     def _ship_all(self) -> None:
         self.ship_log()
@@ -125,16 +190,26 @@ class Shipper:
         link, a hard link, a FIFO (docs/security.md)."""
         plan = self._plan
         scanned = (("output", plan.output_dir), ("checkpoint", plan.checkpoint_dir))
-        lines = [f"{what} refused: {refused}\n"
-                 for what, where in scanned for refused in scan_tree(where).refused]
+        self._append_to_log([f"{what} refused: {refused}\n"
+                             for what, where in scanned for refused in scan_tree(where).refused])
+
+    def _append_to_log(self, lines: list[str]) -> None:
+        """Add the worker's notes to the attempt's log, at most NOTE_LINES_MAX lines of at most
+        NOTE_LINE_MAX_CHARS each (then a count of the rest), so that a job cannot grow its log
+        past its cap through them (a million links, a path of 4 KiB)."""
         if not lines:
             return
+        kept = [line if len(line) <= NOTE_LINE_MAX_CHARS
+                else line[:NOTE_LINE_MAX_CHARS - 6] + " [cut]\n"
+                for line in lines[:NOTE_LINES_MAX]]
+        if len(lines) > NOTE_LINES_MAX:
+            kept.append(f"[e31: and {len(lines) - NOTE_LINES_MAX} more refused]\n")
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            with os.fdopen(os.open(plan.log_path, flags, 0o644), "a") as out:
-                out.write("".join(lines))
+            with os.fdopen(os.open(self._plan.log_path, flags, 0o644), "a") as out:
+                out.write("".join(kept))
         except OSError as exc:  # the log itself was replaced by a link: the worker's log says it
-            log.warning("refusals_not_logged job=%s: %s; %s", self._claim.job_id, exc, lines)
+            log.warning("refusals_not_logged job=%s: %s; %s", self._claim.job_id, exc, kept)
 
     def ship_log(self) -> None:
         """Copy the log if it grew since the last copy; a failed copy is only logged."""
@@ -150,3 +225,15 @@ class Shipper:
             self._log_bytes = size
         except Exception as exc:  # noqa: BLE001 - a log copy is never worth failing the job for
             log.warning("log_upload_failed job=%s: %s", self._claim.job_id, exc)
+
+
+def earlier_log_bytes(svc: AttemptServices, claim: Claim) -> int:
+    """What the logs of the job's other attempts hold in the store: the new attempt's log
+    gets what is left of `job_log_max_bytes`. A store that cannot say counts as nothing (the
+    attempt's own cap still holds)."""
+    try:
+        sizes = svc.artifacts.log_sizes(claim.tenant_id, claim.job_id)
+    except Exception as exc:  # noqa: BLE001 - any fsspec backend's error
+        log.warning("log_sizes_unknown job=%s: %s", claim.job_id, exc)
+        return 0
+    return sum(size for n, size in sizes.items() if n != claim.attempt)

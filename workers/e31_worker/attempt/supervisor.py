@@ -54,8 +54,24 @@ class AttemptPlan:
     gpus: str                 # CUDA_VISIBLE_DEVICES for the child ("" for the cpu class)
     root: Path                # fresh directory of this attempt
     kill_grace_s: float
-    log_max_bytes: int
+    log_max_bytes: int        # this attempt's log
     tick_interval_s: float
+    job_log_max_bytes: int | None = None  # all the job's attempts together; None: no such cap
+    log_earlier_bytes: int = 0            # what the job's other attempts' logs hold already
+
+    @property
+    def log_limit(self) -> tuple[int, str]:
+        """The most bytes this attempt's log may take, and the line that says where and why
+        it was cut: the attempt's own cap, or what is left of the job's across attempts."""
+        if self.job_log_max_bytes is not None:
+            room = max(0, self.job_log_max_bytes - self.log_earlier_bytes)
+            if room < self.log_max_bytes:
+                return room, (f"\n[e31: log cut at {room} bytes: this job's logs reached "
+                              f"job_log_max_bytes={self.job_log_max_bytes} across its attempts "
+                              f"({self.log_earlier_bytes} bytes before this attempt); the rest "
+                              f"was discarded]\n")
+        return self.log_max_bytes, (f"\n[e31: log cut at {self.log_max_bytes} bytes; the rest "
+                                    f"was discarded]\n")
 
     @property
     def memory_max_bytes(self) -> int | None:
@@ -123,7 +139,7 @@ class Supervisor:
         assert proc.stdout is not None
         done = threading.Event()
         pump = threading.Thread(target=_pump_log, name=f"log-{plan.job_id}",
-                                args=(proc.stdout.fileno(), plan.log_path, plan.log_max_bytes,
+                                args=(proc.stdout.fileno(), plan.log_path, *plan.log_limit,
                                       done),
                                 daemon=True)
         pump.start()
@@ -302,8 +318,10 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def _pump_log(fd: int, path: Path, max_bytes: int, done: threading.Event) -> None:
-    """Copy the child's output to the log up to `max_bytes`, then say so and discard the rest.
+def _pump_log(fd: int, path: Path, max_bytes: int, cut_note: str,
+              done: threading.Event) -> None:
+    """Copy the child's output to the log up to `max_bytes`, then write `cut_note` and
+    discard the rest.
 
     Reads until EOF, or until LOG_DRAIN_S after `done` (the attempt is over): a process that
     escaped the group and kept the pipe open must not keep this thread and its files alive.
@@ -330,8 +348,7 @@ def _pump_log(fd: int, path: Path, max_bytes: int, done: threading.Event) -> Non
             out.write(chunk[:room])
             written += min(len(chunk), room)
             if len(chunk) > room:
-                note = f"\n[e31: log cut at {max_bytes} bytes; the rest was discarded]\n"
-                out.write(note.encode())
+                out.write(cut_note.encode())
                 cut = True
             out.flush()
 

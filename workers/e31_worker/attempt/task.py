@@ -22,7 +22,7 @@ from e31.store.records import Claim, Outcome
 from e31_worker.attempt.lease import LeaseKeeper
 from e31_worker.attempt.record import finish_attempt, with_store_retries, write_claim
 from e31_worker.attempt.services import AttemptServices
-from e31_worker.attempt.shipping import Shipper
+from e31_worker.attempt.shipping import Shipper, earlier_log_bytes
 from e31_worker.attempt.supervisor import AttemptPlan, Supervisor
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,9 @@ def attempt_plan(svc: AttemptServices, claim: Claim) -> AttemptPlan:
     return AttemptPlan(job_id=claim.job_id, attempt=claim.attempt, spec=claim.spec,
                        gpus=svc.identity.gpus, root=root, kill_grace_s=svc.settings.kill_grace_s,
                        log_max_bytes=svc.settings.log_max_bytes,
-                       tick_interval_s=svc.settings.heartbeat_interval_s)
+                       tick_interval_s=svc.settings.heartbeat_interval_s,
+                       job_log_max_bytes=svc.settings.job_log_max_bytes,
+                       log_earlier_bytes=earlier_log_bytes(svc, claim))
 
 
 def _attempt(svc: AttemptServices, claim: Claim) -> None:
