@@ -37,6 +37,10 @@ class SpecError(E31Error):
         return cls([{"field": field, "reason": reason}])
 
 
+class SetupError(E31Error):
+    """Raised when a job's code, environment or inputs cannot be prepared for it on a worker."""
+
+
 class StoreError(E31Error):
     """Raised when the results store fails."""
 

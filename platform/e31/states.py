@@ -58,6 +58,8 @@ class AttemptReason(str, Enum):
     CANCELLED = "cancelled"
     LOST = "lost"
     DRAINED = "drained"
+    SETUP = "setup"           # its code, environment or inputs could not be prepared: the
+    #                           user's error (a requirement that does not install), final
 
     @property
     def is_retryable(self) -> bool:
