@@ -58,6 +58,13 @@ class AttemptPlan:
     tick_interval_s: float
     job_log_max_bytes: int | None = None  # all the job's attempts together; None: no such cap
     log_earlier_bytes: int = 0            # what the job's other attempts' logs hold already
+    venv: Path | None = None              # the job's own environment (`python:`); None: the
+    #                                       worker's (e31_worker.attempt.environment)
+
+    @property
+    def python(self) -> str:
+        """The interpreter of the job: its own environment's, else the worker's."""
+        return str(self.venv / "bin" / "python") if self.venv else sys.executable
 
     @property
     def log_limit(self) -> tuple[int, str]:
@@ -224,12 +231,8 @@ class Supervisor:
         if stopped_for is AttemptReason.TIMEOUT:
             return Outcome(AttemptReason.TIMEOUT, exit_code=code,
                                  error=f"timed out after {plan.spec.timeout_s:g} s")
-        if stopped_for is Directive.CANCEL:
-            return Outcome(AttemptReason.CANCELLED, exit_code=code, error="cancelled by its owner")
-        if stopped_for is Directive.DRAIN:
-            return Outcome(AttemptReason.DRAINED, exit_code=code, error="worker shut down")
-        if stopped_for is Directive.LOST:
-            return Outcome(AttemptReason.LOST, exit_code=code, error="lease lost")
+        if isinstance(stopped_for, Directive):
+            return stopped_outcome(stopped_for, exit_code=code)
         if plan.spec.entrypoint:
             return self._entrypoint_result(code)
         if code == 0:
@@ -250,7 +253,7 @@ class Supervisor:
         if spec.entrypoint:
             job_file = self._plan.root / "job.json"
             job_file.write_text(json.dumps({"entrypoint": spec.entrypoint, "params": spec.params}))
-            return [sys.executable, "-m", "e31_worker.child.runner", str(job_file)]
+            return [self._plan.python, "-m", "e31_worker.child.runner", str(job_file)]
         assert spec.command is not None  # a valid spec holds exactly one of the two
         return list(spec.command)
 
@@ -259,6 +262,10 @@ class Supervisor:
         # The worker's own E31_* settings (store and broker URLs) are not the job's business.
         env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}
         env.update(plan.spec.env)
+        if plan.venv is not None:  # `python` and its scripts are the job environment's
+            env["VIRTUAL_ENV"] = str(plan.venv)
+            env["PATH"] = f"{plan.venv / 'bin'}{os.pathsep}{env.get('PATH', os.defpath)}"
+            env.pop("PYTHONHOME", None)
         env.update({
             "CUDA_VISIBLE_DEVICES": plan.gpus, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "E31_JOB_ID": plan.job_id, "E31_ATTEMPT": str(plan.attempt),
@@ -266,6 +273,16 @@ class Supervisor:
             "E31_PROGRESS_PATH": str(plan.progress_path), "PYTHONUNBUFFERED": "1",
         })
         return env
+
+
+def stopped_outcome(directive: Directive, *, exit_code: int | None = None) -> Outcome:
+    """The outcome of an attempt that a tick's `directive` stopped (cancel, drain, a lost
+    lease), while its child ran or while it was being set up."""
+    if directive is Directive.CANCEL:
+        return Outcome(AttemptReason.CANCELLED, exit_code=exit_code, error="cancelled by its owner")
+    if directive is Directive.DRAIN:
+        return Outcome(AttemptReason.DRAINED, exit_code=exit_code, error="worker shut down")
+    return Outcome(AttemptReason.LOST, exit_code=exit_code, error="lease lost")
 
 
 def finished_outcome(root: Path) -> Outcome | None:
