@@ -85,11 +85,12 @@ def heartbeats(r: redis.Redis, workers: int) -> None:
 def run_them(repo: Repo, r: redis.Redis) -> None:
     """What the workers would do: claim every published job and record its success."""
     with repo.engine.connect() as conn:
-        ids = [row[0] for row in conn.execute(text(
-            "SELECT id FROM jobs WHERE state = 'queued' AND dispatched_at IS NOT NULL"))]
-    for i, job_id in enumerate(ids):
-        claim = repo.claim(job_id, worker=f"gpu{i}@bench", gpus=str(i), gpu_count=1, now=utcnow(),
-                           lease_ttl_s=60)
+        ids = [(row[0], row[1]) for row in conn.execute(text(
+            "SELECT id, dispatch_token FROM jobs "
+            "WHERE state = 'queued' AND dispatched_at IS NOT NULL"))]
+    for i, (job_id, token) in enumerate(ids):
+        claim = repo.claim(job_id, dispatch_token=token, worker=f"gpu{i}@bench", gpus=str(i),
+                           gpu_count=1, now=utcnow(), lease_ttl_s=60)
         if claim is not None:
             repo.record_outcome(job_id, claim.token, Outcome(AttemptReason.SUCCEEDED), now=utcnow())
     for key in r.scan_iter(match=f"{QUEUE}*"):

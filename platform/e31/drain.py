@@ -1,23 +1,40 @@
-"""Operator drain of worker nodes through Redis (`e31 worker --drain`).
+"""Operator drain of worker nodes (`e31 worker --drain`): recorded in the store, rung in Redis.
 
-A drain request is a key per node. The node's worker process sees it at its next
-heartbeat, stops taking jobs, gives its running job SIGTERM and the kill grace to save a
-checkpoint, records it as `drained` (queued again at once, not counted against the user),
-and exits; its launcher does not restart it. Starting `e31 worker` again clears the request.
+A drain request is a row per node in the store (the authority) and a key per node in Redis
+(the bell). The node's worker process looks at its key at each heartbeat; when it is there,
+it asks the store whether an operator asked (`drain_authorized`), and only then stops taking
+jobs, gives its running job SIGTERM and the kill grace to save a checkpoint, records it as
+`drained` (queued again at once, not counted against the user), and exits; its launcher
+does not restart it. Anyone holding the broker's URL can write the key, so a key alone
+drains nothing (docs/security.md, "The broker is not a trust boundary"). Starting
+`e31 worker` again clears both.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Protocol
 
 import redis
 
 from e31 import keys
+from e31.clock import utcnow
 from e31.heartbeat import read_workers
 
 DRAIN_REQUEST_TTL_S = 86400   # a request outlives any drain; it cannot linger for ever
 POLL_S = 0.5
+
+
+class DrainRecords(Protocol):
+    """Where drain requests are kept with authority: the store (`e31.store.Repo` is one)."""
+
+    def request_drain(self, nodes: Sequence[str], *, now: datetime) -> None: ...
+
+    def drain_requested(self, node: str, *, since: datetime) -> bool: ...
+
+    def clear_drain(self, nodes: Sequence[str]) -> int: ...
 
 
 def live_nodes(r: redis.Redis, *, host: str | None = None) -> list[str]:
@@ -26,12 +43,23 @@ def live_nodes(r: redis.Redis, *, host: str | None = None) -> list[str]:
     return [n for n in nodes if host is None or n.rpartition("@")[2] == host]
 
 
-def request_drain(r: redis.Redis, nodes: Iterable[str]) -> None:
-    for node in nodes:
-        r.set(keys.drain(node), str(time.time()), ex=DRAIN_REQUEST_TTL_S)
+def request_drain(r: redis.Redis, records: DrainRecords, nodes: Iterable[str]) -> None:
+    """Ask `nodes` to drain: the store's record first, so that the bell finds it."""
+    names = list(dict.fromkeys(nodes))
+    now = utcnow()
+    records.request_drain(names, now=now)
+    for node in names:
+        r.set(keys.drain(node), now.isoformat(), ex=DRAIN_REQUEST_TTL_S)
+
+
+def drain_authorized(records: DrainRecords, node: str) -> bool:
+    """Whether the store holds an operator's drain request for `node`, made within
+    `DRAIN_REQUEST_TTL_S` (an older one that its launcher could not clear counts no more)."""
+    return records.drain_requested(node, since=utcnow() - timedelta(seconds=DRAIN_REQUEST_TTL_S))
 
 
 def clear_drain(r: redis.Redis, nodes: Iterable[str]) -> None:
+    """Silence the bells of `nodes`; their store records go with `DrainRecords.clear_drain`."""
     names = [keys.drain(n) for n in nodes]
     if names:
         r.delete(*names)

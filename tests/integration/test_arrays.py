@@ -22,6 +22,7 @@ from e31.states import AttemptReason
 from e31.store import Repo
 from e31.store.records import Outcome, TenantRecord
 from e31.sweep import MAX_ARRAY_ITEMS
+from tests.integration.test_store import publish
 
 CLASSES = Settings().size_classes
 CPU = {"entrypoint": "pkg.mod:main", "resources": {"gpus": 0}}
@@ -49,8 +50,8 @@ def count(repo: Repo, table: str) -> int:
 
 
 def claim(repo: Repo, job_id: str):  # type: ignore[no-untyped-def]
-    return repo.claim(job_id, worker="cpu0@test", gpus="", gpu_count=0, now=utcnow(),
-                      lease_ttl_s=30)
+    return repo.claim(job_id, dispatch_token=publish(repo, job_id), worker="cpu0@test", gpus="",
+                      gpu_count=0, now=utcnow(), lease_ttl_s=30)
 
 
 def test_an_array_stores_every_item_queued_in_index_order_and_wakes_the_scheduler_once(

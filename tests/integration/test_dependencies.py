@@ -15,6 +15,7 @@ from e31.store import Repo
 from e31.store.records import Outcome
 from tests.integration.test_fair_scheduling import one
 from tests.integration.test_scheduler import heartbeat, make, published
+from tests.integration.test_store import publish
 
 GPU24 = "e31.gpu24"
 
@@ -28,7 +29,8 @@ def array(repo: Repo, tenant_id: str, n: int, **fields: object) -> tuple[str, li
 
 def end(repo: Repo, job_id: str, reason: AttemptReason = AttemptReason.SUCCEEDED) -> None:
     """Claim the job and record how its one attempt ended."""
-    claim = repo.claim(job_id, worker="gpu9@x", gpus="9", gpu_count=1, now=utcnow(), lease_ttl_s=60)
+    claim = repo.claim(job_id, dispatch_token=publish(repo, job_id), worker="gpu9@x", gpus="9",
+                       gpu_count=1, now=utcnow(), lease_ttl_s=60)
     assert claim is not None
     repo.record_outcome(job_id, claim.token, Outcome(reason, error="boom"), now=utcnow())
 

@@ -18,6 +18,7 @@ from e31.states import AttemptReason
 from e31.store import Repo
 from e31.store.records import Outcome
 from tests.integration.test_scheduler import heartbeat, make, published
+from tests.integration.test_store import publish
 
 GPU24, X4 = "e31.gpu24", "e31.gpu24.x4"
 
@@ -114,8 +115,8 @@ def test_a_tenant_under_its_share_goes_before_another_tenants_five_thousand_job_
     small, _ = repo.create_tenant("small", now=utcnow())
     flood = backlog(repo, big.id, 5000)
     for i, job_id in enumerate(flood[:2]):
-        repo.claim(job_id, worker=f"gpu{i}@n", gpus=str(i), gpu_count=1, now=utcnow(),
-                   lease_ttl_s=600)
+        repo.claim(job_id, dispatch_token=publish(repo, job_id), worker=f"gpu{i}@n",
+                   gpus=str(i), gpu_count=1, now=utcnow(), lease_ttl_s=600)
         heartbeat(redis_client, f"gpu{i}@n", [GPU24], busy_job=job_id)
     # And tenant small submits one job after them, when one worker is idle
     mine = one(repo, small.id)
@@ -132,7 +133,8 @@ def test_a_big_job_reserves_its_gpus_after_reserve_after_s_and_only_short_work_b
     a, _ = repo.create_tenant("a", now=utcnow())
     t0 = utcnow()
     running = one(repo, a.id, timeout_s=700, now=t0 - timedelta(seconds=1))
-    first = repo.claim(running, worker="gpu0@h", gpus="0", gpu_count=1, now=t0, lease_ttl_s=3600)
+    first = repo.claim(running, dispatch_token=publish(repo, running), worker="gpu0@h", gpus="0",
+                       gpu_count=1, now=t0, lease_ttl_s=3600)
     big = one(repo, a.id, resources={"gpus": 4}, timeout_s=3600, now=t0)
     long_small = [one(repo, a.id, timeout_s=3600, now=t0 + timedelta(seconds=1)) for _ in range(5)]
     short = one(repo, a.id, timeout_s=30, now=t0 + timedelta(seconds=2))
@@ -155,8 +157,8 @@ def test_a_big_job_reserves_its_gpus_after_reserve_after_s_and_only_short_work_b
     assert pending["detail"] == big
 
     # When the short job runs and the first job ends, the long ones still cannot take the GPUs
-    backfilled = repo.claim(short, worker="gpu1@h", gpus="1", gpu_count=1, now=late,
-                            lease_ttl_s=3600)
+    backfilled = repo.claim(short, dispatch_token=publish(repo, short), worker="gpu1@h",
+                            gpus="1", gpu_count=1, now=late, lease_ttl_s=3600)
     heartbeat(redis_client, "gpu1@h", [GPU24], busy_job=short)
     assert first is not None and backfilled is not None
     _finish(repo, running, first.token, at=t0 + timedelta(seconds=640))
@@ -175,7 +177,8 @@ def test_a_queued_job_shows_its_reason_position_and_estimated_start(
     # Given one worker and three jobs of one tenant, one of which started a minute ago
     a, _ = repo.create_tenant("a", now=utcnow())
     ids = [one(repo, a.id) for _ in range(4)]
-    repo.claim(ids[0], worker="gpu1@n", gpus="1", gpu_count=1, now=utcnow(), lease_ttl_s=600)
+    repo.claim(ids[0], dispatch_token=publish(repo, ids[0]), worker="gpu1@n", gpus="1",
+               gpu_count=1, now=utcnow(), lease_ttl_s=600)
     heartbeat(redis_client, "gpu1@n", [GPU24], busy_job=ids[0])
     heartbeat(redis_client, "gpu0@n", [GPU24])
     make(repo, redis_url, dispatch_headroom=0).tick()

@@ -6,14 +6,14 @@ from datetime import timedelta
 
 import pytest
 import redis
+
 from e31 import keys
 from e31.clock import utcnow
 from e31.states import AttemptReason, JobState
 from e31.store import Repo
 from e31.store.records import Outcome
-
 from tests.integration.test_scheduler import heartbeat, make, published
-from tests.integration.test_store import claim, submit
+from tests.integration.test_store import claim, publish, submit
 
 TTL_S = 10
 
@@ -99,7 +99,7 @@ def test_a_released_dispatch_is_published_again_on_the_next_tick(
     redis_client.delete(*redis_client.keys("e31.gpu24*"))  # the worker took the message
 
     # When it releases the dispatch
-    assert repo.release_dispatch(job.id) is True
+    assert repo.release_dispatch(job.id, publish(repo, job.id)) is True
 
     # Then the next tick publishes the job again, without waiting for the dispatch timeout
     assert scheduler.tick() == 1

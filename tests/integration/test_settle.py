@@ -19,14 +19,15 @@ from e31_worker.attempt import task
 from e31_worker.attempt.record import CLAIM_FILE, claim_from_file_data, write_claim
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.settle import settle_left_attempts
+from tests.integration.test_store import publish
 from tests.integration.test_task import services, submit
 
 
 def _left_behind(svc: AttemptServices, repo: Repo, job_id: str, *, result: object | None,
                  node: str | None = None):
     """A claimed attempt directory as a worker process leaves it when SIGKILLed."""
-    claim = repo.claim(job_id, worker=svc.identity.node, gpus="", gpu_count=0, now=utcnow(),
-                       lease_ttl_s=10)
+    claim = repo.claim(job_id, dispatch_token=publish(repo, job_id), worker=svc.identity.node,
+                       gpus="", gpu_count=0, now=utcnow(), lease_ttl_s=10)
     assert claim is not None
     plan = task.attempt_plan(svc, claim)
     for d in (plan.work_dir, plan.output_dir, plan.checkpoint_dir):

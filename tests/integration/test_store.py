@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy import select
 
 from e31.clock import utcnow
 from e31.errors import NotFound
@@ -16,10 +17,11 @@ from e31.sizeclasses import route
 from e31.spec import JobSpec
 from e31.states import AttemptReason, JobState
 from e31.store import Repo
-from e31.store.models import Base
+from e31.store.models import Base, Job
 from e31.store.records import Outcome
 
 CLASSES = Settings().size_classes
+NOT_PUBLISHED = "no-publication"   # a token no publication has
 
 
 def submit(repo: Repo, tenant_id: str, **fields: object):
@@ -27,9 +29,22 @@ def submit(repo: Repo, tenant_id: str, **fields: object):
     return repo.insert_job(tenant_id, spec, route(spec, CLASSES), now=utcnow())
 
 
-def claim(repo: Repo, job_id: str, worker: str = "gpu0@test", now=None):
-    return repo.claim(job_id, worker=worker, gpus="0", gpu_count=1, now=now or utcnow(),
-                      lease_ttl_s=10)
+def publish(repo: Repo, job_id: str, now=None) -> str:
+    """The token of the job's message: published now, as the scheduler does, or the standing
+    publication's (NOT_PUBLISHED when it has none: a running or ended job)."""
+    issued = repo.mark_dispatched([job_id], now=now or utcnow())
+    if job_id in issued:
+        return issued[job_id]
+    with repo.engine.connect() as conn:
+        return conn.execute(select(Job.dispatch_token).where(Job.id == job_id)).scalar() \
+            or NOT_PUBLISHED
+
+
+def claim(repo: Repo, job_id: str, worker: str = "gpu0@test", now=None, token=None):
+    """Claim as the worker that received the job's message (`publish`), or one carrying
+    `token`."""
+    return repo.claim(job_id, dispatch_token=token or publish(repo, job_id, now),
+                      worker=worker, gpus="0", gpu_count=1, now=now or utcnow(), lease_ttl_s=10)
 
 
 def test_the_migrations_produce_exactly_the_models_schema(repo: Repo) -> None:
@@ -50,12 +65,13 @@ def test_a_token_resolves_to_its_tenant_and_only_its_hash_is_stored(repo: Repo) 
 def test_only_one_of_many_concurrent_claims_wins(repo: Repo) -> None:
     tenant, _ = repo.create_tenant("a", now=utcnow())
     job = submit(repo, tenant.id)
+    token = publish(repo, job.id)
     results: list[object] = []
     barrier = threading.Barrier(8)
 
-    def racer(i: int) -> None:
+    def racer(i: int) -> None:   # eight deliveries of the job's one message
         barrier.wait()
-        results.append(claim(repo, job.id, worker=f"w{i}"))
+        results.append(claim(repo, job.id, worker=f"w{i}", token=token))
 
     threads = [threading.Thread(target=racer, args=(i,)) for i in range(8)]
     for t in threads:
@@ -118,11 +134,12 @@ def test_gpu_seconds_bill_each_attempts_duration_times_its_gpus(repo: Repo) -> N
     tenant, _ = repo.create_tenant("a", now=utcnow())
     job = submit(repo, tenant.id, resources={"gpus": 2}, retries={"max": 1, "backoff_s": 0})
     t0 = utcnow()
-    c1 = repo.claim(job.id, worker="w", gpus="0,1", gpu_count=2, now=t0, lease_ttl_s=10)
+    c1 = repo.claim(job.id, dispatch_token=publish(repo, job.id), worker="w", gpus="0,1",
+                    gpu_count=2, now=t0, lease_ttl_s=10)
     repo.record_outcome(job.id, c1.token, Outcome(AttemptReason.ERROR),
                         now=t0 + timedelta(seconds=5))
-    c2 = repo.claim(job.id, worker="w", gpus="0,1", gpu_count=2, now=t0 + timedelta(seconds=65),
-                    lease_ttl_s=10)
+    c2 = repo.claim(job.id, dispatch_token=publish(repo, job.id), worker="w", gpus="0,1",
+                    gpu_count=2, now=t0 + timedelta(seconds=65), lease_ttl_s=10)
     repo.record_outcome(job.id, c2.token, Outcome(AttemptReason.SUCCEEDED, result={"ok": 1}),
                         now=t0 + timedelta(seconds=75))
 
@@ -183,8 +200,8 @@ def test_candidates_come_in_band_then_submission_order_and_dispatch_marks_once(
 
     # And a job is marked published once, is no candidate while it waits for its worker,
     # and holds a slot of its queue meanwhile
-    assert repo.mark_dispatched([high.id], now=now) == [high.id]
-    assert repo.mark_dispatched([high.id], now=now) == []  # already published
+    assert list(repo.mark_dispatched([high.id], now=now)) == [high.id]
+    assert repo.mark_dispatched([high.id], now=now) == {}  # already published
     assert heads(repo, now=now) == [mid.id, low.id]
     [published] = repo.scheduling_view(now=now, queues=["e31.gpu24"]).outstanding
     assert (published.tenant_id, published.queue) == (tenant.id, "e31.gpu24")

@@ -20,6 +20,7 @@ from e31.states import AttemptReason, JobState
 from e31.store import Repo
 from e31.store.records import JobRecord, Outcome
 from e31.store.transitions import move
+from tests.integration.test_store import publish
 
 CLASSES = Settings().size_classes
 SET_STATE = re.compile(r"^\s*UPDATE jobs SET (?P<set>.*?) WHERE (?P<where>.*)$", re.S)
@@ -34,7 +35,8 @@ def run(repo: Repo, job_id: str, reason: AttemptReason, *, now: datetime | None 
         **outcome: Any) -> JobState | None:
     """Claim the job and end its attempt with `reason` (at `now`, else the wall clock)."""
     now = now or utcnow()
-    c = repo.claim(job_id, worker="gpu0@t", gpus="0", gpu_count=1, now=now, lease_ttl_s=10)
+    c = repo.claim(job_id, dispatch_token=publish(repo, job_id, now), worker="gpu0@t", gpus="0",
+                   gpu_count=1, now=now, lease_ttl_s=10)
     assert c is not None
     return repo.record_outcome(job_id, c.token, Outcome(reason, **outcome), now=now)
 
@@ -67,8 +69,8 @@ def test_a_move_from_a_state_the_job_has_left_changes_nothing(repo: Repo) -> Non
 
     # Then no row moved: the condition is the row's real state
     assert moved == 0
-    assert repo.claim(job.id, worker="w", gpus="0", gpu_count=1, now=utcnow(),
-                      lease_ttl_s=10) is None
+    assert repo.claim(job.id, dispatch_token=publish(repo, job.id), worker="w", gpus="0",
+                      gpu_count=1, now=utcnow(), lease_ttl_s=10) is None
     assert repo.get_job(tenant.id, job.id).state == JobState.CANCELLED
 
 
@@ -79,8 +81,8 @@ def test_a_final_job_takes_no_further_step_through_any_store_method(repo: Repo) 
     assert run(repo, job.id, AttemptReason.ERROR, error="boom") is JobState.FAILED
 
     # When it is claimed, cancelled and its lease is judged
-    claimed = repo.claim(job.id, worker="w", gpus="0", gpu_count=1, now=utcnow(),
-                         lease_ttl_s=10)
+    claimed = repo.claim(job.id, dispatch_token=publish(repo, job.id), worker="w", gpus="0",
+                         gpu_count=1, now=utcnow(), lease_ttl_s=10)
     cancelled = repo.request_cancel(tenant.id, job.id, now=utcnow())
     expired = repo.expire_leases(now=utcnow() + timedelta(hours=1), lease_ttl_s=10)
 
@@ -103,15 +105,16 @@ def test_every_state_change_the_store_writes_is_conditional_on_the_state_it_leav
     flaky = submit(repo, tenant.id, retries={"max": 1, "backoff_s": 0})
     assert run(repo, flaky.id, AttemptReason.ERROR, error="boom") is JobState.QUEUED
     t0 = utcnow()
-    assert repo.claim(flaky.id, worker="gpu0@t", gpus="0", gpu_count=1, now=t0,
-                      lease_ttl_s=10) is not None
+    assert repo.claim(flaky.id, dispatch_token=publish(repo, flaky.id, t0), worker="gpu0@t",
+                      gpus="0", gpu_count=1, now=t0, lease_ttl_s=10) is not None
     assert repo.expire_leases(now=t0 + timedelta(seconds=11), lease_ttl_s=10) == [
         (flaky.id, JobState.QUEUED)]
     assert run(repo, flaky.id, AttemptReason.SUCCEEDED,
                now=t0 + timedelta(seconds=12)) is JobState.SUCCEEDED
     repo.request_cancel(tenant.id, submit(repo, tenant.id).id, now=utcnow())
     running = submit(repo, tenant.id)
-    c = repo.claim(running.id, worker="w", gpus="0", gpu_count=1, now=utcnow(), lease_ttl_s=10)
+    c = repo.claim(running.id, dispatch_token=publish(repo, running.id), worker="w", gpus="0",
+                   gpu_count=1, now=utcnow(), lease_ttl_s=10)
     assert c is not None
     repo.request_cancel(tenant.id, running.id, now=utcnow())
     assert repo.record_outcome(running.id, c.token, Outcome(AttemptReason.ERROR),

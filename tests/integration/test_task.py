@@ -19,6 +19,7 @@ from e31.store import Repo
 from e31_worker.attempt import shipping, task
 from e31_worker.attempt.groups import GroupRegistry
 from e31_worker.attempt.services import AttemptServices
+from tests.integration.test_store import publish
 
 
 class OutputsFail(ArtifactStore):
@@ -59,9 +60,11 @@ def test_a_second_delivery_of_a_finished_job_runs_nothing(repo: Repo, redis_clie
     busy: list[str | None] = []
     svc = services(repo, redis_client, tmp_path, ArtifactStore(f"file://{tmp_path / 'a'}"), busy)
 
-    task.run_job(svc, job_id)
-    task.run_job(svc, job_id)            # the same message delivered again
-    task.run_job(svc, {"not": "an id"})  # a malformed message
+    token = publish(repo, job_id)
+
+    task.run_job(svc, job_id, token)
+    task.run_job(svc, job_id, token)            # the same message delivered again
+    task.run_job(svc, {"not": "an id"}, token)  # a malformed message
 
     assert marker.read_text() == "run\n"
     record = repo.get_job(None, job_id)
@@ -76,7 +79,7 @@ def test_outputs_that_cannot_be_stored_fail_the_attempt_with_that_reason(
     tenant_id, job_id = submit(repo, command=["sh", "-c", "echo hi; echo x > $E31_OUTPUT_DIR/x"])
     artifacts = OutputsFail(f"file://{tmp_path / 'a'}")
 
-    task.run_job(services(repo, redis_client, tmp_path, artifacts), job_id)
+    task.run_job(services(repo, redis_client, tmp_path, artifacts), job_id, publish(repo, job_id))
 
     record = repo.get_job(None, job_id)
     assert record.state == "failed"
@@ -104,7 +107,7 @@ def test_an_upload_that_succeeds_on_retry_keeps_the_job_succeeded(
     _, job_id = submit(repo, command=["sh", "-c", "echo x > $E31_OUTPUT_DIR/x.txt"])
 
     artifacts = OutputsFailOnce(f"file://{tmp_path / 'a'}")
-    task.run_job(services(repo, redis_client, tmp_path, artifacts), job_id)
+    task.run_job(services(repo, redis_client, tmp_path, artifacts), job_id, publish(repo, job_id))
 
     record = repo.get_job(None, job_id)
     assert record.state == "succeeded" and record.outputs == [{"path": "x.txt", "size": 2}]

@@ -18,6 +18,7 @@ import typer
 
 from e31.cli.common import (
     EXIT_INPUT,
+    EXIT_UNAVAILABLE,
     GpusOpt,
     GroupOpt,
     HomeOpt,
@@ -78,7 +79,9 @@ def worker(gpus: str = GpusOpt,
 
 
 def _drain(settings: Settings, *, nodes: list[str], host: str, wait: bool, as_json: bool) -> None:
-    """`e31 worker --drain`: ask the nodes (or every live node of `host`) to drain, and wait."""
+    """`e31 worker --drain`: ask the nodes (or every live node of `host`) to drain, and wait.
+    The request is recorded in the store, which a worker checks before it obeys the Redis key
+    (anyone with the broker's URL can write that); so this needs the store too."""
     from e31 import wiring
     from e31.drain import live_nodes, request_drain, wait_drained
     r = wiring.redis_client(settings)
@@ -86,7 +89,13 @@ def _drain(settings: Settings, *, nodes: list[str], host: str, wait: bool, as_js
     if not targets:
         fail(f"no live worker on host {host!r}: nothing to drain (see Flower, or pass --node)",
              EXIT_INPUT)
-    request_drain(r, targets)
+    repo = wiring.repo(settings)
+    try:
+        request_drain(r, repo, targets)
+    except E31Error as exc:
+        fail(f"cannot record the drain request in the store: {exc.message}", EXIT_UNAVAILABLE)
+    finally:
+        repo.engine.dispose()
     left = (wait_drained(r, targets, timeout_s=settings.kill_grace_s + DRAIN_EXTRA_S)
             if wait else [])
     if as_json:

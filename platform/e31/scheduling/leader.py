@@ -42,6 +42,7 @@ WAKE_POLL_MAX_S = 1.0      # one BLPOP wait; below the socket timeout that follo
 # the chaos suite: a 5 s stall at redis-py's default) is an error, and the tick is retried
 # at once rather than holding up every lease expiry and publication behind it.
 REDIS_SOCKET_TIMEOUT_S = 2.0
+TOKEN_SHOWN = "..."        # what a message's display form shows in place of its dispatch token
 
 _RENEW = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -162,23 +163,26 @@ class Scheduler:
                         "jobs lost their messages and are published again", republish)
 
     def _publish(self, chosen: list[Candidate], now: datetime) -> int:
-        """Mark the chosen jobs published, then send each one's message; SchedulingError when
-        the broker refuses one (the next tick tries again: the job is published again when its
-        message does not arrive within the dispatch timeout)."""
-        ids = set(self._repo.mark_dispatched([c.id for c in chosen], now=now))
+        """Mark the chosen jobs published, each with a new dispatch token, then send each one's
+        message `e31.run(job_id, dispatch_token)`: only a message with the token the store
+        holds claims the job. SchedulingError when the broker refuses one (the next tick tries
+        again: the job is published again when its message does not arrive within the
+        dispatch timeout)."""
+        tokens = self._repo.mark_dispatched([c.id for c in chosen], now=now)
         for c in chosen:
-            if c.id not in ids:
+            if c.id not in tokens:
                 continue
             label = f"{self._tenant_names.get(c.tenant_id, c.tenant_id)}/{c.name}"
             try:
                 self._celery.send_task(
-                    TASK_NAME, args=[c.id], queue=c.queue, routing_key=c.queue,
+                    TASK_NAME, args=[c.id, tokens[c.id]], queue=c.queue, routing_key=c.queue,
                     priority=redis_priority(c.size_class, self._settings.size_classes),
-                    shadow=printable(label))   # worker logs show it: one line, whatever the name
+                    shadow=printable(label),   # worker logs show it: one line, whatever the name
+                    argsrepr=repr([c.id, TOKEN_SHOWN]))   # Flower and events show no token
             except BrokerError as exc:
                 raise SchedulingError(f"cannot publish job {c.id} to {c.queue}: {exc}") from exc
             log.info("job_published job=%s queue=%s tenant=%s", c.id, c.queue, c.tenant_id)
-        return len(ids)
+        return len(tokens)
 
     # -- loop ----------------------------------------------------------------------------
 

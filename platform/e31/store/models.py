@@ -1,5 +1,5 @@
 """SQLAlchemy 2.0 typed models of the results store: tenants, API keys, arrays, jobs, their
-dependencies, attempts."""
+dependencies, attempts, operators' drain requests."""
 
 from __future__ import annotations
 
@@ -114,6 +114,10 @@ class Job(Base):
     # Dispatch: set when the scheduler publishes, cleared when the job is queued again.
     dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     dispatch_count: Mapped[int] = mapped_column(Integer, default=0)
+    # The publication's token, carried by its message: only a message with it claims the job.
+    # The claim clears it and a new publication replaces it, so a hand-written, replayed or
+    # superseded message runs nothing (docs/security.md, "The broker is not a trust boundary").
+    dispatch_token: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     # Lease of the running attempt: owner, fencing token, expiry.
     attempts_used: Mapped[int] = mapped_column(Integer, default=0)
@@ -159,6 +163,16 @@ class Job(Base):
         # An array's items in index order; one row per (array, index).
         Index("ix_jobs_array", "array_id", "array_index", unique=True),
     )
+
+
+class DrainRequest(Base):
+    """An operator's drain of one worker node (`e31 worker --drain`): the authority behind the
+    Redis key the node watches, which anyone holding the broker could write. The node's
+    launcher deletes it when it starts again."""
+
+    __tablename__ = "drain_requests"
+    node: Mapped[str] = mapped_column(String(200), primary_key=True)
+    requested_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class JobDep(Base):

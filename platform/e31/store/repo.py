@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, func, or_, select, update
+from sqlalchemy import ColumnElement, Engine, func, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -29,6 +29,7 @@ from e31.states import AttemptReason, JobState
 from e31.store import deps, tenants, transitions
 from e31.store.arrays import ArrayQueries
 from e31.store.db import WRITE_OPTION
+from e31.store.drains import DrainQueries
 from e31.store.models import ApiKey, Attempt, Job, Tenant
 from e31.store.quotas import QuotaQueries
 from e31.store.records import (
@@ -53,7 +54,7 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class Repo(ArrayQueries, QuotaQueries, SchedulerQueries):
+class Repo(ArrayQueries, DrainQueries, QuotaQueries, SchedulerQueries):
     """All database access, over one engine. `half_life_s` decays tenants' usage when an
     attempt's bill is added: `fair_share_half_life_s`, the same in every process, so it has
     no default here (`e31.wiring.repo` builds a Repo from settings)."""
@@ -173,19 +174,22 @@ class Repo(ArrayQueries, QuotaQueries, SchedulerQueries):
 
     # -- worker: claim, renew, record ------------------------------------------------------
 
-    def claim(self, job_id: str, *, worker: str, gpus: str, gpu_count: int, now: datetime,
-              lease_ttl_s: float) -> Claim | None:
-        """Atomically move a runnable queued job to running; None if it is not claimable."""
+    def claim(self, job_id: str, *, dispatch_token: str, worker: str, gpus: str, gpu_count: int,
+              now: datetime, lease_ttl_s: float) -> Claim | None:
+        """Atomically move a runnable queued job to running, for the message that carries the
+        job's current dispatch token; None if it is not claimable. The claim clears the token:
+        the same message delivered again, or replayed, claims nothing."""
         with self._session(write=True) as s:
             row = s.execute(transitions.move(job_id, JobState.QUEUED, JobState.RUNNING).where(
-                Job.cancel_requested.is_(False),
+                holds_dispatch(dispatch_token), Job.cancel_requested.is_(False),
                 or_(Job.not_before.is_(None), Job.not_before <= now))
                 .values(lease_owner=worker,
                         lease_token=Job.lease_token + 1,
                         lease_expires_at=now + timedelta(seconds=lease_ttl_s),
                         attempts_used=Job.attempts_used + 1,
                         started_at=func.coalesce(Job.started_at, now),
-                        dispatched_at=None, progress_done=None, progress_total=None)
+                        dispatched_at=None, dispatch_token=None, progress_done=None,
+                        progress_total=None)
                 .returning(Job.lease_token, Job.attempts_used, Job.queued_since, Job.spec,
                            Job.tenant_id, Job.gpus)).first()
             if row is None:
@@ -247,14 +251,26 @@ class Repo(ArrayQueries, QuotaQueries, SchedulerQueries):
                     done.append((job.id, state))
             return done
 
-    def release_dispatch(self, job_id: str) -> bool:
+    def release_dispatch(self, job_id: str, dispatch_token: str) -> bool:
         """Forget a publication that a worker received but will not claim (it is draining),
-        so the scheduler publishes the job again at once instead of after the dispatch timeout."""
+        so the scheduler publishes the job again at once instead of after the dispatch timeout.
+        Only the message that carries the publication's token may hand it back."""
         with self._session(write=True) as s:
             res = s.execute(update(Job).where(
                 Job.id == job_id, Job.state == JobState.QUEUED.value,
-                Job.dispatched_at.is_not(None)).values(dispatched_at=None))
+                Job.dispatched_at.is_not(None), holds_dispatch(dispatch_token))
+                .values(dispatched_at=None, dispatch_token=None))
             return bool(res.rowcount)  # type: ignore[attr-defined]
+
+    def dispatch_refused(self, job_id: str, dispatch_token: str) -> bool:
+        """Whether a message that claimed nothing was refused for its token: its job waits to
+        be claimed, under another publication's token or none, so the message was forged,
+        replayed, or superseded by a re-publication. False when the job itself was not
+        claimable (running, final, cancelled, not due yet, or no such job)."""
+        with self._session() as s:
+            return s.scalar(select(Job.id).where(
+                Job.id == job_id, Job.state == JobState.QUEUED.value,
+                or_(Job.dispatch_token.is_(None), ~holds_dispatch(dispatch_token)))) is not None
 
     def _end_attempt(self, s: Session, job: Job, outcome: Outcome, *, ended_at: datetime,
                      now: datetime) -> JobState | None:
@@ -343,6 +359,13 @@ class Repo(ArrayQueries, QuotaQueries, SchedulerQueries):
                         for a in s.scalars(select(Attempt).where(Attempt.job_id == job.id)
                                            .order_by(Attempt.n))]
         return _job_record(job, tenant, attempts)
+
+
+def holds_dispatch(dispatch_token: str) -> ColumnElement[bool]:
+    """The condition that a message's token is its job's current dispatch token: the one
+    check that lets a message claim a job or hand its publication back (docs/security.md,
+    "The broker is not a trust boundary")."""
+    return Job.dispatch_token == dispatch_token
 
 
 def _tenant(t: Tenant) -> TenantRecord:

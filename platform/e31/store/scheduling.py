@@ -10,12 +10,13 @@ the backlog (`Repo` delegates to these; docs/scheduling.md, "Cost").
 
 from __future__ import annotations
 
+import secrets
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.states import JobState
@@ -37,6 +38,12 @@ QUEUED = JobState.QUEUED.value
 RECENT_STARTS_S = 600.0     # the window of starts behind a queued job's estimated start
 POSITION_CAP = 10_000       # own older jobs counted for a position: deeper, the figure is a floor
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)   # `dispatched_at >= EPOCH`: IS NOT NULL as an index range
+DISPATCH_TOKEN_BYTES = 24   # 192 random bits: no one guesses a publication's token
+
+
+def new_dispatch_token() -> str:
+    """A publication's token: random, URL-safe, 32 characters."""
+    return secrets.token_urlsafe(DISPATCH_TOKEN_BYTES)
 
 
 def _runnable_prefix(queue: str) -> tuple[ColumnElement[bool], ...]:
@@ -222,22 +229,28 @@ class SchedulerQueries:
         with self._session() as s:
             return queued_by_tenant(s)
 
-    def mark_dispatched(self, job_ids: Sequence[str], *, now: datetime) -> list[str]:
-        """Mark jobs published; returns those still queued and unpublished (the ones to send)."""
+    def mark_dispatched(self, job_ids: Sequence[str], *, now: datetime) -> dict[str, str]:
+        """Mark jobs published, each with a new dispatch token; returns job id -> token for
+        those still queued and unpublished (the ones to send: each message carries its job's
+        token, and only a message with the current token claims the job)."""
         if not job_ids:
-            return []
+            return {}
+        tokens = {job_id: new_dispatch_token() for job_id in dict.fromkeys(job_ids)}
         with self._session(write=True) as s:
-            rows = s.scalars(update(Job).where(
-                Job.id.in_(job_ids), unindexed(Job.state) == JobState.QUEUED.value,
+            rows = s.execute(update(Job).where(
+                Job.id.in_(list(tokens)), unindexed(Job.state) == JobState.QUEUED.value,
                 unindexed(Job.dispatched_at).is_(None))
                 .values(dispatched_at=now, dispatch_count=Job.dispatch_count + 1,
+                        dispatch_token=case(tokens, value=Job.id),
                         pending_reason=None, pending_detail=None)
-                .returning(Job.id)).all()
-            return list(rows)
+                .returning(Job.id, Job.dispatch_token),
+                execution_options={"synchronize_session": False}).tuples().all()
+            return {job_id: token for job_id, token in rows if token is not None}
 
     def expire_dispatches(self, queues: Sequence[str] | None, *, now: datetime,
                           timeout_s: float) -> int:
-        """Forget publications never claimed within `timeout_s`, so they are published again.
+        """Forget publications never claimed within `timeout_s`, so they are published again
+        (with new tokens: a late message of the forgotten one claims nothing).
 
         Only for `queues` that have an idle consumer: a message waiting behind busy workers
         is not lost, and publishing it again would only pile up duplicates. `queues=None`
@@ -250,5 +263,5 @@ class SchedulerQueries:
                                   Job.dispatched_at < now - timedelta(seconds=timeout_s))
             if queues is not None:
                 q = q.where(Job.queue.in_(list(queues)))
-            res = s.execute(q.values(dispatched_at=None))
+            res = s.execute(q.values(dispatched_at=None, dispatch_token=None))
             return int(res.rowcount or 0)  # type: ignore[attr-defined]

@@ -19,6 +19,7 @@ from e31.errors import StoreError
 from e31.heartbeat import wake
 from e31.states import AttemptReason
 from e31.store.records import Claim, Outcome
+from e31.store.repo import JOB_ID
 from e31_worker.attempt.lease import LeaseKeeper
 from e31_worker.attempt.record import finish_attempt, with_store_retries, write_claim
 from e31_worker.attempt.services import AttemptServices
@@ -27,37 +28,58 @@ from e31_worker.attempt.supervisor import AttemptPlan, Supervisor
 
 log = logging.getLogger(__name__)
 
+PAYLOAD_SHOWN_CHARS = 200   # of a malformed message's payload, in its log line
+
 
 def register(app: Celery, svc: AttemptServices) -> None:
-    """Register `e31.run` on `app`, bound to this worker process's services."""
+    """Register `e31.run` on `app`, bound to this worker process's services. The message is
+    `e31.run(job_id, dispatch_token)`; the old one-argument form is still parsed, and refused
+    for want of a token, as is any other shape."""
 
-    @app.task(name=TASK_NAME, acks_late=True, ignore_result=True)
-    def run(job_id: Any) -> None:
-        run_job(svc, job_id)
+    # Not shared: Celery would otherwise hand this closure, bound to `svc`, to every app
+    # created later in the process.
+    @app.task(name=TASK_NAME, acks_late=True, ignore_result=True, shared=False)
+    def run(job_id: Any = None, dispatch_token: Any = None, *extra: Any, **named: Any) -> None:
+        if extra or named:
+            log.error("message_malformed node=%s payload=%s", svc.identity.node,
+                      shown([job_id, dispatch_token, *extra], named))
+            return
+        run_job(svc, job_id, dispatch_token)
 
 
-def run_job(svc: AttemptServices, job_id: Any) -> None:
-    """Run one delivered job id; a message that cannot be claimed does nothing."""
+def shown(*payload: Any) -> str:
+    """A message's payload as a log shows it: one line (repr escapes line breaks), bounded."""
+    text = ", ".join(repr(p) for p in payload)
+    return text if len(text) <= PAYLOAD_SHOWN_CHARS else text[:PAYLOAD_SHOWN_CHARS] + "..."
+
+
+def run_job(svc: AttemptServices, job_id: Any, dispatch_token: Any) -> None:
+    """Run one delivered job, if the message carries the dispatch token the scheduler issued
+    for it (docs/security.md, "The broker is not a trust boundary"). A message without one,
+    with a forged or stale one, or one that cannot be claimed does nothing."""
     ident = svc.identity
-    if not isinstance(job_id, str) or not job_id:
-        log.error("message_malformed node=%s payload=%r", ident.node, job_id)
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+        log.error("message_malformed node=%s payload=%s", ident.node, shown(job_id))
+        return
+    if not isinstance(dispatch_token, str) or not dispatch_token:
+        log.error("message_unauthorized job=%s node=%s: no dispatch token; only the "
+                  "scheduler's messages run", job_id, ident.node)
         return
     if svc.draining.is_set():  # hand it back at once rather than after the dispatch timeout
         released = with_store_retries(svc, "release", job_id,
-                                      lambda: svc.repo.release_dispatch(job_id))
+                                      lambda: svc.repo.release_dispatch(job_id, dispatch_token))
         log.info("claim_skipped job=%s node=%s why=draining released=%s", job_id, ident.node,
                  released)
         return
     try:
         claim = with_store_retries(svc, "claim", job_id, lambda: svc.repo.claim(
-            job_id, worker=ident.node, gpus=ident.gpus, gpu_count=ident.gpu_count, now=utcnow(),
-            lease_ttl_s=svc.settings.lease_ttl_s))
+            job_id, dispatch_token=dispatch_token, worker=ident.node, gpus=ident.gpus,
+            gpu_count=ident.gpu_count, now=utcnow(), lease_ttl_s=svc.settings.lease_ttl_s))
     except StoreError as exc:  # the job stays queued; the scheduler publishes it again
         log.warning("claim_failed job=%s node=%s: %s", job_id, ident.node, exc)
         return
     if claim is None:
-        log.info("claim_skipped job=%s node=%s why=not-claimable (unknown, final, running "
-                 "elsewhere or not due yet)", job_id, ident.node)
+        _skipped(svc, job_id, dispatch_token)
         return
     log.info("job_claimed job=%s attempt=%d node=%s gpus=%r", job_id, claim.attempt, ident.node,
              ident.gpus)
@@ -70,6 +92,22 @@ def run_job(svc: AttemptServices, job_id: Any) -> None:
             wake(svc.redis)
         except Exception:  # noqa: BLE001 - the next tick publishes anyway
             pass
+
+
+def _skipped(svc: AttemptServices, job_id: str, dispatch_token: str) -> None:
+    """Say why a message claimed nothing: its token, or the job's state."""
+    node = svc.identity.node
+    try:
+        refused = svc.repo.dispatch_refused(job_id, dispatch_token)
+    except StoreError:  # only the log line's wording depends on it
+        refused = False
+    if refused:
+        log.warning("message_unauthorized job=%s node=%s: its dispatch token is not the job's "
+                    "current one (forged, replayed, or superseded by a new publication)",
+                    job_id, node)
+    else:
+        log.info("claim_skipped job=%s node=%s why=not-claimable (unknown, final, running "
+                 "elsewhere or not due yet)", job_id, node)
 
 
 def attempt_plan(svc: AttemptServices, claim: Claim) -> AttemptPlan:

@@ -16,6 +16,7 @@ from typing import Any
 from celery import signals
 
 from e31 import wiring
+from e31.drain import drain_authorized
 from e31.heartbeat import WorkerInfo
 from e31.settings import Settings
 from e31_worker.attempt.cgroups import JobCgroups
@@ -60,11 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     if cgroups is not None:
         cgroups.reap()
     redis_client = wiring.redis_client(settings)
+    repo = wiring.repo(settings)
     # An operator's drain takes Celery's own warm-shutdown path, exactly as SIGTERM does.
     beat = Heartbeat(redis_client=redis_client, identity=identity,
                      interval_s=settings.heartbeat_interval_s,
-                     on_drain=lambda: os.kill(os.getpid(), signal.SIGTERM))
-    services = AttemptServices(settings=settings, identity=identity, repo=wiring.repo(settings),
+                     on_drain=lambda: os.kill(os.getpid(), signal.SIGTERM),
+                     drain_authorized=lambda: drain_authorized(repo, identity.node))
+    services = AttemptServices(settings=settings, identity=identity, repo=repo,
                                artifacts=wiring.artifacts(settings), redis=redis_client,
                                groups=groups, cgroups=cgroups, draining=beat.draining,
                                busy=beat.set_busy)

@@ -1,6 +1,11 @@
 """`Heartbeat`: tells the scheduler that this worker process lives and whether it is busy,
 and watches for an operator's drain request.
 
+A drain request's Redis key only rings the bell: anyone holding the broker's URL can write
+one. The node drains only when `drain_authorized` (the store's record of the request,
+`e31.drain`) says an operator asked; a key without it is logged `drain_unauthorized` and
+ignored (docs/security.md, "The broker is not a trust boundary").
+
 It writes through `e31.heartbeat` (one record type for every reader). The attempt layer
 sees it only as the `busy` callback and the `draining` event of its `AttemptServices`.
 """
@@ -14,6 +19,7 @@ from collections.abc import Callable
 import redis
 
 from e31 import heartbeat, keys
+from e31.errors import StoreError
 from e31.heartbeat import WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -28,13 +34,15 @@ class Heartbeat:
     """
 
     def __init__(self, *, redis_client: redis.Redis, identity: WorkerInfo, interval_s: float,
-                 on_drain: Callable[[], None]) -> None:
+                 on_drain: Callable[[], None], drain_authorized: Callable[[], bool]) -> None:
         self.identity = identity
         self.draining = threading.Event()
         self.drain_requested = threading.Event()
         self._redis = redis_client
         self._interval_s = interval_s
         self._on_drain = on_drain
+        self._drain_authorized = drain_authorized
+        self._refused_logged = False   # one `drain_unauthorized` line per unauthorized key
         self._busy_job: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -83,8 +91,23 @@ class Heartbeat:
             self._stop.wait(self._interval_s)
 
     def _check_drain(self) -> None:
-        """An operator's drain request: stop as on SIGTERM, and tell the launcher not to restart."""
-        if self.drain_requested.is_set() or not self._redis.exists(keys.drain(self.identity.node)):
+        """An operator's drain request: stop as on SIGTERM, and tell the launcher not to restart.
+        The Redis key is looked at every beat, the store only while a key is there."""
+        if self.drain_requested.is_set():
+            return
+        if not self._redis.exists(keys.drain(self.identity.node)):
+            self._refused_logged = False
+            return
+        try:
+            authorized = self._drain_authorized()
+        except StoreError as exc:  # the next beat asks again
+            log.warning("drain_check_failed node=%s: %s", self.identity.node, exc)
+            return
+        if not authorized:
+            if not self._refused_logged:
+                log.warning("drain_unauthorized node=%s: a drain key in Redis, but the store "
+                            "holds no drain request for this node; ignored", self.identity.node)
+                self._refused_logged = True
             return
         log.warning("worker_drain_requested node=%s busy_job=%s: stopping after the running job "
                     "is requeued", self.identity.node, self._busy_job)

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import redis
 
+from e31 import wiring
 from e31.drain import clear_drain
-from e31.errors import ConfigError
+from e31.errors import ConfigError, E31Error
 from e31.settings import Settings, SizeClass
 from e31.sizeclasses import class_for_gpu, cpu_class, queue_name, spill_queues
 from e31_worker.attempt.supervisor import PR_SET_PDEATHSIG, prctl_function
@@ -158,12 +159,22 @@ class Launcher:
         return delay
 
     def _clear_drain_requests(self) -> None:
-        """Starting again after a drain puts the nodes back in service."""
+        """Starting again after a drain puts the nodes back in service: their requests go from
+        the store and their keys from Redis, each tried even when the other fails."""
+        nodes = [s.node for s in self._slots]
+        try:
+            repo = wiring.repo(self._settings)
+            try:
+                repo.clear_drain(nodes)
+            finally:
+                repo.engine.dispose()
+        except E31Error as exc:
+            log.warning("drain_clear_failed: store: %s", exc)
         if not self._settings.redis_url:
             return
         client = redis.Redis.from_url(self._settings.redis_url)
         try:
-            clear_drain(client, [s.node for s in self._slots])
+            clear_drain(client, nodes)
         except redis.RedisError as exc:
             log.warning("drain_clear_failed: %s", exc)
         finally:
