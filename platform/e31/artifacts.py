@@ -209,12 +209,6 @@ class ArtifactStore:
         found = ((_LOG_NAME.match(name), size) for name, size in sizes.items())
         return dict(sorted((int(m.group(1)), size) for m, size in found if m))
 
-    def read_log(self, tenant_id: str, job_id: str, attempt: int, offset: int = 0) -> bytes:
-        """One attempt's whole log from `offset`, in memory (tests and small logs; the API
-        reads a bounded range with `log_view`); empty when there is none (or it is a link)."""
-        view = self.log_view(tenant_id, job_id, attempt)
-        return b"".join(view.read(offset, max(0, view.size_bytes - offset)))
-
     def log_view(self, tenant_id: str, job_id: str, attempt: int | None) -> LogView:
         """One attempt's log, or (`attempt` None) every attempt's log in order, each under a
         `=== attempt N ===` line, as one range of bytes of the size they have now."""

@@ -56,21 +56,39 @@ def tenant_create(name: str,
 def tenant_update(name: str, weight: float | None = WeightOpt, quota: list[str] = QuotaOpt,
                   no_quota: list[str] = typer.Option([], "--no-quota", help="CLASS: drop the "
                                                      "quota of the class (repeatable)"),
+                  outputs_max_bytes: str | None = typer.Option(
+                      None, "--outputs-max-bytes", metavar="BYTES|default",
+                      help="the most bytes of outputs the tenant's jobs may keep stored "
+                           "(0: none); 'default' returns to the pool's tenant_outputs_max_bytes"),
                   home: Path | None = HomeOpt, as_json: bool = JsonOpt) -> None:
-    """Change a tenant's weight or quotas; the scheduler uses them from its next tick."""
+    """Change a tenant's weight, quotas or outputs quota; the scheduler uses them from its next
+    tick, the workers from the next outputs they store."""
     settings = load_settings(home=home)
     quotas = _quotas(quota, settings)
-    if weight is None and not quotas and not no_quota:
-        fail("nothing to change: give --weight, --quota or --no-quota", EXIT_INPUT)
+    if weight is None and not quotas and not no_quota and outputs_max_bytes is None:
+        fail("nothing to change: give --weight, --quota, --no-quota or --outputs-max-bytes",
+             EXIT_INPUT)
+    outputs_cap = _outputs_cap(outputs_max_bytes)
     repo = _migrated_repo(settings)
     try:
         tenant = repo.update_tenant(name, weight=weight, quotas=quotas, drop_quotas=no_quota)
+        outputs = (None if outputs_max_bytes is None
+                   else repo.set_outputs_quota(name, outputs_cap))
     except (NotFound, SpecError) as exc:
         fail(exc.message, EXIT_INPUT)
+    shown = tenant.to_dict()
+    text = f"tenant {tenant.name}: weight {tenant.weight:g}{_quota_text(tenant.quotas)}"
+    if outputs is not None:   # asked about: its outputs quota and what it uses of it
+        limit = (settings.tenant_outputs_max_bytes if outputs.max_bytes is None
+                 else outputs.max_bytes)
+        shown.update(outputs_max_bytes=limit, outputs_bytes=outputs.used_bytes,
+                     outputs_max_is_default=outputs.max_bytes is None)
+        text += (f", outputs {outputs.used_bytes} of {limit} bytes"
+                 f"{' (the default)' if outputs.max_bytes is None else ''}")
     if as_json:
-        print_json(tenant.to_dict())
+        print_json(shown)
     else:
-        out.print(f"tenant {tenant.name}: weight {tenant.weight:g}{_quota_text(tenant.quotas)}")
+        out.print(text)
 
 
 def _migrated_repo(settings: Settings) -> Repo:
@@ -95,6 +113,16 @@ def _quotas(items: list[str], settings: Settings) -> dict[str, int]:
         return check_quotas(raw, [c.name for c in settings.size_classes])
     except SpecError as exc:
         fail(exc.message, EXIT_INPUT)
+
+
+def _outputs_cap(value: str | None) -> int | None:
+    """`--outputs-max-bytes`: a whole number of bytes, or `default` (None: the pool's)."""
+    if value is None or value == "default":
+        return None
+    if not value.isdigit():
+        fail(f"--outputs-max-bytes {value!r}: expected a whole number of bytes or 'default'",
+             EXIT_INPUT)
+    return int(value)
 
 
 def _quota_text(quotas: dict[str, int]) -> str:

@@ -90,13 +90,6 @@ class QuotaQueries:
             tenant.outputs_max_bytes = max_bytes
             return OutputsQuota(tenant.name, max_bytes, tenant.outputs_bytes or 0)
 
-    def outputs_quota(self, name: str) -> OutputsQuota:
-        with self._session() as s:
-            tenant = s.scalar(select(Tenant).where(Tenant.name == name))
-            if tenant is None:
-                raise NotFound(f"no tenant named {name!r}")
-            return OutputsQuota(tenant.name, tenant.outputs_max_bytes, tenant.outputs_bytes or 0)
-
     def ended_jobs(self, *, ended_before: datetime, after_id: str = "",
                    limit: int) -> list[EndedJob]:
         """Up to `limit` jobs that ended before `ended_before` and whose artifacts are kept,
