@@ -13,6 +13,8 @@ import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from sqlalchemy import MetaData, select, text
+
 from e31.artifacts import ArtifactStore, log_name
 from e31.clock import utcnow
 from e31.retention import collect
@@ -20,7 +22,8 @@ from e31.settings import Settings
 from e31.sizeclasses import route
 from e31.spec import JobSpec
 from e31.states import AttemptReason
-from e31.store import Repo
+from e31.store import Repo, make_engine
+from e31.store.migrate import upgrade
 from e31.store.records import Outcome
 from tests.integration.test_store import publish
 
@@ -163,3 +166,37 @@ def test_e31_gc_is_a_dry_run_unless_told_to_delete(repo: Repo, database_url: str
     assert store.footprint(tenant.id, old).files == store.footprint(tenant.id, recent).files == 0
     bad = e31("gc", "--older-than", "-1", home=home, database_url=database_url)
     assert bad.returncode == 2 and "must be a number of days" in bad.stderr
+
+
+def test_migration_0004_counts_the_outputs_stored_before_it_towards_each_tenant(
+        database_url: str) -> None:
+    # Given a store at revision 0003 whose jobs list outputs of two tenants
+    engine = make_engine(database_url)
+    upgrade(engine, "0003")
+    tables = MetaData()
+    tables.reflect(engine)
+    tenants, jobs = tables.tables["tenants"], tables.tables["jobs"]
+    now = utcnow()
+    row = {"name": "n", "spec": {}, "size_class": "cpu", "queue": "e31.cpu", "gpus": 0,
+           "priority": 0, "state": "succeeded", "submitted_at": now, "dispatch_count": 0,
+           "attempts_used": 1, "lease_token": 1, "cancel_requested": False, "gpu_seconds": 0.0,
+           "run_seconds": 0.0, "queued_seconds": 0.0}
+    with engine.begin() as conn:
+        conn.execute(tenants.insert(), [{"id": t, "name": t, "admin": False, "weight": 1.0,
+                                         "created_at": now} for t in ("t-a", "t-b", "t-c")])
+        conn.execute(jobs.insert(), [
+            {**row, "id": "j-1", "tenant_id": "t-a", "outputs": [{"path": "x", "size": 5},
+                                                                 {"path": "y", "size": 7}]},
+            {**row, "id": "j-2", "tenant_id": "t-a", "outputs": [{"path": "z", "size": 30}]},
+            {**row, "id": "j-3", "tenant_id": "t-b", "outputs": []},
+            {**row, "id": "j-4", "tenant_id": "t-b", "outputs": [{"path": "w", "size": 100}]},
+            {**row, "id": "j-5", "tenant_id": "t-c", "outputs": None}])
+
+    # When the store is upgraded
+    upgrade(engine)
+
+    # Then each tenant's outputs total is the sum of its jobs' outputs
+    with engine.connect() as conn:
+        totals = dict(conn.execute(select(tenants.c.id, text("outputs_bytes"))).tuples().all())
+    engine.dispose()
+    assert totals == {"t-a": 42, "t-b": 100, "t-c": 0}
