@@ -435,12 +435,14 @@ QUERIES = [
     ("/v1/jobs", "limit", ["1_0", "+5", " 5", "5.0", "true", "1e3", "9" * 30], "10"),
     ("/v1/jobs/{job}/logs", "offset", ["1_0", "-0", "0.0", "false"], "0"),
     ("/v1/jobs/{job}/logs", "attempt", ["1_0", "+1", "1.0", "true"], "1"),
+    ("/v1/jobs/{job}/logs", "limit", ["1_0", "+1", "1.0", "true"], "1"),
     ("/v1/arrays/{array}", "items", ["1", "yes", "on", "True"], "false"),
     ("/v1/usage", "all_tenants", ["1", "yes", "on", "t"], "false"),
 ]
 
 
-@pytest.mark.parametrize("path, name, bad, good", QUERIES, ids=[q[1] for q in QUERIES])
+@pytest.mark.parametrize("path, name, bad, good", QUERIES,
+                         ids=[f"{q[0].rsplit('/', 1)[-1]}-{q[1]}" for q in QUERIES])
 def test_query_numbers_are_digits_and_booleans_true_or_false(
         make_app: MakeApp, token: dict[str, str], path: str, name: str, bad: list[str],
         good: str) -> None:
@@ -454,3 +456,16 @@ def test_query_numbers_are_digits_and_booleans_true_or_false(
     # Lax parsing (the hole) would have taken them
     lax = TypeAdapter(int if good.isdigit() else bool)
     lax.validate_python(bad[0])
+
+
+def test_the_openapi_schema_keeps_the_bounds_of_strict_query_numbers(make_app: MakeApp) -> None:
+    # The digits-only check must not hide a parameter's bounds from the schema
+    schema = make_app().openapi()
+    limit = next(p for p in schema["paths"]["/v1/jobs"]["get"]["parameters"]
+                 if p["name"] == "limit")
+    assert (limit["schema"]["type"], limit["schema"]["minimum"], limit["schema"]["maximum"]) \
+        == ("integer", 1, 1000)
+    logs = {p["name"]: p["schema"] for p in
+            schema["paths"]["/v1/jobs/{job_id}/logs"]["get"]["parameters"]}
+    assert logs["offset"]["minimum"] == 0 and "ge" not in logs["offset"]
+    assert logs["attempt"]["anyOf"][0]["minimum"] == 1

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from e31 import __version__, wiring
 from e31.api import errors
-from e31.api.limits import BodyLimit, QueryBool, QueryInt
+from e31.api.limits import DIGITS, BodyLimit, QueryBool
 from e31.api.service import LIST_LIMIT_MAX, Service
 from e31.settings import Settings
 from e31.spec import JobSpec
@@ -106,7 +106,7 @@ def _add_job_routes(app: FastAPI, svc: Service) -> None:
 
     @app.get("/v1/jobs", tags=["jobs"])
     def list_jobs(t: Caller, state: JobState | None = None,
-                  limit: Annotated[QueryInt, Query(ge=1, le=LIST_LIMIT_MAX)]
+                  limit: Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX), DIGITS]
                   = LIST_LIMIT_DEFAULT) -> dict[str, Any]:
         jobs = svc.list(t, state=state.value if state else None, limit=limit)
         return {"jobs": [j.to_status() for j in jobs]}
@@ -122,11 +122,11 @@ def _add_job_routes(app: FastAPI, svc: Service) -> None:
     @app.get("/v1/jobs/{job_id}/logs", tags=["jobs"], response_class=StreamingResponse,
              responses={200: {"content": {"text/plain": {}}, "headers": LOG_HEADERS}})
     def logs(job_id: str, t: Caller,
-             attempt: Annotated[QueryInt | None, Query(ge=1, le=MAX_ATTEMPT)] = None,
-             offset: Annotated[QueryInt, Query(ge=0, le=MAX_LOG_OFFSET)] = 0,
-             limit: Annotated[QueryInt | None, Query(ge=1, le=MAX_LOG_OFFSET, description=(
+             attempt: Annotated[int | None, Query(ge=1, le=MAX_ATTEMPT), DIGITS] = None,
+             offset: Annotated[int, Query(ge=0, le=MAX_LOG_OFFSET), DIGITS] = 0,
+             limit: Annotated[int | None, Query(ge=1, le=MAX_LOG_OFFSET, description=(
                  "the most bytes to answer; never more than the server's "
-                 "log_chunk_max_bytes"))] = None) -> StreamingResponse:
+                 "log_chunk_max_bytes")), DIGITS] = None) -> StreamingResponse:
         """One bounded chunk of the job's logs (one attempt's, or all under `=== attempt N ===`
         lines) from `offset`; ask again from X-E31-Next-Offset until it reaches X-E31-Log-Size."""
         chunk = svc.logs(t, job_id, attempt=attempt, offset=offset, limit=limit)

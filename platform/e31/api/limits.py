@@ -46,8 +46,10 @@ def _true_false(value: Any) -> Any:
     return value
 
 
-QueryInt = Annotated[int, BeforeValidator(_decimal)]
-"""An integer query parameter: `?limit=10`, never `?limit=1_0`, `?limit=+10` or `?limit=10.0`."""
+DIGITS = BeforeValidator(_decimal)
+"""Placed after `Query(...)` on an integer query parameter (`Annotated[int, Query(ge=1), DIGITS]`:
+an alias that nests Annotated would hide the bounds from the OpenAPI schema): `?limit=10`,
+never `?limit=1_0`, `?limit=+10` or `?limit=10.0`."""
 QueryBool = Annotated[bool, BeforeValidator(_true_false)]
 """A boolean query parameter: `true` or `false`, never `1`, `yes` or `on`."""
 
