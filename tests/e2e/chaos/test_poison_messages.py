@@ -46,9 +46,11 @@ def test_malformed_and_unknown_messages_are_logged_and_the_worker_keeps_serving(
     beat = cluster.heartbeat("ha")
     assert beat is not None
     celery = make_celery(Settings(redis_url=cluster.redis.url))
-    # Given messages no scheduler would send: an unknown job, a payload that is not a job id,
-    # a task nobody registered, a pickled body (refused: JSON only) and a body that is no JSON
-    celery.send_task("e31.run", args=["j-00000000000000000000"], queue=QUEUE)
+    # Given messages no scheduler would send: an unknown job, one without a dispatch token, a
+    # payload that is not a job id, a task nobody registered, a pickled body (refused: JSON
+    # only) and a body that is no JSON
+    celery.send_task("e31.run", args=["j-00000000000000000000", "no-such-token"], queue=QUEUE)
+    celery.send_task("e31.run", args=["j-11111111111111111111"], queue=QUEUE)
     celery.send_task("e31.run", args=[{"not": "a job id"}], queue=QUEUE)
     celery.send_task("e31.no_such_task", args=["x"], queue=QUEUE)
     _publish_raw(cluster, b"\x80\x04K\x01.", content_type="application/x-python-serialize",
@@ -66,6 +68,7 @@ def test_malformed_and_unknown_messages_are_logged_and_the_worker_keeps_serving(
     assert after is not None and after["pid"] == beat["pid"]
     log = cluster.log("worker-ha")
     assert "claim_skipped job=j-00000000000000000000" in log
+    assert "message_unauthorized job=j-11111111111111111111" in log
     assert "message_malformed" in log
     assert "e31.no_such_task" in log
     assert "ContentDisallowed" in log or "disallowed" in log.lower()
