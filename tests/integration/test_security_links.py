@@ -33,6 +33,7 @@ from e31.store import Repo
 from e31_worker.attempt import task
 from e31_worker.attempt.groups import GroupRegistry
 from e31_worker.attempt.services import AttemptServices
+from tests.integration.test_store import publish
 
 SECRET = b"the-bytes-of-a-file-outside-the-job"
 # Every process's /proc/self/environ holds PATH: the bytes an environment leak shows.
@@ -122,7 +123,7 @@ def test_a_jobs_links_in_its_outputs_are_refused_by_the_worker_and_never_served(
     job_id = submit(repo, tenant[0], script)
 
     # When a real worker runs it and stores its outputs
-    task.run_job(services(repo, redis_client, store, tmp_path), job_id)
+    task.run_job(services(repo, redis_client, store, tmp_path), job_id, publish(repo, job_id))
 
     # Then the job succeeded, and what the API lists and serves depends on the protection
     record = repo.get_job(None, job_id)
