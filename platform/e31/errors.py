@@ -37,6 +37,14 @@ class SpecError(E31Error):
         return cls([{"field": field, "reason": reason}])
 
 
+class TooLarge(E31Error):
+    """Raised when an upload (a bundle) is larger than the limit it is told with."""
+
+    def __init__(self, message: str | None = None, *, limit_bytes: int = 0) -> None:
+        self.limit_bytes = limit_bytes
+        super().__init__(message)
+
+
 class SetupError(E31Error):
     """Raised when a job's code, environment or inputs cannot be prepared for it on a worker."""
 

@@ -92,8 +92,31 @@ class Settings(BaseModel):
     artifact_retention_days: float = Field(default=30.0, ge=0)  # `e31 gc` removes the artifacts
     #                                 of jobs that ended longer ago; 0 keeps them forever
 
+    # Code and data that jobs bring (docs/jobs.md, "Bring your code, environment and data").
+    bundle_max_bytes: int = Field(default=100 * 1024 ** 2, ge=1024)  # one uploaded bundle (the
+    #                                 API's limit; the client has its own, E31_BUNDLE_MAX_BYTES)
+    bundle_cache_max_bytes: int = Field(default=10 * 1024 ** 3, ge=0)  # a worker host's cache of
+    #                                 bundles, least recently used evicted first
+    input_file_roots: tuple[str, ...] = ()  # directories file:// inputs may read (workers read
+    #                                 them with their own rights); none: file:// is refused
+
     retries: RetryPolicy = RetryPolicy()  # the pool's default; a spec's own fields win
     size_classes: tuple[SizeClass, ...] = DEFAULT_SIZE_CLASSES
+
+    @field_validator("input_file_roots", mode="before")
+    @classmethod
+    def _roots_list(cls, v: Any) -> Any:
+        """`E31_INPUT_FILE_ROOTS` lists the directories as a PATH does: separated by `:`."""
+        if isinstance(v, str):
+            return tuple(p for p in v.split(os.pathsep) if p)
+        return v
+
+    @field_validator("input_file_roots")
+    @classmethod
+    def _absolute_roots(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not os.path.isabs(p) for p in v):
+            raise ValueError("every root must be an absolute path")
+        return tuple(os.path.normpath(p) for p in v)
 
     @field_validator("size_classes")
     @classmethod

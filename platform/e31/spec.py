@@ -32,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from e31.bundles import MAX_INPUTS, CodeRef, InputName, InputSource
 from e31.errors import SpecError
 
 MAX_GPUS_PER_JOB = 8          # one node's worth; multi-node jobs are out of scope
@@ -152,6 +153,14 @@ class JobSpec(_Strict):
     after: list[str] = Field(default_factory=list, max_length=MAX_AFTER,
                              description="job ids (j-…) or array ids (a-…) of the same tenant "
                                          "that must all succeed before this job runs")
+    code: CodeRef | None = Field(default=None,
+                                 description="the job's code: a bundle this tenant uploaded, "
+                                             "'sha256:<hex>' (the client sets it from workdir)")
+    inputs: dict[InputName, InputSource] = Field(
+        default_factory=dict, max_length=MAX_INPUTS,
+        description="NAME: SOURCE, staged into $E31_INPUT_DIR/NAME before the job starts: a "
+                    "file://, s3:// or http(s):// URL, or bundle:sha256:<hex>/<entry> (a local "
+                    "path the client uploaded)")
 
     @model_validator(mode="before")
     @classmethod
@@ -342,7 +351,7 @@ class RequestTally:
 
 
 def describe_error(error: Any) -> dict[str, str]:
-    loc = [str(p) for p in error.get("loc", ())]
+    loc = [str(p) for p in error.get("loc", ()) if p != "[key]"]   # a mapping's bad key
     field = ".".join(loc) or "spec"
     kind = error.get("type", "")
     if kind == "extra_forbidden":

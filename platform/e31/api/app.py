@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from e31 import __version__, wiring
 from e31.api import errors
+from e31.api.bundles import BUNDLES_PATH, add_bundle_routes
 from e31.api.limits import DIGITS, BodyLimit, QueryBool
 from e31.api.service import LIST_LIMIT_MAX, Service
 from e31.settings import Settings
@@ -83,8 +84,9 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
     _add_job_routes(app, service)
     _add_array_routes(app, service)
     _add_pool_routes(app, service)
+    add_bundle_routes(app, service.bundles, _caller)   # bounded by bundle_max_bytes itself
     # Added before the header middleware, so it runs inside it: a 413 carries the header too.
-    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, exempt=(BUNDLES_PATH,))
 
     @app.middleware("http")
     async def _version_header(request: Request, call_next: Any) -> Any:
@@ -99,9 +101,14 @@ def _add_job_routes(app: FastAPI, svc: Service) -> None:
     """`/v1/jobs`: submit, list, read, cancel, logs and outputs of one tenant's jobs."""
 
     @app.post("/v1/jobs", status_code=201, tags=["jobs"])
-    def submit(spec: JobSpec, t: Caller) -> dict[str, Any]:
+    def submit(spec: JobSpec, t: Caller, response: Response, dry_run: Annotated[
+            QueryBool, Query(description="check the spec and answer what would be stored "
+                                         "(200); store nothing")] = False) -> dict[str, Any]:
         # FastAPI validates the body as a JobSpec, its one validation (a refusal is a 422
         # worded by errors.install); the service takes the typed spec as it is.
+        if dry_run:
+            response.status_code = 200
+            return svc.dry_run(t, spec)
         return svc.submit(t, spec).to_status()
 
     @app.get("/v1/jobs", tags=["jobs"])

@@ -10,12 +10,21 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from e31.errors import AuthError, Conflict, E31Error, NotFound, SpecError, StoreUnavailable
+from e31.errors import (
+    AuthError,
+    Conflict,
+    E31Error,
+    NotFound,
+    SpecError,
+    StoreUnavailable,
+    TooLarge,
+)
 from e31.spec import describe_error
 
 REQUEST_PARTS = ("body", "query", "path")
 STATUS: list[tuple[type[E31Error], int, str]] = [
     (SpecError, 422, "spec_invalid"),
+    (TooLarge, 413, "too_large"),
     (AuthError, 401, "unauthorized"),
     (NotFound, 404, "not_found"),
     (Conflict, 409, "conflict"),
@@ -48,6 +57,8 @@ def _answer(exc: E31Error) -> JSONResponse:
             body: dict[str, object] = {"error": code, "message": exc.message}
             if isinstance(exc, SpecError):
                 body["errors"] = exc.errors
+            if isinstance(exc, TooLarge):
+                body["limit_bytes"] = exc.limit_bytes
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
             if status == 503:
                 headers = {"Retry-After": "5"}

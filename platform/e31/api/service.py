@@ -15,8 +15,10 @@ from typing import IO, Any
 
 import redis
 
+from e31.api.bundles import BundleChecks
 from e31.api.limits import spec_limits
 from e31.artifacts import ArtifactStore
+from e31.blobs import BundleStore
 from e31.clock import utcnow
 from e31.errors import AuthError, SpecError
 from e31.heartbeat import read_workers, wake
@@ -66,6 +68,7 @@ class Service:
         self._artifacts = artifacts
         self._redis = redis_client
         self._limits = spec_limits(settings)
+        self.bundles = BundleChecks(settings=settings, store=BundleStore(artifacts.url))
         self._loads: dict[str, tuple[float, QueueLoad]] = {}   # queue -> (monotonic s, load)
 
     def authenticate(self, token: str | None) -> TenantRecord:
@@ -80,11 +83,23 @@ class Service:
         """Check a validated spec against the installation's caps, route it, store the job as
         queued, then wake the scheduler."""
         RequestTally(self._limits).add(self._within_limits(spec))
+        self.bundles.check_spec(tenant.id, spec)
         spec, where = self._admit(spec)
         record = self._repo.insert_job(tenant.id, spec, where, now=utcnow())
         log.info("job_submitted job=%s tenant=%s queue=%s", record.id, tenant.name, record.queue)
         self._wake(record.id)
         return record
+
+    def dry_run(self, tenant: TenantRecord, spec: JobSpec) -> dict[str, Any]:
+        """What `submit` would store for `spec` (the spec as the pool runs it, its class and
+        queue, its code bundle), after the same checks; nothing is stored. A bundle the tenant
+        has not uploaded yet is listed in `missing_bundles` instead of refused."""
+        RequestTally(self._limits).add(self._within_limits(spec))
+        missing = self.bundles.check_spec(tenant.id, spec, dry_run=True)
+        spec, where = self._admit(spec)
+        return {"dry_run": True, "name": spec.display_name, "size_class": where.size_class,
+                "queue": where.queue, "gpus": where.gpus, "code": spec.code,
+                "missing_bundles": missing, "spec": spec.model_dump(mode="json")}
 
     def submit_many(self, tenant: TenantRecord, items: Sequence[Any], *, name: str | None = None,
                     defaults: Mapping[str, Any] | None = None) -> ArrayRecord:
@@ -109,6 +124,7 @@ class Service:
             data = merge_item(defaults or {}, _named(item, array_name, i, given=name is not None))
             try:
                 spec = self._within_limits(JobSpec.parse(data))
+                self.bundles.check_spec(tenant.id, spec)
                 admitted.append(self._admit(spec))
             except SpecError as exc:
                 bad += 1

@@ -9,6 +9,7 @@ and `e31.client` (lazily, inside the commands, so that `e31 --help` stays fast).
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import json
 import sys
 import time
@@ -56,8 +57,10 @@ def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     except JobFailed:
         raise
     except ClientError as exc:
-        code = EXIT_INPUT if exc.status_code in (400, 404, 409, 422) else EXIT_UNAVAILABLE
+        code = EXIT_INPUT if exc.status_code in (400, 404, 409, 413, 422) else EXIT_UNAVAILABLE
         fail(exc.message, code)
+    except SpecError as exc:     # found before a request was sent: a workdir or input path
+        fail(exc.message, EXIT_INPUT)
 
 
 def _parse_value(text: str) -> Any:
@@ -81,13 +84,17 @@ def _read_spec(spec_file: Path | None,
                sweep_file: Path | None) -> tuple[dict[str, Any], Sweep | None, Path | None]:
     """The spec file's body, the sweep (of --sweep, or the spec file itself when it is one) and
     the file that sweep came from; with a sweep, the body is the spec file over its base."""
+    from e31.client.bundle import resolve_paths
     from e31.spec import load_spec_file
     from e31.sweep import is_sweep, load_sweep_file, merge_item, parse_sweep
     sweep: Sweep | None = None
     try:
-        body: dict[str, Any] = load_spec_file(spec_file) if spec_file else {}
+        body: dict[str, Any] = {}
+        if spec_file:   # its workdir and local inputs are relative to the file
+            body = resolve_paths(load_spec_file(spec_file), spec_file.parent)
         if sweep_file is not None:
             sweep = load_sweep_file(sweep_file)
+            sweep = dataclasses.replace(sweep, base=resolve_paths(sweep.base, sweep_file.parent))
         if is_sweep(body):            # a sweep file given as the spec file
             if sweep is not None:
                 fail("give one sweep file, not two", EXIT_INPUT)
@@ -132,6 +139,12 @@ def submit(
         None, "--sweep", help="a sweep file (grid: or list: of params): one job per item, "
                               "submitted as one array over the spec file and flags"),
     wait: bool = typer.Option(False, "--wait", help="wait for the end, with a progress bar"),
+    workdir: Path | None = typer.Option(
+        None, "--workdir", help="send this directory as the job's code: the job starts in it, "
+                                "with it first on PYTHONPATH (.gitignore and .e31ignore apply)"),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="check the job and print what would be stored and "
+                                      "uploaded; submit and upload nothing"),
     as_json: bool = JsonOpt,
 ) -> None:
     """Submit a job: a spec file, or flags, or `-- argv...` for a command job; with a sweep
@@ -140,6 +153,8 @@ def submit(
     if argv and spec_file is not None and str(spec_file) == argv[0]:
         spec_file = None  # Click hands the first word after `--` to the positional argument
     body, sweep, sweep_file = _read_spec(spec_file, sweep_file)
+    if workdir is not None:
+        body["workdir"] = str(workdir)
     if argv:
         body["command"] = argv
     if entrypoint:
@@ -154,9 +169,13 @@ def submit(
     _set_given(body, "retries", max=retries, backoff_s=backoff_s)
     _set_given(body, None, timeout_s=timeout_s, priority=priority, name=name)
     client = _client()
+    if dry_run:
+        _dry_run(client, body, sweep, as_json=as_json)
+        return
     if sweep is not None:
         array_name = body.pop("name", None) or Path(str(sweep_file)).stem
         array = _call(client.submit_many, sweep.items(), name=array_name, **body)
+        _say_bundles(client)
         if wait:
             _wait_array(array, as_json=as_json, timeout=None)
         elif as_json:
@@ -165,6 +184,7 @@ def submit(
             out.print(array.id)
         return
     job = _call(client.submit, body)
+    _say_bundles(client)
     if wait:
         _wait(job, as_json=as_json, timeout=None)
         return
@@ -172,6 +192,34 @@ def submit(
         print_json(job.status())
     else:
         out.print(job.id)
+
+
+def _say_bundles(client: Any) -> None:
+    """On stderr: each bundle the submission sent, or found held by the API already."""
+    for sent in client.last_bundles:
+        what = "already held, nothing uploaded" if sent.held else \
+            f"uploaded ({sent.files} files, {sent.size_bytes} bytes)"
+        err.print(f"{sent.field}: {sent.digest} {what}", highlight=False)
+
+
+def _dry_run(client: Any, body: dict[str, Any], sweep: Sweep | None, *, as_json: bool) -> None:
+    """Print what `submit` would store and upload for `body` (a sweep's first item)."""
+    from e31.sweep import merge_item
+    if sweep is not None:
+        body = merge_item(body, sweep.items()[0])
+    answer = _call(client.dry_run, body)
+    if as_json:
+        print_json(answer)
+        return
+    table = Table(show_header=False, box=None)
+    for key in ("name", "size_class", "queue", "gpus", "code"):
+        if answer.get(key) is not None:
+            table.add_row(f"[bold]{key}[/bold]", str(answer[key]))
+    for up in answer["uploads"]:
+        table.add_row("[bold]upload[/bold]", f"{up['field']}: {up['digest']} ({up['files']} "
+                                               f"files, {up['size_bytes']} bytes)")
+    out.print(table)
+    out.print("dry run: nothing was submitted or uploaded")
 
 
 @app.command()
@@ -206,9 +254,10 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
                       pending.get("estimated_start") or "unknown (no recent starts in its queue)")
     out.print(table)
     if st["attempts"]:
-        at = Table("attempt", "worker", "gpus", "started", "ended", "reason", "error")
+        at = Table("attempt", "worker", "gpus", "started", "setup", "ended", "reason", "error")
         for a in st["attempts"]:
-            at.add_row(str(a["n"]), a["worker"], a["gpus"] or "-", a["started_at"] or "",
+            setup = f"{a['setup_s']:.1f} s" if a.get("setup_s") is not None else "-"
+            at.add_row(str(a["n"]), a["worker"], a["gpus"] or "-", a["started_at"] or "", setup,
                        a["ended_at"] or "", a["reason"] or "running", (a["error"] or "")[:80])
         out.print(at)
 

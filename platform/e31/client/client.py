@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from e31.client import bundle
 from e31.client.handles import ArrayHandle, JobHandle
 from e31.client.profile import read_profile
 from e31.errors import ClientError
@@ -29,11 +30,16 @@ class Client:
     """Talks to one E31 Batch API as one tenant.
 
     `url` and `token` default to `E31_URL` / `E31_TOKEN`, else the profile `e31 up` wrote
-    under `E31_HOME`.
+    under `E31_HOME`. `bundle_max_bytes` is the most a packed `workdir` or local input may
+    take (default `E31_BUNDLE_MAX_BYTES`, else 100 MiB); the API has its own limit too.
     """
 
     def __init__(self, url: str | None = None, token: str | None = None, *,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S,
+                 bundle_max_bytes: int | None = None) -> None:
+        self.bundle_max_bytes = bundle_max_bytes
+        # The bundles the last submission needed, each uploaded or found held already.
+        self.last_bundles: builtins.list[bundle.Sent] = []
         profile = read_profile() if not (url and token) else {}
         self.url = (url or os.environ.get("E31_URL") or profile.get("url") or "").rstrip("/")
         token = token or os.environ.get("E31_TOKEN") or profile.get("token")
@@ -80,10 +86,26 @@ class Client:
             yield response
 
     def submit(self, spec: dict[str, Any] | None = None, /, **fields: Any) -> JobHandle:
-        """Submit one job from a spec mapping and/or the spec's fields as keywords."""
-        body = {**(spec or {}), **fields}
+        """Submit one job from a spec mapping and/or the spec's fields as keywords.
+        `workdir=DIR` sends a directory as the job's code, and an input that is a local path
+        is sent too: each packed and uploaded unless the API holds it (`last_bundles`)."""
+        body = self._with_bundles({**(spec or {}), **fields})
         status = self.request("POST", "/v1/jobs", json=body).json()
         return JobHandle(self, status["id"], status)
+
+    def dry_run(self, spec: dict[str, Any] | None = None, /, **fields: Any) -> dict[str, Any]:
+        """What `submit` would store (the spec, its class and queue, its code bundle) after
+        the API's checks, and the bundles it would upload (`uploads`); nothing is stored."""
+        body = self._with_bundles({**(spec or {}), **fields}, send=False)
+        answer: dict[str, Any] = self.request("POST", "/v1/jobs", params={"dry_run": "true"},
+                                              json=body).json()
+        answer["uploads"] = [vars(s) for s in self.last_bundles if not s.held]
+        return answer
+
+    def _with_bundles(self, body: dict[str, Any], *, send: bool = True) -> dict[str, Any]:
+        prepared, self.last_bundles = bundle.prepare(self, body, max_bytes=self.bundle_max_bytes,
+                                                     send=send)
+        return prepared
 
     def get(self, job_id: str) -> JobHandle:
         return JobHandle(self, job_id, self.request("GET", f"/v1/jobs/{job_id}").json())
@@ -93,7 +115,8 @@ class Client:
         """Submit N jobs as one array in one request: each item a spec mapping, `common` spec
         fields laid under every item (the item wins; `params` and `env` merge key by key).
         All or nothing: one bad item refuses the array with a `ClientError` (422) naming it."""
-        body: dict[str, Any] = {"items": [dict(item) for item in items], "defaults": common}
+        body: dict[str, Any] = {"items": [self._with_bundles(dict(item)) for item in items],
+                                "defaults": self._with_bundles(common)}
         if name is not None:
             body["name"] = name
         status = self.request("POST", "/v1/arrays", json=body).json()

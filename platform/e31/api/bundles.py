@@ -1,0 +1,149 @@
+"""`/v1/bundles`: a tenant's code and data bundles, uploaded once under their sha256.
+
+`HEAD /v1/bundles/sha256:<hex>` answers 200 when the caller's tenant holds the bundle (then the
+client uploads nothing; `X-E31-Bundle-Bytes` is its size) and 404 otherwise.
+`PUT /v1/bundles/sha256:<hex>` streams the body into the store while hashing it: over
+`bundle_max_bytes` it answers 413 naming the limit; a body whose sha256 is not the one named
+(422), or a tar with a path that escapes, a link out, a hard link or a device (422 naming the
+member), is removed and nothing is stored. `BundleChecks.check_spec` is what a submission
+checks of the bundles and inputs its spec names (docs/jobs.md, "Bring your code, environment
+and data").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio.to_thread
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from e31.blobs import BundleStore, Upload
+from e31.bundles import (
+    check_digest,
+    file_input_path,
+    input_scheme,
+    parse_bundle_input,
+    tar_problems,
+)
+from e31.errors import SpecError, TooLarge
+from e31.settings import Settings
+from e31.spec import JobSpec
+from e31.store.records import TenantRecord
+
+log = logging.getLogger(__name__)
+
+BUNDLES_PATH = "/v1/bundles/"
+SIZE_HEADER = "X-E31-Bundle-Bytes"
+PROBLEMS_SHOWN = 20      # bad members named in one answer
+
+
+class BundleChecks:
+    """The bundles of each tenant, as the API receives them and as specs name them."""
+
+    def __init__(self, *, settings: Settings, store: BundleStore) -> None:
+        self._settings = settings
+        self._store = store
+
+    @property
+    def max_bytes(self) -> int:
+        return self._settings.bundle_max_bytes
+
+    def size(self, tenant: TenantRecord, digest: str) -> int | None:
+        """The tenant's bundle's size, or None when it holds none of that hash."""
+        return self._store.size(tenant.id, _digest(digest))
+
+    async def receive(self, tenant: TenantRecord, digest: str, chunks: AsyncIterator[bytes],
+                      declared_bytes: int | None) -> dict[str, Any]:
+        """Store the body `chunks` as the tenant's bundle `digest`, checked as the module says;
+        a bundle the tenant holds already is not read again."""
+        digest = _digest(digest)
+        size = await anyio.to_thread.run_sync(self._store.size, tenant.id, digest)
+        if size is not None:
+            return {"bundle": digest, "bytes": size, "stored": False}
+        if declared_bytes is not None and declared_bytes > self.max_bytes:
+            raise TooLarge(self._too_large(), limit_bytes=self.max_bytes)
+        with self._store.upload(tenant.id) as upload:
+            async for chunk in chunks:
+                if upload.size_bytes + len(chunk) > self.max_bytes:
+                    raise TooLarge(self._too_large(), limit_bytes=self.max_bytes)
+                await anyio.to_thread.run_sync(upload.write, chunk)
+            if upload.digest != digest:
+                raise SpecError.one("bundle", f"the body's sha256 is {upload.digest}, not the "
+                                              f"{digest} it was sent as; nothing was stored")
+            problems = await anyio.to_thread.run_sync(self._problems, upload)
+            if problems:
+                raise SpecError([{"field": "bundle", "reason": p} for p in problems])
+            await anyio.to_thread.run_sync(self._store.commit, upload, tenant.id)
+        log.info("bundle_stored tenant=%s bundle=%s bytes=%d", tenant.name, digest,
+                 upload.size_bytes)
+        return {"bundle": digest, "bytes": upload.size_bytes, "stored": True}
+
+    def _problems(self, upload: Upload) -> list[str]:
+        with self._store.open_upload(upload) as f:
+            return tar_problems(f, limit=PROBLEMS_SHOWN)
+
+    def _too_large(self) -> str:
+        return (f"the bundle is larger than {self.max_bytes} bytes (bundle_max_bytes); leave "
+                "big files out (.e31ignore) and pass big data as an s3:// or http(s):// input")
+
+    def check_spec(self, tenant_id: str, spec: JobSpec, *, dry_run: bool = False) -> list[str]:
+        """Check the bundles and inputs `spec` names for the tenant: a `file://` input outside
+        `input_file_roots` is refused, and so is a bundle the tenant never uploaded (`SpecError`
+        naming `code` or `inputs.<name>`), unless `dry_run`, which returns the fields that name
+        one instead."""
+        errors: list[dict[str, str]] = []
+        missing: list[str] = []
+        if spec.code is not None and not self._store.exists(tenant_id, spec.code):
+            missing.append("code")
+        for name, source in spec.inputs.items():
+            field = f"inputs.{name}"
+            scheme = input_scheme(source)
+            if scheme is None:
+                digest, _ = parse_bundle_input(source)
+                if not self._store.exists(tenant_id, digest):
+                    missing.append(field)
+            elif scheme == "file":
+                try:
+                    file_input_path(source, self._settings.input_file_roots)
+                except ValueError as exc:
+                    errors.append({"field": field, "reason": str(exc)})
+        if not dry_run:
+            errors += [{"field": f, "reason": "names a bundle this tenant has not uploaded "
+                                              "(PUT /v1/bundles/sha256:…; Client.submit and "
+                                              "e31 submit upload it)"} for f in missing]
+        if errors:
+            raise SpecError(errors)
+        return missing
+
+
+def _digest(value: str) -> str:
+    try:
+        return check_digest(value)
+    except ValueError as exc:
+        raise SpecError.one("bundle", str(exc)) from None
+
+
+def add_bundle_routes(app: FastAPI, checks: BundleChecks,
+                      caller: Callable[..., TenantRecord]) -> None:
+    """`HEAD` and `PUT /v1/bundles/{digest}` for the tenant `caller` names."""
+
+    @app.head(BUNDLES_PATH + "{digest}", tags=["bundles"])
+    def head_bundle(digest: str, t: TenantRecord = Depends(caller)) -> Response:
+        """200 when your tenant holds the bundle (its size in X-E31-Bundle-Bytes), else 404."""
+        size = checks.size(t, digest)
+        if size is None:
+            return Response(status_code=404)
+        return Response(status_code=200, headers={SIZE_HEADER: str(size)})
+
+    @app.put(BUNDLES_PATH + "{digest}", status_code=201, tags=["bundles"])
+    async def put_bundle(digest: str, request: Request,
+                         t: TenantRecord = Depends(caller)) -> JSONResponse:
+        """Upload a bundle (an uncompressed tar) under its sha256; 201 when stored, 200 when
+        your tenant held it already."""
+        length = request.headers.get("content-length")
+        answer = await checks.receive(t, digest, request.stream(),
+                                      int(length) if length and length.isdigit() else None)
+        return JSONResponse(answer, status_code=201 if answer["stored"] else 200)
