@@ -74,6 +74,10 @@ class Settings(BaseModel):
     log_max_bytes: int = Field(default=100 * 1024 * 1024, gt=0)  # one attempt's log
     job_log_max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)  # all attempts of a job
     store_retry_max_s: float = Field(default=600.0, ge=0)  # a worker retries store writes this long
+    # Jobs' own Python environments, built on each worker host (docs/operations.md).
+    env_cache_max_bytes: int = Field(default=20 * 1024 ** 3, ge=0)  # a host's built environments;
+    #                                 past it, the least recently used that no job holds go
+    env_build_timeout_s: float = Field(default=1800.0, gt=0)  # one environment's build
 
     # What one API request may carry (docs/security.md, "Limits and quotas").
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)  # a request's body

@@ -18,10 +18,11 @@ import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -41,10 +42,13 @@ DEFAULT_TIMEOUT_S = 86400     # one day, like a typical SLURM partition default
 MAX_PARAMS_BYTES = 1024 * 1024  # params travel through the store; data belongs in files
 MAX_HOST_MEM_GB = 16384       # host memory per job: more than any node has, so a typo is caught
 MAX_AFTER = 64                # dependencies per job: a wider fan-in belongs in one array
+MAX_PIP = 64                  # pip requirements per job: more belong in a requirements file
+MAX_REQUIREMENT_CHARS = 1000  # one pip requirement; a URL requirement fits in it
 
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_ITEM_REASON = re.compile(r"^(after\[\d+\]): (.*)$", re.DOTALL)
+_ITEM_REASON = re.compile(r"^((?:after|pip)\[\d+\]): (.*)$", re.DOTALL)
+_FIELD_REASON = re.compile(r"^([a-z_]+(?:\.[a-z_]+)+): (.*)$", re.DOTALL)  # a nested field
 DEP_ID = re.compile(r"^[ja]-[0-9a-f]{20}$")   # a job id j-… or an array id a-…
 NAME_MAX = 200
 # Not text a name may hold: control characters (newline, escape, DEL, C1), lone surrogates,
@@ -133,6 +137,43 @@ class RetryPolicy(_Strict):
         return min(self.backoff_max_s, self.backoff_s * (2 ** max(0, attempt - 1)))
 
 
+class PythonEnv(_Strict):
+    """The job's own Python environment, built by the worker over its own (docs/jobs.md):
+    what it adds to the worker's packages, never a different version of one of them."""
+
+    pip: list[str] = Field(default_factory=list, max_length=MAX_PIP,
+                           description="requirements to install, as pip takes them: 'pkg==1.2'")
+    requirements: str | None = Field(
+        default=None, min_length=1, max_length=NAME_MAX,
+        description="a requirements file in the job's code (workdir), relative to its root")
+
+    @field_validator("pip")
+    @classmethod
+    def _requirements(cls, v: list[str]) -> list[str]:
+        for i, item in enumerate(v):
+            shown = repr(item[:64])
+            if len(item) > MAX_REQUIREMENT_CHARS:
+                raise ValueError(f"pip[{i}]: {shown}... is longer than {MAX_REQUIREMENT_CHARS} "
+                                 "characters")
+            try:
+                Requirement(_no_nul(item, "a requirement"))
+            except (InvalidRequirement, ValueError) as exc:
+                raise ValueError(f"pip[{i}]: {shown} is not a requirement "
+                                 f"('name', 'name==1.2', 'name[extra]>=1'): "
+                                 f"{str(exc).splitlines()[0]}") from None
+        return v
+
+    @field_validator("requirements")
+    @classmethod
+    def _in_bundle(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        path = PurePosixPath(_no_nul(v, "the path"))
+        if path.is_absolute() or ".." in path.parts or "\\" in v:
+            raise ValueError("must be a relative path inside the job's code, without '..'")
+        return v
+
+
 class JobSpec(_Strict):
     """A job as submitted: what to run, with what, for how long, how often."""
 
@@ -153,6 +194,9 @@ class JobSpec(_Strict):
     after: list[str] = Field(default_factory=list, max_length=MAX_AFTER,
                              description="job ids (j-…) or array ids (a-…) of the same tenant "
                                          "that must all succeed before this job runs")
+    python: PythonEnv | None = Field(
+        default=None, description="the job's own environment: pip requirements and a "
+                                  "requirements file, installed over the worker's packages")
     code: CodeRef | None = Field(default=None,
                                  description="the job's code: a bundle this tenant uploaded, "
                                              "'sha256:<hex>' (the client sets it from workdir)")
@@ -245,6 +289,13 @@ class JobSpec(_Strict):
             raise ValueError("params go with an entrypoint; a command job takes its argv")
         return self
 
+    @model_validator(mode="after")
+    def _requirements_need_code(self) -> JobSpec:
+        if self.python is not None and self.python.requirements is not None and self.code is None:
+            raise ValueError("python.requirements: the file is read from the job's code: give "
+                             "the job a workdir (code) that holds it")
+        return self
+
     @property
     def kind(self) -> str:
         return "entrypoint" if self.entrypoint else "command"
@@ -289,6 +340,7 @@ def spec_bytes(spec: JobSpec) -> int:
     (params as their JSON, as `MAX_PARAMS_BYTES` counts them)."""
     total = len(spec.name.encode()) if spec.name else 0
     total += env_bytes(spec.env) + argv_bytes(spec.command or ())
+    total += argv_bytes(spec.python.pip) if spec.python else 0
     return total + (len(json.dumps(spec.params)) if spec.params else 0)
 
 
@@ -360,12 +412,14 @@ def describe_error(error: Any) -> dict[str, str]:
         reason = "required"
     else:
         reason = str(error.get("msg", "invalid")).removeprefix("Value error, ")
-    if loc and loc[-1] == "after" and (m := _ITEM_REASON.match(reason)):
-        field, reason = ".".join([*loc[:-1], m.group(1)]), m.group(2)   # after[2]: why
+    if loc and loc[-1] in ("after", "pip") and (m := _ITEM_REASON.match(reason)):
+        field, reason = ".".join([*loc[:-1], m.group(1)]), m.group(2)   # python.pip[2]: why
     elif not loc and "entrypoint or command" in reason:
         field = "entrypoint"
     elif not loc and "params go with" in reason:
         field = "params"
+    elif not loc and (m := _FIELD_REASON.match(reason)):
+        field, reason = m.group(1), m.group(2)          # python.requirements: why
     return {"field": field, "reason": reason}
 
 
