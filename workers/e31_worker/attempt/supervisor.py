@@ -66,6 +66,11 @@ class AttemptPlan:
         """The interpreter of the job: its own environment's, else the worker's."""
         return str(self.venv / "bin" / "python") if self.venv else sys.executable
 
+    def make_dirs(self) -> None:
+        """The attempt's directories: its root, and the job's work, output and checkpoints."""
+        for d in (self.work_dir, self.output_dir, self.checkpoint_dir):
+            d.mkdir(parents=True, exist_ok=True)
+
     @property
     def log_limit(self) -> tuple[int, str]:
         """The most bytes this attempt's log may take, and the line that says where and why
@@ -123,8 +128,7 @@ class Supervisor:
         self._cgroup: JobCgroup | None = None
 
     def prepare(self) -> None:
-        for d in (self._plan.work_dir, self._plan.output_dir, self._plan.checkpoint_dir):
-            d.mkdir(parents=True, exist_ok=True)
+        self._plan.make_dirs()
 
     def run(self) -> Outcome:
         plan = self._plan

@@ -1,0 +1,360 @@
+"""The job's own Python environment (`python: {pip: [...], requirements: FILE}`): a virtual
+environment built with uv over the worker's, once per host for what was asked, and reused by
+every later job that asks the same (`EnvCache`; docs/jobs.md, docs/operations.md).
+
+Layered, not copied: the job's environment sees the worker's packages (torch, numpy,
+e31_worker) behind its own. It reaches the system's site-packages exactly when the worker's
+interpreter does (`--system-site-packages`), and the worker's own site directories through
+a `.pth` file, which also covers a worker that itself runs in a virtual environment. uv does
+not count packages seen that way as installed (it would download torch again), so a build
+resolves what was asked with every package of the worker pinned to the worker's version (a
+constraint: a job adds packages, it never swaps one of the worker's), then installs only what
+the worker lacks and the request needs other than through a package the worker has (that
+package's own dependencies are the worker's, satisfied already).
+
+Wheels only (`--no-build`): building a source distribution runs its code with the worker's
+privileges, outside the job's sandbox.
+
+The key hashes the normalised requirements, the requirements file's content and the worker's
+environment (interpreter, site directories, every distribution and version), so a worker
+upgraded in place builds anew.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import signal
+import site
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from e31.clock import utcnow
+from e31.errors import SetupError
+from e31.settings import Settings
+from e31.spec import PythonEnv
+from e31_worker.attempt.envcache import Beat, EnvCache, JobEnv
+from e31_worker.attempt.supervisor import AttemptPlan, Directive, Tick
+
+log = logging.getLogger(__name__)
+
+CACHE_DIR = ".envs"            # under work_dir: one host's built environments
+ENV_LAYOUT = 1                 # part of every key: a new layout never reuses an old build
+BASE_PTH = "_e31_base.pth"     # in a job environment's site-packages: the worker's site dirs
+REQUIREMENTS_MAX_BYTES = 1024 * 1024  # a requirements file larger than this is not one
+OUTPUT_MAX_BYTES = 64 * 1024   # of one uv run's output, copied into the attempt's log
+_VIA = re.compile(r"^(?P<req>\S.*?)\s+# via (?P<via>.*)$")
+
+
+class SetupStopped(Exception):
+    """The lease's tick stopped the attempt while it was being set up (cancel, drain, lost)."""
+
+    def __init__(self, directive: Directive) -> None:
+        super().__init__(directive.value)
+        self.directive = directive
+
+
+def lease_beat(tick: Tick) -> Beat:
+    """A setup's beat from the attempt's lease tick: renews the lease (a build may take
+    minutes), and stops the setup with `SetupStopped` when the tick says stop."""
+    def beat() -> None:
+        directive = tick(None)
+        if directive is not Directive.CONTINUE:
+            raise SetupStopped(directive)
+    return beat
+
+
+def job_environment(settings: Settings, plan: AttemptPlan, *, beat: Beat) -> JobEnv | None:
+    """The job's own environment, built or found in this host's cache and held for the
+    attempt (release it when the attempt ends); None when the spec asks for none. What uv
+    said, and whether the environment was built or reused, go to the attempt's log;
+    `SetupError` when what was asked cannot be installed."""
+    python = plan.spec.python
+    if python is None:
+        return None
+    started = time.monotonic()
+    request = EnvRequest.of(python, plan.root / "code" if plan.spec.code else None)
+    base = BaseEnv.current()
+    builder = UvBuild(request, base, uv=uv_binary(), log_path=plan.log_path, beat=beat,
+                      beat_s=settings.heartbeat_interval_s,
+                      timeout_s=settings.env_build_timeout_s)
+    cache = EnvCache(settings.resolved_work_dir / CACHE_DIR,
+                     max_bytes=settings.env_cache_max_bytes, beat_s=settings.heartbeat_interval_s)
+    env = cache.acquire(cache_key(request, base), builder, beat=beat)
+    setup_s = time.monotonic() - started
+    how = (f"built in {setup_s:.1f} s" if env.built
+           else f"cached (built {env.record.get('built_at')}; nothing built now)")
+    installed = ", ".join(env.record.get("installed") or []) or "nothing beyond the worker's"
+    with open(plan.log_path, "a") as out:
+        out.write(f"e31: environment {env.key}: {how}; installed: {installed}\n")
+    log.info("env_ready job=%s attempt=%d key=%s env=%s setup_s=%.2f", plan.job_id,
+             plan.attempt, env.key, "built" if env.built else "cached", setup_s)
+    return env
+
+
+@dataclass(frozen=True)
+class EnvRequest:
+    """What a job asks for, normalised: the same request always gets the same key."""
+
+    pip: tuple[str, ...]                 # requirement strings, normalised, sorted, unique
+    requirements: str | None = None      # the requirements file's content
+    requirements_name: str | None = None  # its path in the bundle, for messages
+
+    @classmethod
+    def of(cls, python: PythonEnv, code_dir: Path | None) -> EnvRequest:
+        """The request of a spec's `python` field, its requirements file read from the job's
+        unpacked code; `SetupError` when the file is not there or not a requirements file."""
+        pip = tuple(sorted({normalised(r) for r in python.pip}))
+        if python.requirements is None:
+            return cls(pip=pip)
+        name = python.requirements
+        if code_dir is None:
+            raise SetupError(f"python.requirements: {name}: the job has no code")
+        try:
+            path = (code_dir / PurePosixPath(name)).resolve(strict=True)
+            if not path.is_relative_to(code_dir.resolve()) or not path.is_file():
+                raise SetupError(f"python.requirements: {name} is not a file of the job's code")
+            if path.stat().st_size > REQUIREMENTS_MAX_BYTES:
+                raise SetupError(f"python.requirements: {name} is larger than "
+                                 f"{REQUIREMENTS_MAX_BYTES} bytes")
+            text = path.read_text()
+        except FileNotFoundError:
+            raise SetupError(f"python.requirements: {name} is not in the job's code") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SetupError(f"python.requirements: cannot read {name}: {exc}") from exc
+        return cls(pip=pip, requirements=text, requirements_name=name)
+
+
+def normalised(requirement: str) -> str:
+    """One spelling of a requirement: `Tomli_W == 1.2` and `tomli-w==1.2` ask the same."""
+    req = Requirement(requirement)
+    req.name = canonicalize_name(req.name)
+    return str(req)
+
+
+@dataclass(frozen=True)
+class BaseEnv:
+    """The worker's Python environment, which every job environment is built over."""
+
+    executable: str
+    site_dirs: tuple[str, ...]           # the worker's site directories, in its order
+    system_site: bool                    # whether the worker sees the system's site-packages
+    distributions: Mapping[str, str] = field(default_factory=dict)  # name -> version
+
+    @classmethod
+    def current(cls) -> BaseEnv:
+        """This process's environment (the worker's)."""
+        dirs = [*site.getsitepackages()]
+        if site.ENABLE_USER_SITE:
+            dirs.append(site.getusersitepackages())
+        dirs = [d for d in dict.fromkeys(dirs) if d in sys.path and os.path.isdir(d)]
+        dists: dict[str, str] = {}
+        for dist in importlib.metadata.distributions(path=dirs):
+            name = dist.metadata["Name"]
+            if name and canonicalize_name(name) not in dists:  # the first on the path wins
+                dists[canonicalize_name(name)] = dist.version
+        system = any(d in sys.path for d in site.getsitepackages([sys.base_prefix]))
+        return cls(executable=sys.executable, site_dirs=tuple(dirs), system_site=system,
+                   distributions=dists)
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of everything a job environment built over this one depends on."""
+        text = json.dumps([self.executable, self.site_dirs, self.system_site,
+                           sorted(self.distributions.items())])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def constraints(self) -> dict[str, str]:
+        """Each distribution pinned to its public version (`2.13.0` for `2.13.0+cpu`: an
+        index has no local builds, and a pin without the local part matches the worker's)."""
+        pins: dict[str, str] = {}
+        for name, version in self.distributions.items():
+            with contextlib.suppress(InvalidVersion):
+                pins[name] = Version(version).public
+        return pins
+
+
+def cache_key(request: EnvRequest, base: BaseEnv) -> str:
+    """The environment's name in the cache: a hash of what was asked and of the base."""
+    text = json.dumps({"layout": ENV_LAYOUT, "pip": list(request.pip),
+                       "requirements": request.requirements, "base": base.fingerprint})
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def to_install(resolved: str, pinned: Mapping[str, str]) -> list[str]:
+    """The lines of a `uv pip compile --annotation-style line` resolution to install over the
+    worker: its index options, and each package the worker lacks (not in `pinned`) that the
+    request needs directly or through another such package (never only through one the
+    worker has: the worker satisfies that package's dependencies already)."""
+    options: list[str] = []
+    lines: dict[str, str] = {}
+    parents: dict[str, list[str]] = {}
+    direct: set[str] = set()
+    for raw in resolved.splitlines():
+        text = raw.strip()
+        if not text or text.startswith("#"):
+            continue
+        if text.startswith("-"):
+            options.append(text)
+            continue
+        match = _VIA.match(text)
+        req = match.group("req") if match else text
+        try:
+            name = str(canonicalize_name(Requirement(req).name))
+        except InvalidRequirement:
+            continue
+        lines[name] = req
+        parents[name] = []
+        for via in (match.group("via").split(",") if match else []):
+            via = via.strip()
+            if via.startswith("-r"):
+                direct.add(name)
+            elif via and not via.startswith("-"):
+                parents[name].append(str(canonicalize_name(via.split("[", 1)[0])))
+    needed: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name in lines:
+            if name in needed or name in pinned:
+                continue
+            if name in direct or any(p in needed for p in parents[name]):
+                needed.add(name)
+                changed = True
+    return options + [lines[n] for n in sorted(needed)]
+
+
+class UvBuild:
+    """Builds one job environment with uv (an `EnvCache` build): a relocatable virtual
+    environment over the worker's, what the request needs resolved against the worker's
+    pins, what the worker lacks installed. uv's output goes to the attempt's log."""
+
+    def __init__(self, request: EnvRequest, base: BaseEnv, *, uv: str, log_path: Path,
+                 beat: Beat, beat_s: float, timeout_s: float) -> None:
+        self._request, self._base, self._uv = request, base, uv
+        self._log_path, self._beat, self._beat_s = log_path, beat, beat_s
+        self._timeout_s = timeout_s
+        self._deadline = 0.0
+
+    def __call__(self, scratch: Path) -> dict[str, Any]:
+        request, base = self._request, self._base
+        started = time.monotonic()
+        self._deadline = started + self._timeout_s
+        # Paths relative to `scratch`, uv's working directory: the log stays readable.
+        self._run(["venv", "--relocatable", "--python", base.executable,
+                   *(["--system-site-packages"] if base.system_site else []), "env"], scratch)
+        site_packages = next((scratch / "env").glob("lib/python*/site-packages"))
+        (site_packages / BASE_PTH).write_text(
+            "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in base.site_dirs) + "\n")
+        pins = base.constraints()
+        (scratch / "constraints.txt").write_text(
+            "".join(f"{name}=={version}\n" for name, version in sorted(pins.items())))
+        asked = list(request.pip)
+        if request.requirements is not None:
+            (scratch / "requirements.txt").write_text(request.requirements)
+            asked.append("-r requirements.txt")
+        (scratch / "request.in").write_text("".join(f"{line}\n" for line in asked))
+        python = "env/bin/python"
+        self._run(["pip", "compile", "--python", python, "--constraint", "constraints.txt",
+                   "--annotation-style", "line", "--no-header", "--emit-index-url",
+                   "--emit-find-links", "--output-file", "resolved.txt", "request.in"], scratch,
+                  pins=pins)
+        install = to_install((scratch / "resolved.txt").read_text(), pins)
+        packages = [line for line in install if not line.startswith("-")]
+        if packages:
+            (scratch / "install.txt").write_text("".join(f"{line}\n" for line in install))
+            self._run(["pip", "install", "--python", python, "--no-deps", "-r", "install.txt"],
+                      scratch)
+        build_s = time.monotonic() - started
+        log.info("env_built build_s=%.1f installed=%s", build_s, packages)
+        return {"pip": list(request.pip), "requirements": request.requirements_name,
+                "installed": packages, "base": base.fingerprint, "python": base.executable,
+                "built_at": utcnow().isoformat(), "build_s": round(build_s, 3)}
+
+    def _run(self, args: list[str], cwd: Path, *, pins: Mapping[str, str] | None = None) -> None:
+        """Run uv in `cwd`, beating while it runs; its output joins the attempt's log. Wheels
+        only; uv's own cache lives and goes with the build (the built environments are the
+        cache), and it never downloads a Python of its own."""
+        argv = [self._uv, *args]
+        if args[0] == "pip":
+            argv[3:3] = ["--no-build"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}  # no credentials
+        env.update(UV_CACHE_DIR=str(cwd / "uv-cache"), UV_PYTHON_DOWNLOADS="never", NO_COLOR="1")
+        out_path = cwd / "uv.out"
+        with open(out_path, "wb") as out:
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                while True:
+                    try:
+                        proc.wait(timeout=self._beat_s)
+                        break
+                    except subprocess.TimeoutExpired:
+                        if time.monotonic() >= self._deadline:
+                            raise SetupError(
+                                f"building the job's environment took longer than "
+                                f"{self._timeout_s:g} s (env_build_timeout_s)") from None
+                        self._beat()
+            finally:
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        output = _tail(out_path)
+        with open(self._log_path, "a") as attempt_log:
+            attempt_log.write(f"e31: $ uv {' '.join(args)}\n{output}")
+            if output and not output.endswith("\n"):
+                attempt_log.write("\n")
+        if proc.returncode != 0:
+            step = " ".join(args[:2]) if args[0] == "pip" else args[0]
+            raise SetupError(f"cannot install the job's requirements (uv {step}): "
+                             f"{_last_words(output)}{_pinned_hint(output, pins or {})}")
+
+
+def uv_binary() -> str:
+    """The uv binary of the worker's environment (the `uv` package of the worker extra)."""
+    try:
+        import uv  # type: ignore[import-untyped,unused-ignore]
+        return str(uv.find_uv_bin())
+    except (ImportError, FileNotFoundError) as exc:
+        raise RuntimeError("this worker cannot build job environments: uv is not installed "
+                           "(install e31-batch[worker])") from exc
+
+
+def _tail(path: Path) -> str:
+    data = path.read_bytes()
+    if len(data) > OUTPUT_MAX_BYTES:
+        data = b"[...]\n" + data[-OUTPUT_MAX_BYTES:]
+    return data.decode(errors="replace")
+
+
+def _last_words(output: str) -> str:
+    """What uv said last: its error and the cause, on one line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        if line.startswith(("error:", "×")):
+            return " ".join(lines[i:])[:2000]
+    return " ".join(lines[-3:])[:2000] or "no output"
+
+
+def _pinned_hint(output: str, pins: Mapping[str, str]) -> str:
+    """Why a resolution failed, when it names a package of the worker at its pin."""
+    named = sorted(f"{n}=={v}" for n, v in pins.items() if f"{n}=={v}" in output)
+    if not named:
+        return ""
+    return (f" ({', '.join(named[:5])}: the worker's own; a job adds packages, it does not "
+            "change the worker's)")
