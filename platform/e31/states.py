@@ -74,3 +74,18 @@ class AttemptReason(str, Enum):
         Lost attempts have their own cap (`retries.max_lost`), which stops a poison job.
         """
         return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT, AttemptReason.OOM}
+
+
+class Isolation(str, Enum):
+    """How an attempt's child was kept apart from its worker and from other jobs
+    (docs/security.md): recorded on each attempt and in each worker's heartbeat."""
+
+    SANDBOX = "sandbox"       # own uid, mount, PID and IPC namespaces, only its own files
+    PROCESS = "process"       # a process group as the worker's user (a single-user machine)
+
+
+class Start(str, Enum):
+    """How an attempt's child was started: forked from a warm process or started afresh."""
+
+    WARM = "warm"
+    COLD = "cold"

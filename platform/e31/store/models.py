@@ -199,6 +199,14 @@ class Attempt(Base):
     reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # How the attempt ran, noted by its worker (`AttemptQueries.note_attempt`); NULL until then
+    # and on attempts older than these columns.
+    isolation: Mapped[str | None] = mapped_column(String(16), nullable=True)  # sandbox | process
+    start: Mapped[str | None] = mapped_column(String(8), nullable=True)       # warm | cold
+    start_ms: Mapped[float | None] = mapped_column(Float, nullable=True)      # child's start
+    setup_s: Mapped[float | None] = mapped_column(Float, nullable=True)       # bundle, env, inputs
+    gpu_mem_peak_gb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gpu_util_mean: Mapped[float | None] = mapped_column(Float, nullable=True)  # 0..100 percent
 
     # Recent starts per queue: the rate behind a queued job's estimated start.
     __table_args__ = (Index("ix_attempts_started", "started_at"),)

@@ -38,11 +38,21 @@ class AttemptRecord:
     reason: str | None
     error: str | None
     exit_code: int | None
+    # How it ran (`e31.store.attempts`); None where not known.
+    isolation: str | None = None
+    start: str | None = None
+    start_ms: float | None = None
+    setup_s: float | None = None
+    gpu_mem_peak_gb: float | None = None
+    gpu_util_mean: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"n": self.n, "worker": self.worker, "gpus": self.gpus,
                 "started_at": iso(self.started_at), "ended_at": iso(self.ended_at),
-                "reason": self.reason, "error": self.error, "exit_code": self.exit_code}
+                "reason": self.reason, "error": self.error, "exit_code": self.exit_code,
+                "isolation": self.isolation, "start": self.start, "start_ms": self.start_ms,
+                "setup_s": self.setup_s, "gpu_mem_peak_gb": self.gpu_mem_peak_gb,
+                "gpu_util_mean": self.gpu_util_mean}
 
 
 @dataclass(frozen=True)

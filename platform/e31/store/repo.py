@@ -28,6 +28,7 @@ from e31.spec import JobSpec, RetryPolicy
 from e31.states import AttemptReason, JobState
 from e31.store import deps, tenants, transitions
 from e31.store.arrays import ArrayQueries
+from e31.store.attempts import AttemptQueries
 from e31.store.db import WRITE_OPTION
 from e31.store.drains import DrainQueries
 from e31.store.models import ApiKey, Attempt, Job, Tenant
@@ -54,7 +55,7 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class Repo(ArrayQueries, DrainQueries, QuotaQueries, SchedulerQueries):
+class Repo(ArrayQueries, AttemptQueries, DrainQueries, QuotaQueries, SchedulerQueries):
     """All database access, over one engine. `half_life_s` decays tenants' usage when an
     attempt's bill is added: `fair_share_half_life_s`, the same in every process, so it has
     no default here (`e31.wiring.repo` builds a Repo from settings)."""
@@ -355,7 +356,8 @@ class Repo(ArrayQueries, DrainQueries, QuotaQueries, SchedulerQueries):
         attempts: list[AttemptRecord] = []
         if with_attempts:
             attempts = [AttemptRecord(a.n, a.worker, a.gpus, a.gpu_count, a.started_at, a.ended_at,
-                                      a.reason, a.error, a.exit_code)
+                                      a.reason, a.error, a.exit_code, a.isolation, a.start,
+                                      a.start_ms, a.setup_s, a.gpu_mem_peak_gb, a.gpu_util_mean)
                         for a in s.scalars(select(Attempt).where(Attempt.job_id == job.id)
                                            .order_by(Attempt.n))]
         return _job_record(job, tenant, attempts)

@@ -1,0 +1,63 @@
+"""Facts a worker notes on an attempt while it runs: its isolation, how its child started,
+how long its setup took, what it used of its GPUs. A mixin of `Repo` (which supplies
+`_session`), so there is one repository to pass around.
+
+The columns are nullable: an attempt started before they existed, or one whose worker did not
+get as far as measuring, shows null ("not known"), never a made-up zero.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from e31.errors import StoreError
+from e31.states import Isolation, Start
+from e31.store.models import Attempt
+
+
+@dataclass(frozen=True)
+class AttemptFacts:
+    """What one note sets on an attempt row; a field left None is left as it was."""
+
+    isolation: Isolation | None = None
+    start: Start | None = None
+    start_ms: float | None = None           # from fork/exec to the child running
+    setup_s: float | None = None            # bundle, environment and inputs; never billed
+    gpu_mem_peak_gb: float | None = None
+    gpu_util_mean: float | None = None      # percent, 0..100
+
+    def values(self) -> dict[str, object]:
+        """The columns to write: the fields that are set, enums as their wire strings."""
+        out: dict[str, object] = {}
+        for name, value in asdict(self).items():
+            if value is None:
+                continue
+            if isinstance(value, float | int) and not isinstance(value, bool) and value < 0:
+                raise StoreError(f"attempt fact {name} cannot be negative: {value}")
+            out[name] = value.value if isinstance(value, Isolation | Start) else value
+        return out
+
+
+class AttemptQueries:
+    """The attempt facts' part of `Repo`."""
+
+    def _session(self, *, write: bool = False) -> AbstractContextManager[Session]:
+        raise NotImplementedError
+
+    def note_attempt(self, job_id: str, attempt: int, facts: AttemptFacts) -> bool:
+        """Set `facts` on attempt `attempt` of `job_id`; False when there is no such attempt.
+
+        Not fenced by the lease: the row is this attempt's own, and what it notes describes
+        how it ran, whoever records its outcome.
+        """
+        values = facts.values()
+        if not values:
+            return True
+        with self._session(write=True) as s:
+            res = s.execute(update(Attempt).where(Attempt.job_id == job_id,
+                                                  Attempt.n == attempt).values(**values))
+            return bool(res.rowcount)  # type: ignore[attr-defined]
