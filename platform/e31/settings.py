@@ -10,7 +10,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -104,18 +104,28 @@ class Settings(BaseModel):
     input_file_roots: tuple[str, ...] = ()  # directories file:// inputs may read (workers read
     #                                 them with their own rights); none: file:// is refused
 
+    # Where each attempt runs (docs/security.md): `sandbox` (its own uid, namespaces and files;
+    # a worker refuses to start where it cannot set one up) or `process` (the worker's user).
+    isolation: Literal["sandbox", "process"] = "sandbox"
+    sandbox_uid_base: int = Field(default=200_000, ge=1000)  # a job's uid: base + hash(tenant)
+    sandbox_uid_count: int = Field(default=65_536, ge=1)     # ... modulo this; no user owns them
+    sandbox_read_only_dirs: tuple[str, ...] = ()  # host directories every sandboxed job may read
+    sandbox_writable_dirs: tuple[str, ...] = ()   # ... and write: shared by all tenants' jobs
+
     retries: RetryPolicy = RetryPolicy()  # the pool's default; a spec's own fields win
     size_classes: tuple[SizeClass, ...] = DEFAULT_SIZE_CLASSES
 
-    @field_validator("input_file_roots", mode="before")
+    @field_validator("input_file_roots", "sandbox_read_only_dirs", "sandbox_writable_dirs",
+                     mode="before")
     @classmethod
     def _roots_list(cls, v: Any) -> Any:
-        """`E31_INPUT_FILE_ROOTS` lists the directories as a PATH does: separated by `:`."""
+        """A list of directories in one variable (`E31_INPUT_FILE_ROOTS`,
+        `E31_SANDBOX_WRITABLE_DIRS`, ...) is separated by `:`, as PATH is."""
         if isinstance(v, str):
             return tuple(p for p in v.split(os.pathsep) if p)
         return v
 
-    @field_validator("input_file_roots")
+    @field_validator("input_file_roots", "sandbox_read_only_dirs", "sandbox_writable_dirs")
     @classmethod
     def _absolute_roots(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if any(not os.path.isabs(p) for p in v):

@@ -19,7 +19,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
@@ -205,6 +205,9 @@ class JobSpec(_Strict):
         description="NAME: SOURCE, staged into $E31_INPUT_DIR/NAME before the job starts: a "
                     "file://, s3:// or http(s):// URL, or bundle:sha256:<hex>/<entry> (a local "
                     "path the client uploaded)")
+    network: Literal["none"] | None = Field(
+        default=None, description="'none': the job gets no network at all, not even the "
+                                  "worker's loopback (needs a sandboxed worker, docs/security.md)")
 
     @model_validator(mode="before")
     @classmethod
