@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 
 from e31.store.records import Claim
+from e31_worker.attempt.bundle import remove_tree
 from e31_worker.attempt.record import CLAIM_FILE, claim_from_file_data, finish_attempt
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.shipping import Shipper
@@ -47,7 +47,7 @@ def settle_left_attempts(svc: AttemptServices) -> int:
         except Exception:  # never keep a worker from starting
             log.exception("attempt_settle_failed dir=%s", root)
         finally:
-            shutil.rmtree(root, ignore_errors=True)
+            remove_tree(root)   # an unpacked bundle is read-only
             _remove_if_empty(root.parent)
     return settled
 

@@ -111,6 +111,21 @@ class AttemptPlan:
     def progress_path(self) -> Path:
         return self.root / "progress.json"
 
+    @property
+    def code_dir(self) -> Path:
+        """The job's code bundle, unpacked read-only (only when its spec names one: `code`)."""
+        return self.root / "code"
+
+    @property
+    def input_dir(self) -> Path:
+        """Where the job's inputs are staged, one entry per name ($E31_INPUT_DIR)."""
+        return self.root / "inputs"
+
+    @property
+    def cwd(self) -> Path:
+        """Where the job starts: in its code when it brought some, else in its work dir."""
+        return self.code_dir if self.spec.code is not None else self.work_dir
+
 
 Tick = Callable[[tuple[float, float] | None], Directive]
 
@@ -138,7 +153,7 @@ class Supervisor:
             self._cgroup = self._cgroups.create(plan.job_id, plan.attempt,
                                                 memory_max_bytes=plan.memory_max_bytes)
         try:
-            proc = subprocess.Popen(argv, cwd=plan.work_dir, env=self._env(),
+            proc = subprocess.Popen(argv, cwd=plan.cwd, env=self._env(),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=_child_setup(self._cgroup))
@@ -275,7 +290,11 @@ class Supervisor:
             "E31_JOB_ID": plan.job_id, "E31_ATTEMPT": str(plan.attempt),
             "E31_OUTPUT_DIR": str(plan.output_dir), "E31_CHECKPOINT_DIR": str(plan.checkpoint_dir),
             "E31_PROGRESS_PATH": str(plan.progress_path), "PYTHONUNBUFFERED": "1",
+            "E31_INPUT_DIR": str(plan.input_dir), "E31_SCRATCH_DIR": str(plan.work_dir),
         })
+        if plan.spec.code is not None:   # the job's own modules come first
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(plan.code_dir), env.get("PYTHONPATH")) if p)
         return env
 
 

@@ -8,7 +8,6 @@ task never touches CUDA itself.
 from __future__ import annotations
 
 import logging
-import shutil
 from typing import Any
 
 from celery import Celery
@@ -20,6 +19,8 @@ from e31.heartbeat import wake
 from e31.states import AttemptReason
 from e31.store.records import Claim, Outcome
 from e31.store.repo import JOB_ID
+from e31_worker.attempt.bundle import remove_tree, stage_code
+from e31_worker.attempt.inputs import stage_inputs
 from e31_worker.attempt.lease import LeaseKeeper
 from e31_worker.attempt.record import finish_attempt, with_store_retries, write_claim
 from e31_worker.attempt.services import AttemptServices
@@ -130,6 +131,8 @@ def _attempt(svc: AttemptServices, claim: Claim) -> None:
         # prepare: the attempt's directories, the claim file, the checkpoints of earlier attempts
         supervisor.prepare()
         write_claim(plan.root, svc.identity.node, claim)
+        stage_code(svc, claim, plan)     # its code, unpacked read-only (bundle.py)
+        stage_inputs(svc, claim, plan)   # its inputs, into $E31_INPUT_DIR (inputs.py)
         restored = svc.artifacts.get_tree(claim.tenant_id, claim.job_id, "checkpoints",
                                           plan.checkpoint_dir)
         if restored:
@@ -143,4 +146,4 @@ def _attempt(svc: AttemptServices, claim: Claim) -> None:
     try:
         finish_attempt(svc, claim, shipper, result)  # ship and record
     finally:
-        shutil.rmtree(plan.root, ignore_errors=True)
+        remove_tree(plan.root)   # an unpacked bundle is read-only

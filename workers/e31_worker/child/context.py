@@ -15,17 +15,21 @@ CHECKPOINT_FILE = "checkpoint.pt"
 
 
 class JobContext:
-    """The in-job SDK: params, device, output and checkpoint directories, progress."""
+    """The in-job SDK: params, device, output, checkpoint and input directories, progress.
+
+    `input_dir` holds the spec's inputs, each as `input_dir / NAME`; `work_dir` is the
+    attempt's scratch directory (the job starts in its code instead when it brought some)."""
 
     def __init__(self, *, job_id: str, attempt: int, params: dict[str, Any], output_dir: Path,
                  checkpoint_dir: Path, work_dir: Path, progress_path: Path | None,
-                 gpus: str) -> None:
+                 gpus: str, input_dir: Path | None = None) -> None:
         self.job_id = job_id
         self.attempt = attempt
         self.params = params
         self.output_dir = output_dir
         self.checkpoint_dir = checkpoint_dir
         self.work_dir = work_dir
+        self.input_dir = input_dir if input_dir is not None else work_dir / "inputs"
         self.gpus = gpus
         self.log = logging.getLogger(f"e31.job.{job_id}")
         self._progress_path = progress_path
@@ -37,10 +41,12 @@ class JobContext:
         env = os.environ
         return cls(job_id=env["E31_JOB_ID"], attempt=int(env.get("E31_ATTEMPT", "1")),
                    params=params, output_dir=Path(env["E31_OUTPUT_DIR"]),
-                   checkpoint_dir=Path(env["E31_CHECKPOINT_DIR"]), work_dir=Path.cwd(),
+                   checkpoint_dir=Path(env["E31_CHECKPOINT_DIR"]),
+                   work_dir=Path(env.get("E31_SCRATCH_DIR") or Path.cwd()),
                    progress_path=(Path(env["E31_PROGRESS_PATH"])
                                   if env.get("E31_PROGRESS_PATH") else None),
-                   gpus=env.get("CUDA_VISIBLE_DEVICES", ""))
+                   gpus=env.get("CUDA_VISIBLE_DEVICES", ""),
+                   input_dir=Path(env["E31_INPUT_DIR"]) if env.get("E31_INPUT_DIR") else None)
 
     @property
     def device(self) -> str:
