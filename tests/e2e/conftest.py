@@ -57,6 +57,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env = dict(os.environ, E31_HOME=str(home),
                E31_API_PORT=str(free_port()), E31_FLOWER_PORT=str(free_port()),
                E31_HEARTBEAT_INTERVAL_S="0.5", E31_KILL_GRACE_S="2", E31_SCHEDULER_TICK_S="1",
+               E31_INPUT_FILE_ROOTS=str(tmp_path_factory.getbasetemp()),  # file:// inputs
                PYTHONPATH=os.pathsep.join([str(JOBS_DIR), os.environ.get("PYTHONPATH", "")]))
     for var in ("E31_URL", "E31_TOKEN", "E31_REDIS_URL", "E31_DATABASE_URL", "E31_CONFIG"):
         env.pop(var, None)

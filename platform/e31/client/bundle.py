@@ -367,6 +367,12 @@ def prepare(client: Client, body: Mapping[str, Any], *, max_bytes: int | None = 
     bundles it needed. A missing local path is a `SpecError` naming `inputs.<name>`."""
     out = dict(body)
     sent: list[Sent] = []
+    inputs = out.get("inputs")
+    local = {k: v for k, v in inputs.items() if isinstance(v, str) and is_local(v)} \
+        if isinstance(inputs, Mapping) else {}
+    for name, source in local.items():   # before anything is packed or sent
+        if not Path(source).exists():
+            raise SpecError.one(f"inputs.{name}", f"no such file or directory: {source}")
     workdir = out.pop("workdir", None)
     if workdir is not None:
         if out.get("code") is not None:
@@ -374,24 +380,15 @@ def prepare(client: Client, body: Mapping[str, Any], *, max_bytes: int | None = 
         packed = pack(Path(workdir).resolve(), max_bytes=max_bytes, field_name="workdir")
         sent.append(_send(client, packed, "workdir", send))
         out["code"] = packed.digest
-    inputs = out.get("inputs")
-    if isinstance(inputs, Mapping) and any(isinstance(v, str) and is_local(v)
-                                           for v in inputs.values()):
-        staged: dict[str, Any] = {}
-        for name, source in inputs.items():
-            if not (isinstance(source, str) and is_local(source)):
-                staged[name] = source
-                continue
+    if local and isinstance(inputs, Mapping):
+        staged = dict(inputs)
+        for name, source in local.items():
             field_name = f"inputs.{name}"
-            local = Path(source)
-            if not local.exists():
-                raise SpecError.one(field_name, f"no such file or directory: {source}")
-            local = local.resolve()      # the path named may be a link: the user chose it
-            top = local.name
-            packed = pack(local, max_bytes=max_bytes, field_name=field_name,
-                          ignore_files=False, top=top)
+            path = Path(source).resolve()    # the path named may be a link: the user chose it
+            packed = pack(path, max_bytes=max_bytes, field_name=field_name,
+                          ignore_files=False, top=path.name)
             sent.append(_send(client, packed, field_name, send))
-            staged[name] = bundle_input(packed.digest, top)
+            staged[name] = bundle_input(packed.digest, path.name)
         out["inputs"] = staged
     return out, sent
 
