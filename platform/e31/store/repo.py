@@ -285,7 +285,9 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, QuotaQueries, SchedulerQu
             ended_at = max(ended_at, attempt.started_at)
             attempt.ended_at, attempt.reason = ended_at, outcome.reason.value
             attempt.error, attempt.exit_code = _clean(outcome.error), outcome.exit_code
-            duration = seconds(attempt.started_at, ended_at)
+            # Run time from the end of its setup, which its worker noted (`setup_s`): fetching
+            # code, building the environment and staging inputs is never billed.
+            duration = max(0.0, seconds(attempt.started_at, ended_at) - (attempt.setup_s or 0.0))
             bill_s = duration * attempt.gpu_count
             job.gpu_seconds += bill_s
         job.run_seconds += duration

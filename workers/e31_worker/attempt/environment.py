@@ -87,7 +87,7 @@ def job_environment(settings: Settings, plan: AttemptPlan, *, beat: Beat) -> Job
     if python is None:
         return None
     started = time.monotonic()
-    request = EnvRequest.of(python, plan.root / "code" if plan.spec.code else None)
+    request = EnvRequest.of(python, plan.code_dir if plan.spec.code else None)
     base = BaseEnv.current()
     builder = UvBuild(request, base, uv=uv_binary(), log_path=plan.log_path, beat=beat,
                       beat_s=settings.heartbeat_interval_s,

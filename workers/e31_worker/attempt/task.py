@@ -1,31 +1,36 @@
 """The Celery task `e31.run` and the attempt it drives: claim → prepare → run → ship → record.
 
-Each stage has its own module: the child process (`supervisor`), the lease while it runs
-(`lease`), the copies to the artifact store (`shipping`), the outcome (`record`). The
-task never touches CUDA itself.
+Each stage has its own module: the job's own environment (`environment`), the child process
+(`supervisor`), the lease while it runs (`lease`), the copies to the artifact store
+(`shipping`), the outcome (`record`). The task never touches CUDA itself.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
+import time
 from typing import Any
 
 from celery import Celery
 
 from e31.celeryapp import TASK_NAME
 from e31.clock import utcnow
-from e31.errors import StoreError
+from e31.errors import SetupError, StoreError
 from e31.heartbeat import wake
 from e31.states import AttemptReason
+from e31.store.attempts import AttemptFacts
 from e31.store.records import Claim, Outcome
 from e31.store.repo import JOB_ID
 from e31_worker.attempt.bundle import remove_tree, stage_code
+from e31_worker.attempt.environment import SetupStopped, job_environment, lease_beat
 from e31_worker.attempt.inputs import stage_inputs
 from e31_worker.attempt.lease import LeaseKeeper
 from e31_worker.attempt.record import finish_attempt, with_store_retries, write_claim
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.shipping import Shipper, earlier_log_bytes
-from e31_worker.attempt.supervisor import AttemptPlan, Supervisor
+from e31_worker.attempt.supervisor import AttemptPlan, Supervisor, stopped_outcome
 
 log = logging.getLogger(__name__)
 
@@ -122,27 +127,61 @@ def attempt_plan(svc: AttemptServices, claim: Claim) -> AttemptPlan:
                        log_earlier_bytes=earlier_log_bytes(svc, claim))
 
 
-def _attempt(svc: AttemptServices, claim: Claim) -> None:
-    plan = attempt_plan(svc, claim)
-    shipper = Shipper(svc, claim, plan)
-    supervisor = Supervisor(plan, tick=LeaseKeeper(svc, claim, shipper), groups=svc.groups,
-                            cgroups=svc.cgroups)
+def _prepare(svc: AttemptServices, claim: Claim, plan: AttemptPlan, shipper: Shipper,
+             keeper: LeaseKeeper, held: contextlib.ExitStack) -> AttemptPlan:
+    """The attempt's setup: its directories, the claim file, the job's own environment, the
+    checkpoints of earlier attempts; returns the plan the job runs by. Its time is noted on
+    the attempt as `setup_s`, which is never billed; the lease is kept while it lasts."""
+    started = time.monotonic()
     try:
-        # prepare: the attempt's directories, the claim file, the checkpoints of earlier attempts
-        supervisor.prepare()
+        plan.make_dirs()
         write_claim(plan.root, svc.identity.node, claim)
         stage_code(svc, claim, plan)     # its code, unpacked read-only (bundle.py)
         stage_inputs(svc, claim, plan)   # its inputs, into $E31_INPUT_DIR (inputs.py)
+        env = job_environment(svc.settings, plan, beat=lease_beat(keeper))
+        if env is not None:
+            held.callback(env.release)
+            plan = dataclasses.replace(plan, venv=env.path)
         restored = svc.artifacts.get_tree(claim.tenant_id, claim.job_id, "checkpoints",
                                           plan.checkpoint_dir)
         if restored:
             log.info("checkpoint_restored job=%s attempt=%d files=%d", claim.job_id,
                      claim.attempt, restored)
         shipper.mark_checkpoints()  # what came down needs no upload
-        result = supervisor.run()
-    except Exception as exc:  # the worker keeps serving; the job gets the reason
-        log.exception("attempt_crashed job=%s attempt=%d", claim.job_id, claim.attempt)
-        result = Outcome(AttemptReason.ERROR, error=f"worker error: {type(exc).__name__}: {exc}")
+    finally:
+        _note_setup(svc, claim, time.monotonic() - started)
+    return plan
+
+
+def _note_setup(svc: AttemptServices, claim: Claim, setup_s: float) -> None:
+    """Note the setup's time on the attempt before the job starts, so that its bill leaves it
+    out even if the worker dies later (docs/jobs.md)."""
+    try:
+        svc.repo.note_attempt(claim.job_id, claim.attempt, AttemptFacts(setup_s=setup_s))
+    except StoreError as exc:  # the bill then counts the setup: better than holding the job
+        log.warning("setup_note_failed job=%s attempt=%d setup_s=%.2f: %s", claim.job_id,
+                    claim.attempt, setup_s, exc)
+
+
+def _attempt(svc: AttemptServices, claim: Claim) -> None:
+    plan = attempt_plan(svc, claim)
+    shipper = Shipper(svc, claim, plan)
+    keeper = LeaseKeeper(svc, claim, shipper)
+    with contextlib.ExitStack() as held:   # what the setup holds for the attempt (its env)
+        try:
+            plan = _prepare(svc, claim, plan, shipper, keeper, held)
+            result = Supervisor(plan, tick=keeper, groups=svc.groups, cgroups=svc.cgroups).run()
+        except SetupError as exc:  # the user's error (a requirement that does not install)
+            log.warning("setup_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt, exc)
+            with open(plan.log_path, "a") as out:
+                out.write(f"e31: setup failed: {exc}\n")
+            result = Outcome(AttemptReason.SETUP, error=f"setup failed: {exc}")
+        except SetupStopped as exc:  # cancelled, drained or lost while it was set up
+            result = stopped_outcome(exc.directive)
+        except Exception as exc:  # the worker keeps serving; the job gets the reason
+            log.exception("attempt_crashed job=%s attempt=%d", claim.job_id, claim.attempt)
+            result = Outcome(AttemptReason.ERROR,
+                             error=f"worker error: {type(exc).__name__}: {exc}")
     try:
         finish_attempt(svc, claim, shipper, result)  # ship and record
     finally:

@@ -1,0 +1,84 @@
+"""Setup is never billed: an attempt's GPU-seconds and run time start where its setup (code,
+environment, inputs: `setup_s`, noted by its worker) ended, whether the attempt ends with an
+outcome or is lost with its worker. Real SQLite and PostgreSQL, times given exactly."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from e31.clock import utcnow
+from e31.settings import Settings
+from e31.sizeclasses import route
+from e31.spec import JobSpec
+from e31.states import AttemptReason
+from e31.store import Repo
+from e31.store.attempts import AttemptFacts
+from e31.store.records import Claim, Outcome
+
+CLASSES = Settings().size_classes
+LEASE_TTL_S = 10.0
+
+
+def claimed(repo: Repo, *, gpus: int, retries: int = 0) -> tuple[str, Claim]:
+    """A job of `gpus` GPUs claimed now: (its tenant's id, its claim)."""
+    tenant, _ = repo.create_tenant("team-a", now=utcnow())
+    spec = JobSpec.parse({"command": ["python", "train.py"], "resources": {"gpus": gpus},
+                          "retries": {"max": retries}})
+    job = repo.insert_job(tenant.id, spec, route(spec, CLASSES), now=utcnow())
+    token = repo.mark_dispatched([job.id], now=utcnow())[job.id]
+    claim = repo.claim(job.id, dispatch_token=token, worker="gpu0@test", gpus="0,1",
+                       gpu_count=gpus, now=utcnow(), lease_ttl_s=LEASE_TTL_S)
+    assert claim is not None
+    return tenant.id, claim
+
+
+def test_an_attempts_bill_leaves_out_its_setup(repo: Repo) -> None:
+    # Given a 2-GPU attempt whose setup took 4 s
+    tenant_id, claim = claimed(repo, gpus=2)
+    [attempt] = repo.get_job(tenant_id, claim.job_id).attempts
+    assert repo.note_attempt(claim.job_id, claim.attempt, AttemptFacts(setup_s=4.0))
+
+    # When it succeeds 10 s after it was claimed
+    repo.record_outcome(claim.job_id, claim.token, Outcome(AttemptReason.SUCCEEDED),
+                        now=attempt.started_at + timedelta(seconds=10))
+
+    # Then it is billed for the 6 s it ran, on each GPU
+    status = repo.get_job(tenant_id, claim.job_id).to_status()
+    assert status["gpu_seconds"] == 12.0
+    assert status["run_seconds"] == 6.0
+    assert status["attempts"][0]["setup_s"] == 4.0
+
+
+def test_a_lost_attempt_is_billed_from_the_end_of_its_setup_too(repo: Repo) -> None:
+    # Given a 1-GPU attempt whose setup took 3 s, then whose worker died
+    tenant_id, claim = claimed(repo, gpus=1)
+    [attempt] = repo.get_job(tenant_id, claim.job_id).attempts
+    repo.note_attempt(claim.job_id, claim.attempt, AttemptFacts(setup_s=3.0))
+    repo.renew(claim.job_id, claim.token, now=attempt.started_at + timedelta(seconds=5),
+               lease_ttl_s=LEASE_TTL_S)
+
+    # When its lease expires and the scheduler recovers it
+    repo.expire_leases(now=attempt.started_at + timedelta(seconds=60), lease_ttl_s=LEASE_TTL_S)
+
+    # Then it is billed up to its last renewal, less its setup
+    status = repo.get_job(tenant_id, claim.job_id).to_status()
+    assert status["attempts"][0]["reason"] == "lost"
+    assert status["gpu_seconds"] == 2.0
+
+
+def test_an_attempt_that_failed_in_its_setup_bills_nothing(repo: Repo) -> None:
+    # Given an attempt with retries to spare that spent its whole life in setup (a requirement
+    # did not install)
+    tenant_id, claim = claimed(repo, gpus=1, retries=3)
+    [attempt] = repo.get_job(tenant_id, claim.job_id).attempts
+    repo.note_attempt(claim.job_id, claim.attempt, AttemptFacts(setup_s=7.5))
+
+    # When it fails with reason setup just after
+    state = repo.record_outcome(claim.job_id, claim.token,
+                                Outcome(AttemptReason.SETUP, error="setup failed: no such pkg"),
+                                now=attempt.started_at + timedelta(seconds=7.5))
+
+    # Then the job failed at once (no retry) and nothing was billed
+    status = repo.get_job(tenant_id, claim.job_id).to_status()
+    assert state is not None and state.value == "failed"
+    assert (status["reason"], status["gpu_seconds"], status["run_seconds"]) == ("setup", 0.0, 0.0)
