@@ -198,7 +198,7 @@ def _say_bundles(client: Any) -> None:
     """On stderr: each bundle the submission sent, or found held by the API already."""
     for sent in client.last_bundles:
         what = "already held, nothing uploaded" if sent.held else \
-            f"uploaded ({sent.files} files, {sent.size_bytes} bytes)"
+            f"uploaded ({sent.files} file{'' if sent.files == 1 else 's'}, {sent.size_bytes} bytes)"
         err.print(f"{sent.field}: {sent.digest} {what}", highlight=False)
 
 
