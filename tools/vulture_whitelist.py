@@ -47,3 +47,9 @@ _.thread_type
 
 # signal.signal calls a handler with (signum, frame), used or not.
 signum
+
+# tarfile: the header fields of a bundle's members, which the archive writes.
+_.mtime
+_.gid
+_.uname
+_.gname

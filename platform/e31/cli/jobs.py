@@ -197,8 +197,8 @@ def submit(
 def _say_bundles(client: Any) -> None:
     """On stderr: each bundle the submission sent, or found held by the API already."""
     for sent in client.last_bundles:
-        what = "already held, nothing uploaded" if sent.held else \
-            f"uploaded ({sent.files} file{'' if sent.files == 1 else 's'}, {sent.size_bytes} bytes)"
+        what = (f"uploaded ({sent.files} file{'' if sent.files == 1 else 's'}, "
+                f"{sent.size_bytes} bytes)") if sent.uploaded else "already held, nothing uploaded"
         err.print(f"{sent.field}: {sent.digest} {what}", highlight=False)
 
 
