@@ -339,11 +339,12 @@ def argv_bytes(argv: Sequence[str]) -> int:
 
 
 def spec_bytes(spec: JobSpec) -> int:
-    """The free-form text a job brings to the store: its name, env, argv and params, in bytes
-    (params as their JSON, as `MAX_PARAMS_BYTES` counts them)."""
+    """The free-form text a job brings to the store: its name, env, argv, pip requirements,
+    inputs and params, in bytes (params as their JSON, as `MAX_PARAMS_BYTES` counts them)."""
     total = len(spec.name.encode()) if spec.name else 0
     total += env_bytes(spec.env) + argv_bytes(spec.command or ())
     total += argv_bytes(spec.python.pip) if spec.python else 0
+    total += env_bytes(spec.inputs)     # NAME=source each, as env counts its variables
     return total + (len(json.dumps(spec.params)) if spec.params else 0)
 
 

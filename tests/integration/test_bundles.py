@@ -285,3 +285,22 @@ def test_the_client_reports_the_api_limit_on_an_oversized_bundle(api, tmp_path: 
     assert refused.value.status_code == 413
     assert str(LIMIT_BYTES) in refused.value.message
     assert stored_files(api) == []
+
+
+def test_inputs_count_toward_what_one_request_may_store(api, tmp_path: Path) -> None:
+    # Given a pool that lets one request store 1024 bytes of free-form text
+    settings = Settings(redis_url="redis://unused", home=tmp_path, max_spec_bytes_per_request=1024)
+    service = api["http"].app.state.service
+    small = TestClient(create_app(settings, service=Service(
+        settings=settings, repo=service._repo, artifacts=service._artifacts,
+        redis_client=service._redis)))
+    source = "s3://bucket/" + "k" * 400
+
+    # When an array's defaults lay a long input under each of 3 items
+    response = small.post("/v1/arrays", json={"items": [{}, {}, {}], "defaults": {
+        "command": ["true"], "inputs": {"data": source}}}, headers=api["h"]["a"])
+
+    # Then the request is refused on its items and nothing is stored
+    assert response.status_code == 422
+    assert response.json()["errors"][0]["field"] == "items"
+    assert api["http"].get("/v1/jobs", headers=api["h"]["a"]).json()["jobs"] == []
