@@ -14,9 +14,20 @@ from typing import Any
 import pytest
 
 from e31.errors import SetupError, SpecError
+from e31.settings import Settings
 from e31.spec import JobSpec, PythonEnv
 from e31_worker.attempt.envcache import RECORD, EnvCache
-from e31_worker.attempt.environment import BaseEnv, EnvRequest, cache_key, to_install
+from e31_worker.attempt.environment import (
+    BaseEnv,
+    EnvRequest,
+    SetupStopped,
+    UvBuild,
+    cache_key,
+    job_environment,
+    to_install,
+)
+from e31_worker.attempt.supervisor import AttemptPlan, Directive
+from tests.conftest import process_alive
 
 CODE = "sha256:" + "a" * 64
 BASE = BaseEnv(executable="/opt/py/bin/python", site_dirs=("/opt/py/site-packages",),
@@ -253,3 +264,52 @@ def test_a_dead_builds_leftovers_are_cleared(tmp_path: Path) -> None:
     cache = EnvCache(tmp_path, max_bytes=10 ** 9, beat_s=0.05)
     assert cache.evict() == []
     assert not (tmp_path / ".build-k9-abc123").exists()
+
+
+def test_a_job_that_asks_for_nothing_runs_in_the_workers_environment(tmp_path: Path) -> None:
+    for python in (None, {"pip": []}):
+        spec = JobSpec.parse({"command": ["python", "x.py"], "python": python})
+        plan = AttemptPlan(job_id="j-test", attempt=1, spec=spec, gpus="", root=tmp_path,
+                           kill_grace_s=1, log_max_bytes=1024, tick_interval_s=1)
+        assert job_environment(Settings(home=tmp_path), plan, beat=never_beats) is None
+    assert not (tmp_path / "work" / ".envs").exists()
+
+
+# -- a build that is stopped, or takes too long (a stand-in uv that hangs) ---------------------
+
+def hanging_uv(tmp_path: Path) -> tuple[Path, Path]:
+    """A `uv` that records its pid and then hangs; and the pid file."""
+    pidfile = tmp_path / "uv.pid"
+    uv = tmp_path / "uv"
+    uv.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 60\n")
+    uv.chmod(0o755)
+    return uv, pidfile
+
+
+def hung_build(tmp_path: Path, uv: Path, beat: Any, timeout_s: float = 60) -> UvBuild:
+    return UvBuild(EnvRequest(pip=("tomli-w",)), BASE, uv=str(uv), log_path=tmp_path / "log",
+                   beat=beat, beat_s=0.05, timeout_s=timeout_s)
+
+
+def test_a_cancel_while_the_environment_builds_stops_uv(tmp_path: Path) -> None:
+    uv, pidfile = hanging_uv(tmp_path)
+
+    def cancelled() -> None:
+        if pidfile.exists():
+            raise SetupStopped(Directive.CANCEL)
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with pytest.raises(SetupStopped) as stopped:
+        hung_build(tmp_path, uv, cancelled)(scratch)
+    assert stopped.value.directive is Directive.CANCEL
+    assert not process_alive(int(pidfile.read_text()))
+
+
+def test_a_build_past_env_build_timeout_s_is_a_setup_error(tmp_path: Path) -> None:
+    uv, pidfile = hanging_uv(tmp_path)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with pytest.raises(SetupError, match="env_build_timeout_s"):
+        hung_build(tmp_path, uv, lambda: None, timeout_s=0.3)(scratch)
+    assert not process_alive(int(pidfile.read_text()))

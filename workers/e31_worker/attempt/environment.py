@@ -80,11 +80,11 @@ def lease_beat(tick: Tick) -> Beat:
 
 def job_environment(settings: Settings, plan: AttemptPlan, *, beat: Beat) -> JobEnv | None:
     """The job's own environment, built or found in this host's cache and held for the
-    attempt (release it when the attempt ends); None when the spec asks for none. What uv
-    said, and whether the environment was built or reused, go to the attempt's log;
-    `SetupError` when what was asked cannot be installed."""
+    attempt (release it when the attempt ends); None when the spec asks for nothing (the job
+    runs in the worker's). What uv said, and whether the environment was built or reused, go
+    to the attempt's log; `SetupError` when what was asked cannot be installed."""
     python = plan.spec.python
-    if python is None:
+    if python is None or (not python.pip and python.requirements is None):
         return None
     started = time.monotonic()
     request = EnvRequest.of(python, plan.code_dir if plan.spec.code else None)
