@@ -15,7 +15,6 @@ pytest.importorskip("sklearn")
 from e31_worker.workloads import batch_inference, training
 from e31_worker.workloads.data import write_digits_jsonl
 from e31_worker.workloads.models import digits_mlp
-
 from tests.unit.workload_context import make_ctx, one_torch_thread  # noqa: F401 (autouse)
 
 pytestmark = pytest.mark.torch
@@ -128,7 +127,8 @@ def test_trained_weights_in_safetensors_classify_most_held_out_digits(tmp_path: 
 
 
 @pytest.mark.gpu
-def test_on_cuda_the_batch_size_search_grows_the_batch_and_results_match_cpu(tmp_path: Path) -> None:
+def test_on_cuda_the_batch_size_search_grows_the_batch_and_results_match_cpu(
+        tmp_path: Path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     # Given 300 records

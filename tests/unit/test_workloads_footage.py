@@ -11,7 +11,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("av")
 
 from e31_worker.workloads import footage
-
 from tests.unit.workload_context import make_ctx, one_torch_thread  # noqa: F401 (autouse)
 
 pytestmark = pytest.mark.torch
@@ -33,7 +32,8 @@ def test_frames_sampled_at_2_fps_are_labelled_by_colour_with_a_summary(clip: Pat
     result = footage.run(ctx, path=str(clip), fps=2, size=[32, 24], batch_size=4)
 
     # Then each second gives two frames of its colour
-    frames = [json.loads(line) for line in (ctx.output_dir / "frames.jsonl").read_text().splitlines()]
+    lines = (ctx.output_dir / "frames.jsonl").read_text().splitlines()
+    frames = [json.loads(line) for line in lines]
     assert [(f["t_s"], f["label"]) for f in frames] == [
         (0.0, "red"), (0.5, "red"), (1.0, "green"), (1.5, "green"), (2.0, "blue"), (2.5, "blue")]
     [summary] = json.loads((ctx.output_dir / "summary.json").read_text())["files"]

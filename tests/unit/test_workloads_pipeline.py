@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from e31_worker.workloads.pipeline import prefetch, search_batch_size
 from e31_worker.workloads.segments import SegmentWriter
 

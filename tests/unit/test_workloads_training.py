@@ -15,7 +15,6 @@ pytest.importorskip("safetensors")
 
 from e31_worker.workloads import training
 from e31_worker.workloads.models import digits_cnn, digits_mlp, load_state_dict
-
 from tests.unit.workload_context import make_ctx, one_torch_thread  # noqa: F401 (autouse)
 
 pytestmark = pytest.mark.torch
@@ -43,7 +42,8 @@ PARAMS: dict[str, Any] = {"dataset": DIGITS, "dataset_kwargs": {"limit": 320}, "
                           "batch_size": 32, "val_fraction": 0.0, "checkpoint_every_steps": 4}
 
 
-def test_training_writes_metrics_per_epoch_and_weights_a_fresh_model_can_load(tmp_path: Path) -> None:
+def test_training_writes_metrics_per_epoch_and_weights_a_fresh_model_can_load(
+        tmp_path: Path) -> None:
     # Given a CNN on the digits as images, with a tenth held out
     ctx = make_ctx(tmp_path)
 

@@ -2,8 +2,8 @@
 
 | entrypoint | what it does |
 |---|---|
-| `e31_worker.workloads.batch_inference:run` | a model over a JSONL file (or a directory of files), resumable |
-| `e31_worker.workloads.training:run` | training / fine-tuning with checkpoints, resume, mixed precision on GPU |
+| `e31_worker.workloads.batch_inference:run` | a model over JSONL file(s), resumable |
+| `e31_worker.workloads.training:run` | training with checkpoints, resume, mixed precision on GPU |
 | `e31_worker.workloads.footage:run` | a per-frame model over video files, sampled at a given rate |
 
 `models` and `data` hold tiny factories (digits MLP/CNN, a frame colour classifier, the

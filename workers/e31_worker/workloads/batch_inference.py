@@ -103,7 +103,7 @@ class Collator:
               batch: Batch) -> tuple[torch.Tensor | None, list[dict[str, Any]]]:
         """One record at a time, to tell the bad ones from the good."""
         converted: list[tuple[dict[str, Any], torch.Tensor, str]] = []
-        for rec, where in zip(records, wheres):
+        for rec, where in zip(records, wheres, strict=True):
             try:
                 converted.append((rec, self._one(rec), where))
             except Exception as exc:  # noqa: BLE001 - any failure is this record's error
@@ -214,7 +214,8 @@ class _Forward:
         self._proven = True
         return rows, errors
 
-    def _rows(self, inputs: torch.Tensor, ids: list[Any], records: list[dict[str, Any]]) -> list[str]:
+    def _rows(self, inputs: torch.Tensor, ids: list[Any],
+              records: list[dict[str, Any]]) -> list[str]:
         with torch.inference_mode():
             out = self._net(inputs.to(self._device, non_blocking=True))
             return self._post(out, ids, records)
@@ -246,11 +247,12 @@ def _postprocessor(name: str, labels: list[Any] | None) -> Postprocess:
             names = [_json(labels[i]) for i in idx] if labels else [str(i) for i in idx]
             # the text json.dumps({"custom_id": c, "label": n, "score": s}) writes, 4x faster
             return [f'{{"custom_id": {_json(c)}, "label": {n}, "score": {s!r}}}\n'
-                    for c, n, s in zip(ids, names, score.tolist())]
+                    for c, n, s in zip(ids, names, score.tolist(), strict=False)]
         return classify
     if name == "raw":
-        return lambda out, ids, records: [dumps({"custom_id": c, "output": o}) + "\n"
-                                          for c, o in zip(ids, out.float().cpu().tolist())]
+        return lambda out, ids, records: [
+            dumps({"custom_id": c, "output": o}) + "\n"
+            for c, o in zip(ids, out.float().cpu().tolist(), strict=False)]
     fn = load_entrypoint(name)
     return lambda out, ids, records: [dumps({"custom_id": c, **v}) + "\n"
                                       for c, v in zip(ids, fn(out.cpu(), records), strict=True)]

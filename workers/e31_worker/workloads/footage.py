@@ -36,7 +36,8 @@ DEFAULT_MODEL = "e31_worker.workloads.models:frame_classifier"
 
 
 def plan_chunks(paths: str | Sequence[str], chunk_s: float | None = None, *,
-                durations: Mapping[str, float] | None = None, **params: Any) -> list[dict[str, Any]]:
+                durations: Mapping[str, float] | None = None,
+                **params: Any) -> list[dict[str, Any]]:
     """The params of one footage job per file, or per `chunk_s` seconds of each file.
 
     Each item is `{"path", "start_s", "end_s", **params}`; chunks are half-open, so their
@@ -75,10 +76,11 @@ def run(ctx: JobContext, path: str | list[str], model: str = DEFAULT_MODEL,
     names = labels or getattr(net, "labels", None)
     files = [f for p in ([path] if isinstance(path, str) else path) for f in list_videos(p)]
     durations = [video_duration_s(f) for f in files]
-    spans = [(f, start_s, d if end_s is None else min(end_s, d)) for f, d in zip(files, durations)]
+    spans = [(f, start_s, d if end_s is None else min(end_s, d))
+             for f, d in zip(files, durations, strict=True)]
     total_s = sum(max(0.0, e - s) for _, s, e in spans)
     frame_size = (int(size[0]), int(size[1])) if size else None
-    summaries = [_Summary(f, s, e, fps, d) for (f, s, e), d in zip(spans, durations)]
+    summaries = [_Summary(f, s, e, fps, d) for (f, s, e), d in zip(spans, durations, strict=True)]
     with open(ctx.output_dir / "frames.jsonl", "w") as out:
         batches = _batches(spans, fps, frame_size, batch_size, pin=device == "cuda")
         for index, times, frames in prefetch(batches, depth=prefetch_batches):
@@ -138,7 +140,7 @@ class _Summary:
     def add(self, times: list[float], labels: list[int], scores: list[float],
             names: Sequence[str] | None) -> list[dict[str, Any]]:
         rows = []
-        for t, i, s in zip(times, labels, scores):
+        for t, i, s in zip(times, labels, scores, strict=True):
             label = names[i] if names else str(i)
             self.counts[label] += 1
             rows.append({"file": self.name, "t_s": round(t, 6), "label": label, "score": s})

@@ -24,7 +24,7 @@ FRAME_LOGIT_SCALE = 20.0  # turns channel means in [0, 1] into confident logits
 
 
 def _seeded(seed: int, build: Any) -> nn.Module:
-    """Build a module with its initial weights drawn from `seed`, leaving the global RNG as it was."""
+    """Build a module with its initial weights drawn from `seed`; the global RNG is left as is."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         module: nn.Module = build()

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-PREFETCH_DEPTH = 4        # batches prepared ahead of the model: enough to hide jitter, little memory
+PREFETCH_DEPTH = 4        # batches prepared ahead of the model: hides jitter, little memory
 JOIN_TIMEOUT_S = 5.0      # how long a closing pipeline waits for its loader thread
 _DONE = object()
 

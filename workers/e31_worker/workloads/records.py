@@ -123,7 +123,7 @@ def parse_chunk(chunk: Chunk) -> tuple[list[dict[str, Any]], list[str], list[tup
     records: list[dict[str, Any]] = []
     wheres: list[str] = []
     errors: list[tuple[Any, str, str]] = []
-    for line, where in zip(chunk.lines, chunk.where):
+    for line, where in zip(chunk.lines, chunk.where, strict=True):
         try:
             value = json.loads(line)
         except ValueError as exc:

@@ -110,7 +110,7 @@ class SegmentWriter:
     def _open(self) -> dict[str, IO[str]]:
         self._scratch.mkdir(parents=True, exist_ok=True)
         # kept open across calls until commit() or close()
-        self._files = {kind: open(self._scratch / f"open.{kind}.jsonl", "w")  # noqa: SIM115
+        self._files = {kind: open(self._scratch / f"open.{kind}.jsonl", "w")
                        for kind in KINDS}
         self._opened_at = time.monotonic()
         return self._files

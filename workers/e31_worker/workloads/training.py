@@ -29,7 +29,8 @@ from e31_worker.workloads.models import build_model, save_state_dict
 
 CHECKPOINT = "training.pt"
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
-LOSSES: dict[str, Callable[..., torch.Tensor]] = {"cross_entropy": nn.functional.cross_entropy, "mse": nn.functional.mse_loss}
+LOSSES: dict[str, Callable[..., torch.Tensor]] = {
+    "cross_entropy": nn.functional.cross_entropy, "mse": nn.functional.mse_loss}
 
 
 def run(ctx: JobContext, model: str, dataset: str, model_kwargs: dict[str, Any] | None = None,
@@ -49,7 +50,8 @@ def run(ctx: JobContext, model: str, dataset: str, model_kwargs: dict[str, Any] 
     amp = mixed_precision and device == "cuda"
     torch.manual_seed(seed)
     net = build_model(model, model_kwargs, weights, device)
-    train_set, val_set = _split(load_entrypoint(dataset)(**(dataset_kwargs or {})), val_fraction, seed)
+    data = load_entrypoint(dataset)(**(dataset_kwargs or {}))
+    train_set, val_set = _split(data, val_fraction, seed)
     if optimizer not in OPTIMIZERS or loss not in LOSSES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)} and loss one of "
                          f"{sorted(LOSSES)}, not {optimizer!r} and {loss!r}")

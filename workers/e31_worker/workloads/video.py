@@ -52,7 +52,8 @@ def _open(url: str, stack: ExitStack) -> Any:
     """A PyAV container for a local path or any fsspec URL."""
     fs, local = fsspec.core.url_to_fs(url)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    source: Any = local if protocol in ("file", "local") else stack.enter_context(fs.open(local, "rb"))
+    source: Any = (local if protocol in ("file", "local")
+                   else stack.enter_context(fs.open(local, "rb")))
     return stack.enter_context(av.open(source))
 
 
