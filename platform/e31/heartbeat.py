@@ -36,6 +36,7 @@ class WorkerInfo:
     gpu_count: int = 0
     size_class: str = ""
     busy_job: str | None = None
+    isolation: str = ""       # how its jobs run: sandbox | process ("" from an older worker)
 
     @property
     def host(self) -> str:
@@ -61,7 +62,8 @@ class WorkerInfo:
         data = json.loads(raw)
         return cls(node=data["node"], queues=tuple(data["queues"]), gpus=data.get("gpus", ""),
                    gpu_count=int(data.get("gpu_count") or 0),
-                   size_class=data.get("size_class", ""), busy_job=data.get("busy_job"))
+                   size_class=data.get("size_class", ""), busy_job=data.get("busy_job"),
+                   isolation=str(data.get("isolation") or ""))
 
 
 def write(r: redis.Redis, info: WorkerInfo, *, interval_s: float) -> None:

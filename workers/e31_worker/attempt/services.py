@@ -17,9 +17,11 @@ import redis
 from e31.artifacts import ArtifactStore
 from e31.heartbeat import WorkerInfo
 from e31.settings import Settings
+from e31.states import Isolation
 from e31.store import Repo
 from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.groups import GroupRegistry
+from e31_worker.attempt.sandbox import Sandbox
 
 
 @dataclass(frozen=True)
@@ -35,3 +37,9 @@ class AttemptServices:
     cgroups: JobCgroups | None      # None where this process may not create cgroups
     draining: threading.Event       # set when the node stops: a running job is requeued
     busy: Callable[[str | None], None]  # told the job in hand (None when idle), for heartbeats
+    sandbox: Sandbox | None = None  # None: jobs run as the worker's user (`--isolation process`)
+
+    @property
+    def isolation(self) -> Isolation:
+        """How this worker's attempts are kept apart, as each one records it."""
+        return Isolation.SANDBOX if self.sandbox is not None else Isolation.PROCESS

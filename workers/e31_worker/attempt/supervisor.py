@@ -1,5 +1,6 @@
 """One child process per attempt: its own process group and directory, a capped log,
-timeout and cancel through SIGTERM → grace → SIGKILL of the whole group.
+timeout and cancel through SIGTERM → grace → SIGKILL of the whole group; in a sandbox
+(`e31_worker.attempt.sandbox`) where the worker has one.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from e31.states import AttemptReason
 from e31.store.records import Outcome
 from e31_worker.attempt.cgroups import JobCgroup, JobCgroups
 from e31_worker.attempt.groups import GroupRegistry
+from e31_worker.attempt.sandbox import AttemptSandbox, exit_code, read_job_file, signal_job
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,9 @@ POLL_S = 0.1                  # the log pump's longest wait for output
 PR_SET_PDEATHSIG = 1          # prctl option: signal the child when its parent thread dies
 LOG_CHUNK_BYTES = 64 * 1024
 LOG_DRAIN_S = 2.0             # output still read after the attempt ends
+PROGRESS_MAX_BYTES = 64 * 1024  # a progress file is two numbers; a bigger one is ignored
+NO_NETWORK_REFUSED = ("network: none needs a sandboxed worker; this one runs jobs with "
+                      "--isolation process (docs/security.md)")
 
 
 class Directive(str, Enum):
@@ -135,12 +140,15 @@ class Supervisor:
     progress, and what it returns may stop the child."""
 
     def __init__(self, plan: AttemptPlan, *, tick: Tick, groups: GroupRegistry | None = None,
-                 cgroups: JobCgroups | None = None) -> None:
+                 cgroups: JobCgroups | None = None, sandbox: AttemptSandbox | None = None,
+                 on_start: Callable[[float], None] | None = None) -> None:
         self._plan = plan
         self._tick = tick
         self._groups = groups
         self._cgroups = cgroups
         self._cgroup: JobCgroup | None = None
+        self._sandbox = sandbox      # None: the job runs as the worker's user (process)
+        self._on_start = on_start    # told how many ms the child took to start
 
     def prepare(self) -> None:
         self._plan.make_dirs()
@@ -149,19 +157,33 @@ class Supervisor:
         plan = self._plan
         self.prepare()
         argv = self._argv()
+        if self._sandbox is None and plan.spec.network == "none":
+            plan.log_path.write_text(f"e31: {NO_NETWORK_REFUSED}\n")
+            return Outcome(AttemptReason.ERROR, error=NO_NETWORK_REFUSED)
         if self._cgroups is not None:
             self._cgroup = self._cgroups.create(plan.job_id, plan.attempt,
                                                 memory_max_bytes=plan.memory_max_bytes)
         try:
-            proc = subprocess.Popen(argv, cwd=plan.cwd, env=self._env(),
+            command, env, enter = argv, self._env(), None
+            if self._sandbox is not None:
+                launch = self._sandbox.launch(
+                    argv, env, root=plan.root, cwd=plan.cwd,
+                    writable=(plan.work_dir, plan.output_dir, plan.checkpoint_dir,
+                              plan.input_dir),
+                    read_only=[p for p in (plan.code_dir, plan.venv) if p is not None])
+                command, env, enter = launch.argv, launch.env, launch.enter
+            started = time.monotonic()
+            proc = subprocess.Popen(command, cwd=plan.cwd, env=env,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=_child_setup(self._cgroup))
+                                    preexec_fn=_child_setup(self._cgroup, enter))
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else str(exc)
             plan.log_path.write_text(f"e31: cannot start {argv[0]}: {reason}\n")
             self._remove_cgroup()
             return Outcome(AttemptReason.ERROR, error=f"cannot start {argv[0]}: {reason}")
+        if self._on_start is not None:
+            self._on_start((time.monotonic() - started) * 1000)
         assert proc.stdout is not None
         done = threading.Event()
         pump = threading.Thread(target=_pump_log, name=f"log-{plan.job_id}",
@@ -185,7 +207,8 @@ class Supervisor:
                 self._groups.remove(proc.pid)
         oom_kills = self._cgroup.oom_kills() if self._cgroup is not None else 0
         self._remove_cgroup()
-        return self._result(proc.returncode, stopped_for, oom_kills)
+        code = proc.returncode if self._sandbox is None else exit_code(proc.returncode)
+        return self._result(code, stopped_for, oom_kills)
 
     def _remove_cgroup(self) -> None:
         """Kill whatever of the job is left, even processes that left its group, and clean up."""
@@ -216,24 +239,35 @@ class Supervisor:
                 proc.wait(timeout=max(0.0, min(next_tick, deadline) - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        _killpg(proc.pid, signal.SIGKILL)  # the job is over: nothing it started may linger
+        self._signal(proc, signal.SIGKILL)  # the job is over: nothing it started may linger
         return None
 
     def _kill(self, proc: subprocess.Popen[bytes], why: str) -> None:
         """SIGTERM the group, wait the grace period, then SIGKILL the group."""
         log.info("attempt_stopping job=%s attempt=%d why=%s", self._plan.job_id,
                  self._plan.attempt, why)
-        _killpg(proc.pid, signal.SIGTERM)
+        self._signal(proc, signal.SIGTERM)
         try:
             proc.wait(timeout=self._plan.kill_grace_s)
         except subprocess.TimeoutExpired:
             pass
-        _killpg(proc.pid, signal.SIGKILL)
+        self._signal(proc, signal.SIGKILL)
         proc.wait()
+
+    def _signal(self, proc: subprocess.Popen[bytes], sig: int) -> None:
+        """Signal the job's process group; in a sandbox, the processes of its PID namespace
+        (bubblewrap, its group, would die of a SIGTERM and take the job without its grace)."""
+        if self._sandbox is not None and proc.returncode is None:  # its pid is still ours
+            signal_job(proc.pid, sig)
+        if self._sandbox is None or sig == signal.SIGKILL:
+            _killpg(proc.pid, sig)
 
     def _progress(self) -> tuple[float, float] | None:
         try:
-            data = json.loads(self._plan.progress_path.read_text())
+            raw = read_job_file(self._plan.progress_path, max_bytes=PROGRESS_MAX_BYTES)
+            if raw is None:
+                return None
+            data = json.loads(raw)
             return float(data["done"]), float(data["total"] or 0)
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -312,20 +346,21 @@ def finished_outcome(root: Path) -> Outcome | None:
     """The outcome an entrypoint job wrote into its attempt directory (`root`) as it ended,
     or None if it did not finish. The runner writes it atomically before the child exits,
     so a worker restarted after its predecessor died can still record it."""
-    result_file, error_file = root / "result.json", root / "error.json"
-    if result_file.is_file():
-        return Outcome(AttemptReason.SUCCEEDED, exit_code=0,
-                       result=json.loads(result_file.read_text())["result"])
-    if error_file.is_file():
-        failure = json.loads(error_file.read_text())
+    result, error = read_job_file(root / "result.json"), read_job_file(root / "error.json")
+    if result is not None:   # a regular file only: a job's link is never followed
+        return Outcome(AttemptReason.SUCCEEDED, exit_code=0, result=json.loads(result)["result"])
+    if error is not None:
+        failure = json.loads(error)
         reason = AttemptReason.OOM if failure.get("reason") == "oom" else AttemptReason.ERROR
         return Outcome(reason, error=failure["error"])
     return None
 
 
-def _child_setup(cgroup: JobCgroup | None) -> Callable[[], None]:
-    """What the child does between fork and exec: die with its supervisor, and enter its
-    cgroup (so the memory cap and OOM accounting cover it from its first byte).
+def _child_setup(cgroup: JobCgroup | None,
+                 enter: Callable[[], None] | None = None) -> Callable[[], None]:
+    """What the child does between fork and exec: enter its cgroup (so the memory cap and
+    OOM accounting cover it from its first byte), its sandbox's `enter` (which drops the
+    worker's rights), and then die with its supervisor (a change of user clears that).
 
     It runs in a child forked from a threaded worker, so it only calls what was resolved
     before the fork and raw system calls (no locks, no Python I/O objects).
@@ -334,13 +369,15 @@ def _child_setup(cgroup: JobCgroup | None) -> Callable[[], None]:
     procs = str(cgroup.path / "cgroup.procs").encode() if cgroup is not None else None
 
     def setup() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if procs is not None:
             fd = os.open(procs, os.O_WRONLY)
             try:
                 os.write(fd, b"0")
             finally:
                 os.close(fd)
+        if enter is not None:
+            enter()
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
     return setup
 

@@ -28,6 +28,7 @@ from e31_worker.attempt.environment import SetupStopped, job_environment, lease_
 from e31_worker.attempt.inputs import stage_inputs
 from e31_worker.attempt.lease import LeaseKeeper
 from e31_worker.attempt.record import finish_attempt, with_store_retries, write_claim
+from e31_worker.attempt.sandbox import note_start
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.shipping import Shipper, earlier_log_bytes
 from e31_worker.attempt.supervisor import AttemptPlan, Supervisor, stopped_outcome
@@ -170,7 +171,10 @@ def _attempt(svc: AttemptServices, claim: Claim) -> None:
     with contextlib.ExitStack() as held:   # what the setup holds for the attempt (its env)
         try:
             plan = _prepare(svc, claim, plan, shipper, keeper, held)
-            result = Supervisor(plan, tick=keeper, groups=svc.groups, cgroups=svc.cgroups).run()
+            result = Supervisor(plan, tick=keeper, groups=svc.groups, cgroups=svc.cgroups,
+                                sandbox=svc.sandbox.for_attempt(claim) if svc.sandbox else None,
+                                on_start=lambda ms: note_start(svc.repo, claim, svc.isolation,
+                                                               ms)).run()
         except SetupError as exc:  # the user's error (a requirement that does not install)
             log.warning("setup_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt, exc)
             with open(plan.log_path, "a") as out:

@@ -21,6 +21,7 @@ from e31.heartbeat import WorkerInfo
 from e31.settings import Settings
 from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.groups import GroupRegistry, NodeLock
+from e31_worker.attempt.sandbox import Sandbox
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.settle import settle_left_attempts
 from e31_worker.attempt.task import register
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = Settings.load()
     queues = tuple(args.queues.split(","))
     identity = WorkerInfo(node=args.node, queues=queues, gpus=args.gpus,
-                          gpu_count=args.gpu_count, size_class=args.size_class)
+                          gpu_count=args.gpu_count, size_class=args.size_class,
+                          isolation=settings.isolation)
     # Per node: a restarted worker process finds what its predecessor left running.
     groups_dir = settings.resolved_work_dir / ".groups"
     node_lock = NodeLock(groups_dir / f"{identity.node}.lock")  # held until this process ends
@@ -70,7 +72,9 @@ def main(argv: list[str] | None = None) -> None:
     services = AttemptServices(settings=settings, identity=identity, repo=repo,
                                artifacts=wiring.artifacts(settings), redis=redis_client,
                                groups=groups, cgroups=cgroups, draining=beat.draining,
-                               busy=beat.set_busy)
+                               busy=beat.set_busy,
+                               sandbox=(Sandbox.from_settings(settings)
+                                        if settings.isolation == "sandbox" else None))
     settle_left_attempts(services)     # what it finished but could not record
     app = wiring.celery(settings, queues=list(queues))
     register(app, services)

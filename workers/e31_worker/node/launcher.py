@@ -90,7 +90,9 @@ class Launcher:
         self._stop = threading.Event()
 
     def _spawn(self, slot: WorkerSlot) -> subprocess.Popen[bytes]:
-        env = dict(os.environ, E31_HOME=str(self._settings.home))  # --home reaches the workers
+        # --home and --isolation reach the workers
+        env = dict(os.environ, E31_HOME=str(self._settings.home),
+                   E31_ISOLATION=self._settings.isolation)
         # Pinned before Python starts in the worker: it and its jobs see only these GPUs.
         env.update(CUDA_VISIBLE_DEVICES=slot.gpus, CUDA_DEVICE_ORDER="PCI_BUS_ID")
         argv = [sys.executable, "-m", "e31_worker.node.celery_process", "--node", slot.node,

@@ -1,0 +1,466 @@
+"""The sandbox an attempt's child runs in (docs/security.md): its own user, namespaces and files.
+
+With `isolation = "sandbox"` (the default) the worker, which runs as root, starts each job as
+
+    fork → enter the attempt's memory cgroup → [stage binds] → drop to the job's uid → exec
+    bwrap --unshare-all [--share-net] --die-with-parent --new-session <binds> -- <job argv>
+
+so the job runs as an unprivileged uid of its tenant (`sandbox_uid_base` + a stable hash of
+the tenant id modulo `sandbox_uid_count`; no host user may own these uids), in its own user,
+mount, PID, IPC, UTS and cgroup namespaces (bubblewrap makes them; with `network: none` a
+network namespace too, which holds only a loopback of its own). What it sees of the host's
+files: the system and the worker's Python read-only (`/usr`, `/etc`, the `/lib*`, `/bin`,
+`/sbin`, the interpreter's prefixes, site directories and the worker's PYTHONPATH), a fresh
+`/proc` of its own PID namespace, a minimal `/dev` (plus the NVIDIA device nodes), private
+`/tmp` and `/dev/shm`, and its attempt's directory read-write. Its code bundle and its
+environment are bound read-only. `E31_HOME`, the store, the artifact store, other attempts'
+directories, the Redis password file and the worker's processes do not exist for it: a
+protected path inside a directory bound for the system is hidden under an empty tmpfs.
+
+The environment it starts with is exactly the one the supervisor built for it (the worker's
+variables without any `E31_*` setting, the spec's `env`, the job's own `E31_*` paths): that
+is bubblewrap's whole environment, so `--clearenv` is not needed, and no value appears on a
+command line. `HOME` is the job's scratch directory, unless the spec set one.
+
+Files. Before the start the attempt's root (`<work_dir>/<job>/attempt-<n>`) becomes
+`root:<job gid>` mode 1770: the job may create files there (its `progress.json`, and the
+runner's `result.json` / `error.json`), but the sticky bit keeps it from removing or
+replacing the worker's own (`claim.json`, `job.json`, `attempt.log`, all root's). Its `work`,
+`output`, `checkpoints` and `inputs` trees are chowned to the job's uid. The worker reads
+what a job wrote without following a link and only from a regular file (`read_job_file`),
+and the artifact store refuses links in outputs and checkpoints.
+
+Binds whose source the job's uid could not reach on the host (under a 0700 `E31_HOME`, a
+root-only Python prefix) are staged first: the forked child, still root, makes a private
+mount namespace, mounts a tmpfs on `STAGE_DIR` and binds each such source there, so
+bubblewrap (which resolves its sources as the job's uid) binds them from a reachable path.
+Nothing of this is visible outside that child.
+
+Stopping. bubblewrap's outer process is the supervisor's process group; the job runs in a
+new session inside the PID namespace, whose init is bubblewrap's. SIGTERM therefore goes to
+every process of the namespace but its init (`signal_job`), and SIGKILL to bubblewrap, whose
+death kills the namespace's init (`--die-with-parent`), which makes the kernel kill every
+process in it. bubblewrap reports a job killed by signal N as exit status 128 + N
+(`exit_code` turns it back into -N, as for a process isolated job).
+
+The attempt facts (columns `isolation`, `start`, `start_ms`, `setup_s`, `gpu_mem_peak_gb`,
+`gpu_util_mean` of `attempts`) are written through `Repo.note_attempt(job_id, attempt,
+AttemptFacts(...))` (`e31.store.attempts`): `note_start` notes the isolation, `start`
+(always `cold` today) and `start_ms` once the child started; the prepare stage notes
+`setup_s` the same way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import site
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from e31.errors import ConfigError, StoreError
+from e31.settings import Settings
+from e31.states import Isolation, Start
+from e31.store import Repo
+from e31.store.attempts import AttemptFacts
+from e31.store.records import Claim
+
+log = logging.getLogger(__name__)
+
+BWRAP = "bwrap"
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+GPU_DEVICE_PREFIX = "nvidia"   # /dev/nvidia0.., nvidiactl, nvidia-uvm, nvidia-caps/
+STAGE_DIR = Path("/run/e31-sandbox")  # staging mount point (a tmpfs in the child's namespace)
+SIGNAL_EXIT_BASE = 128         # bubblewrap's exit status for a job killed by signal N: 128 + N
+ROOT_MODE = 0o1770             # the attempt root: root:<job gid>, sticky
+WORKER_FILES = ("attempt.log", "claim.json")  # the worker's files in the root: never the job's
+PROBE_TIMEOUT_S = 60.0         # the start-up check: one sandboxed Python that imports the runner
+JOB_FILE_MAX_BYTES = 64 * 1024 ** 2  # a result or progress file the worker reads back
+
+# Linux system call numbers and flags (include/uapi/linux/sched.h, mount.h).
+CLONE_NEWNS = 0x00020000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the supervisor starts a sandboxed child: this argv and environment, and `enter`,
+    which the forked child runs as root right before it execs (stage binds, drop its uid)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    enter: Callable[[], None]
+
+
+class Sandbox:
+    """What every sandbox of one worker process shares: bubblewrap, the uid range, the paths
+    every job reads, and the paths no job may see. Built once (`from_settings`); each attempt
+    gets its own `AttemptSandbox` (`for_attempt`)."""
+
+    def __init__(self, *, bwrap: str, uid_base: int, uid_count: int,
+                 read_only: Sequence[Path], writable: Sequence[Path],
+                 protected: Sequence[Path]) -> None:
+        self.bwrap = bwrap
+        self._uid_base = uid_base
+        self._uid_count = uid_count
+        self._protected = tuple(protected)
+        self._read_only = tuple(read_only)
+        self._writable = tuple(writable)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Sandbox:
+        """The worker's sandbox: the system, its Python and the operator's shared directories
+        visible; its home, store, artifacts, work dir and secrets never."""
+        protected = protected_paths(settings)
+        operator = [Path(p) for p in (*settings.sandbox_read_only_dirs,
+                                      *settings.sandbox_writable_dirs)]
+        for path in operator:
+            if (why := _exposes(path, protected)) is not None:
+                raise ConfigError(f"sandbox directory {path} {why}: no job may see it")
+        base = [p for p in python_paths() if _exposes(p, protected) is None]
+        return cls(bwrap=shutil.which(BWRAP) or "", uid_base=settings.sandbox_uid_base,
+                   uid_count=settings.sandbox_uid_count,
+                   read_only=[*base, *(Path(p) for p in settings.sandbox_read_only_dirs)],
+                   writable=[Path(p) for p in settings.sandbox_writable_dirs],
+                   protected=protected)
+
+    def uid_for(self, tenant_id: str) -> int:
+        """The tenant's uid (and gid): the same on every host and after every restart."""
+        digest = hashlib.sha256(tenant_id.encode()).digest()
+        return self._uid_base + int.from_bytes(digest[:8], "big") % self._uid_count
+
+    def for_attempt(self, claim: Claim) -> AttemptSandbox:
+        """The sandbox of a claimed attempt: its tenant's uid; no network for `network: none`."""
+        return AttemptSandbox(self, uid=self.uid_for(claim.tenant_id),
+                              network=claim.spec.network != "none")
+
+    def unavailable(self, work_dir: Path) -> str | None:
+        """Why no job can run in this sandbox here, or None: root, bubblewrap and user
+        namespaces are checked by running one sandboxed Python that imports the job runner,
+        as a job would (under `work_dir`, as root, then removed)."""
+        if os.geteuid() != 0:
+            return ("the worker does not run as root, so it cannot start jobs as other users "
+                    "(run it as root, or start it with --isolation process)")
+        if not self.bwrap:
+            return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+        work_dir.mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix=".sandbox-probe-", dir=work_dir))
+        try:
+            (root / "work").mkdir()
+            launch = AttemptSandbox(self, uid=self.uid_for("probe"), network=False).launch(
+                [sys.executable, "-c", "import e31_worker.child.runner"],
+                {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, root=root,
+                cwd=root / "work", writable=[root / "work"], read_only=[])
+            done = subprocess.run(launch.argv, env=launch.env, cwd=root / "work",
+                                  preexec_fn=launch.enter, stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"cannot start bubblewrap: {exc}"
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip().splitlines()
+            return (f"a sandboxed test process failed (exit {done.returncode}): "
+                    f"{said[-1] if said else 'no output'}; user namespaces may be off "
+                    "(sysctl kernel.unprivileged_userns_clone, user.max_user_namespaces) or a "
+                    "container's seccomp/AppArmor profile may forbid them (docs/operations.md)")
+        return None
+
+    def bind_args(self, uid: int, *, staged: list[Path]) -> list[str]:
+        """The arguments for the system, the Python and the operator's directories, with the
+        protected paths they contain hidden; sources the uid cannot reach go into `staged`."""
+        # Fresh /proc, /dev, /tmp and /dev/shm first: binds below them (a module directory in
+        # /tmp on a worker's PYTHONPATH, a GPU's device node) go on top.
+        args = ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+        for path in map(Path, SYSTEM_PATHS):
+            if path.is_symlink():
+                args += ["--symlink", os.readlink(path), str(path)]
+            elif path.exists():
+                args += ["--ro-bind", _source(path, uid, staged), str(path)]
+        for path in _outermost(self._read_only):
+            args += ["--ro-bind", _source(path, uid, staged), str(path)]
+        shown = [*map(Path, SYSTEM_PATHS), *self._read_only]
+        for hidden in self._protected:
+            if any(hidden.is_relative_to(p) for p in shown) and hidden.exists():
+                args += (["--tmpfs", str(hidden)] if hidden.is_dir()
+                         else ["--ro-bind", "/dev/null", str(hidden)])
+        for device in sorted(Path("/dev").glob(GPU_DEVICE_PREFIX + "*")):
+            args += ["--dev-bind-try", str(device), str(device)]
+        for path in self._writable:
+            args += ["--bind", _source(path, uid, staged), str(path)]
+        return args
+
+
+class AttemptSandbox:
+    """One attempt's sandbox: its tenant's uid, and whether it has the network."""
+
+    def __init__(self, sandbox: Sandbox, *, uid: int, network: bool) -> None:
+        self._sandbox = sandbox
+        self.uid = uid
+        self.network = network
+
+    def launch(self, argv: Sequence[str], env: Mapping[str, str], *, root: Path, cwd: Path,
+               writable: Iterable[Path], read_only: Iterable[Path]) -> Launch:
+        """Hand the attempt's directories to the job's uid and wrap `argv` in bubblewrap.
+
+        `root` (the attempt's directory) is bound read-write, the trees in `writable` (inside
+        it) become the job's, and `read_only` (its code, its environment) is bound read-only.
+        """
+        self._own(root, writable)
+        staged: list[Path] = []
+        args = [self._sandbox.bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
+        if self.network:
+            args.append("--share-net")
+        args += self._sandbox.bind_args(self.uid, staged=staged)
+        args += ["--bind", _source(root, self.uid, staged), str(root)]
+        for path in _outermost(p for p in read_only if p.exists()):
+            args += ["--ro-bind", _source(path, self.uid, staged), str(path)]
+        args += ["--chdir", str(cwd), "--", *argv]
+        return Launch(argv=args, env=self._env(env, home=root / "work"),
+                      enter=_enter(self.uid, staged))
+
+    def _own(self, root: Path, writable: Iterable[Path]) -> None:
+        """The root to root:<gid> 1770 (the worker's files in it stay the worker's), the
+        writable trees to the job's uid, before any of its code runs."""
+        for name in WORKER_FILES:  # made now, so the job cannot plant them
+            fd = os.open(root / name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+            os.fchmod(fd, 0o600)
+            os.close(fd)
+        os.chown(root, os.geteuid(), self.uid, follow_symlinks=False)
+        os.chmod(root, ROOT_MODE)
+        for tree in writable:
+            if not tree.is_dir() or tree.is_symlink():
+                continue
+            os.chown(tree, self.uid, self.uid, follow_symlinks=False)
+            for top, dirs, files in os.walk(tree):
+                for name in (*dirs, *files):
+                    os.chown(os.path.join(top, name), self.uid, self.uid, follow_symlinks=False)
+
+    def _env(self, env: Mapping[str, str], *, home: Path) -> dict[str, str]:
+        """The job's environment with the worker's own HOME and user name replaced."""
+        out = dict(env)
+        if out.get("HOME") in (None, os.environ.get("HOME")):
+            out["HOME"] = str(home)
+        for var in ("USER", "LOGNAME"):
+            if out.get(var) == os.environ.get(var):
+                out[var] = f"e31-{self.uid}"
+        return out
+
+
+def signal_job(bwrap_pid: int, sig: int) -> None:
+    """Send `sig` to a sandboxed job started as `bwrap_pid`: SIGKILL to bubblewrap and its
+    namespace's init (which takes every process of the namespace with it); any other signal
+    to every process of the namespace but its init, which would drop it anyway."""
+    init = _namespace_init(bwrap_pid)
+    if sig == signal.SIGKILL:
+        targets = [bwrap_pid, *([init] if init else [])]
+    else:
+        targets = _namespace_members(init) if init else []
+    for pid in targets:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def exit_code(code: int) -> int:
+    """A sandboxed job's exit status as a process isolated job's: -N for killed by signal N."""
+    if SIGNAL_EXIT_BASE < code <= SIGNAL_EXIT_BASE + signal.NSIG:
+        return -(code - SIGNAL_EXIT_BASE)
+    return code
+
+
+def read_job_file(path: Path, *, max_bytes: int = JOB_FILE_MAX_BYTES) -> bytes | None:
+    """A file a job wrote into its attempt's directory, read back by the worker: only a
+    regular file, never through a link, never a FIFO that would block; None when there is
+    none. Larger than `max_bytes`: `ValueError`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # absent, a link (ELOOP), or unreadable: nothing the job finished
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if st.st_size > max_bytes:
+            raise ValueError(f"{path.name} is larger than {max_bytes} bytes")
+        return f.read(max_bytes + 1)[:max_bytes]
+
+
+def note_start(repo: Repo, claim: Claim, isolation: Isolation, start_ms: float) -> None:
+    """Note how the attempt's child started; a store that fails only costs the note."""
+    try:
+        repo.note_attempt(claim.job_id, claim.attempt, AttemptFacts(
+            isolation=isolation, start=Start.COLD, start_ms=round(start_ms, 3)))
+    except StoreError as exc:
+        log.warning("start_note_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt, exc)
+
+
+def protected_paths(settings: Settings) -> list[Path]:
+    """What no job may see: E31_HOME, the work dir (every attempt), the SQLite store, the
+    artifact store on this host, the Redis password file."""
+    paths = [settings.home, settings.resolved_work_dir]
+    db = urlsplit(settings.resolved_database_url)
+    if db.scheme.startswith("sqlite") and db.path not in ("", "/", "/:memory:"):
+        paths.append(Path(db.path[1:] if db.path.startswith("//") else db.path))
+    artifacts = urlsplit(settings.resolved_artifacts_url)
+    if artifacts.scheme == "file":
+        paths.append(Path(artifacts.path))
+    if settings.redis_password_file:
+        paths.append(Path(settings.redis_password_file))
+    return [Path(os.path.realpath(p)) for p in paths]
+
+
+def python_paths() -> list[Path]:
+    """What a job needs of the worker's Python: its prefixes, site directories, the worker's
+    own packages (an editable install points outside site-packages) and PYTHONPATH."""
+    found = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             *site.getsitepackages(), *sys.path[1:]]   # sys.path[0]: the worker's own cwd
+    for package in ("e31", "e31_worker"):
+        spec = importlib.util.find_spec(package)
+        found += [str(Path(p).parent) for p in (spec.submodule_search_locations or [])] \
+            if spec else []
+    found += os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    out: list[Path] = []
+    for entry in found:
+        if entry and os.path.isabs(entry) and os.path.exists(entry):
+            real = Path(os.path.realpath(entry))
+            if real not in out:
+                out.append(real)
+    return out
+
+
+def _exposes(path: Path, protected: Sequence[Path]) -> str | None:
+    """Why binding `path` would show a protected path, or None."""
+    real = Path(os.path.realpath(path))
+    for hidden in protected:
+        if real.is_relative_to(hidden):
+            return f"is inside {hidden}"
+        if hidden.is_relative_to(real) and not any(real.is_relative_to(s)
+                                                   for s in map(Path, SYSTEM_PATHS)):
+            return f"holds {hidden}"
+    return None
+
+
+def _outermost(paths: Iterable[Path]) -> list[Path]:
+    """`paths` without those inside another one of them or inside a system directory."""
+    system = [Path(p) for p in SYSTEM_PATHS]
+    unique = sorted(set(paths), key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for p in unique:
+        if not any(p.is_relative_to(k) for k in (*kept, *system)):
+            kept.append(p)
+    return kept
+
+
+def _reachable(path: Path, uid: int) -> bool:
+    """Whether `uid` (whose gid is its uid, with no other group) may look `path` up."""
+    for parent in reversed(path.parents):
+        st = os.stat(parent)
+        bit = (stat.S_IXUSR if st.st_uid == uid else
+               stat.S_IXGRP if st.st_gid == uid else stat.S_IXOTH)
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
+def _source(path: Path, uid: int, staged: list[Path]) -> str:
+    """The source bubblewrap binds `path` from: itself where the job's uid can reach it, else
+    its place under STAGE_DIR, where the child binds it before dropping its rights."""
+    real = Path(os.path.realpath(path))
+    if _reachable(real, uid):
+        return str(real)
+    staged.append(real)
+    return str(STAGE_DIR / str(len(staged) - 1))
+
+
+def _enter(uid: int, staged: Sequence[Path]) -> Callable[[], None]:
+    """What the child does as root between fork and exec: stage the binds its uid cannot
+    reach, then become `uid` (gid `uid`, no other group). Resolved before the fork: only
+    system calls after it."""
+    libc = _libc() if staged else None
+    sources = [(str(p).encode(), str(STAGE_DIR / str(i)).encode(), p.is_dir())
+               for i, p in enumerate(staged)]
+    stage = str(STAGE_DIR).encode()
+    if staged:
+        STAGE_DIR.mkdir(mode=0o755, exist_ok=True)
+
+    def enter() -> None:
+        if libc is not None:
+            _check(libc.unshare(CLONE_NEWNS), "unshare")
+            _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount private")
+            _check(libc.mount(b"tmpfs", stage, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755"),
+                   "mount tmpfs")
+            for source, target, is_dir in sources:
+                if is_dir:
+                    os.mkdir(target)
+                else:
+                    os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o600))
+                _check(libc.mount(source, target, None, MS_BIND | MS_REC, None), "bind")
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+
+    return enter
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"sandbox staging: {what}: {os.strerror(err)}")
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """libc, loaded once in the worker (never after fork in a child)."""
+    return ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def _namespace_init(bwrap_pid: int) -> int | None:
+    """The init of the PID namespace bubblewrap `bwrap_pid` made: its child."""
+    try:
+        children = Path(f"/proc/{bwrap_pid}/task/{bwrap_pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if children else None
+
+
+def _namespace_members(init: int) -> list[int]:
+    """Every process in the PID namespace whose init is `init`, but the init."""
+    try:
+        namespace = os.readlink(f"/proc/{init}/ns/pid")
+    except OSError:
+        return []
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == init:
+            continue
+        try:
+            if os.readlink(entry / "ns" / "pid") == namespace:
+                members.append(int(entry.name))
+        except OSError:
+            continue
+    return members
+
+
+def sandbox_unavailable(settings: Settings) -> str | None:
+    """Why this host cannot run `settings`' jobs in a sandbox, or None: checked once when a
+    worker starts (`e31 worker`, `e31 up`), by running one sandboxed process."""
+    try:
+        sandbox = Sandbox.from_settings(settings)
+    except ConfigError as exc:
+        return exc.message
+    return sandbox.unavailable(settings.resolved_work_dir)
