@@ -42,6 +42,9 @@ SimulateGpusOpt = typer.Option(None, "--simulate-gpus",
                                help="pretend GPUs, e.g. 2x24,1x80 (no GPU needed)")
 SpillOpt = typer.Option(True, "--spill/--no-spill", help="also take smaller GPU classes")
 GroupOpt = typer.Option(1, "--group", help="GPUs per worker process, for multi-GPU jobs")
+IsolationOpt = typer.Option(None, "--isolation", help="sandbox (each job as its own user, in "
+                            "its own namespaces) or process (as the worker's user) "
+                            "[env E31_ISOLATION]")
 
 
 def fail(message: str, code: int) -> NoReturn:

@@ -254,11 +254,13 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
                       pending.get("estimated_start") or "unknown (no recent starts in its queue)")
     out.print(table)
     if st["attempts"]:
-        at = Table("attempt", "worker", "gpus", "started", "setup", "ended", "reason", "error")
+        at = Table("attempt", "worker", "gpus", "isolation", "started", "setup", "ended",
+                   "reason", "error")
         for a in st["attempts"]:
             setup = f"{a['setup_s']:.1f} s" if a.get("setup_s") is not None else "-"
-            at.add_row(str(a["n"]), a["worker"], a["gpus"] or "-", a["started_at"] or "", setup,
-                       a["ended_at"] or "", a["reason"] or "running", (a["error"] or "")[:80])
+            at.add_row(str(a["n"]), a["worker"], a["gpus"] or "-", a.get("isolation") or "-",
+                       a["started_at"] or "", setup, a["ended_at"] or "",
+                       a["reason"] or "running", (a["error"] or "")[:80])
         out.print(at)
 
 
@@ -490,13 +492,14 @@ def queue(as_json: bool = JsonOpt) -> None:
     if as_json:
         print_json(view)
         return
-    table = Table("class", "GPUs", "busy", "queued", "tenant", "queued", "running GPUs",
-                  "used share", "weight share", "quota")
+    table = Table("class", "GPUs", "busy", "isolation", "queued", "tenant", "queued",
+                  "running GPUs", "used share", "weight share", "quota")
     for c in view["classes"]:
         first = True
         for t in c["tenants"] or [None]:
-            head = [c["size_class"], str(c["gpus"]), str(c["busy_gpus"]), str(c["queued"])] \
-                if first else ["", "", "", ""]
+            head = [c["size_class"], str(c["gpus"]), str(c["busy_gpus"]),
+                    ", ".join(c.get("isolation") or []) or "-", str(c["queued"])] \
+                if first else ["", "", "", "", ""]
             first = False
             if t is None:
                 table.add_row(*head, "-", "", "", "", "", "")

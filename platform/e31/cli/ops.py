@@ -22,6 +22,7 @@ from e31.cli.common import (
     GpusOpt,
     GroupOpt,
     HomeOpt,
+    IsolationOpt,
     JsonOpt,
     SimulateGpusOpt,
     SpillOpt,
@@ -57,17 +58,23 @@ def worker(gpus: str = GpusOpt,
                                           help="with --drain: a node name, e.g. gpu0@host"),
            wait: bool = typer.Option(True, "--wait/--no-wait",
                                      help="with --drain: wait until they stopped"),
+           isolation: str | None = IsolationOpt,
            as_json: bool = JsonOpt) -> None:
     """One pinned Celery worker per GPU (or group, or CPU slot); SIGTERM or --drain drains them."""
     from e31_worker.node.gpus import discover, parse_simulated, select
     from e31_worker.node.launcher import Launcher, default_host, plan_slots
     setup_logging(loglevel)
-    settings = load_settings(home=home)
+    settings = load_settings(home=home, isolation=isolation)
     if not settings.redis_url:
         fail("E31_REDIS_URL is not set: a worker needs the shared Redis", EXIT_INPUT)
     if drain:
         _drain(settings, nodes=node, host=hostname or default_host(), wait=wait, as_json=as_json)
         return
+    if settings.isolation == "sandbox":
+        from e31_worker.attempt.sandbox import sandbox_unavailable
+        if (why := sandbox_unavailable(settings)) is not None:
+            fail(f"cannot run jobs in a sandbox on this host: {why}. `--isolation process` "
+                 "runs them as the worker's own user instead (docs/security.md)", EXIT_INPUT)
     try:
         found = parse_simulated(simulate_gpus) if simulate_gpus else discover()
         chosen = select(found, gpus) if found else []

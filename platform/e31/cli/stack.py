@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -23,6 +24,7 @@ from e31.cli.common import (
     GpusOpt,
     GroupOpt,
     HomeOpt,
+    IsolationOpt,
     SimulateGpusOpt,
     SpillOpt,
     err,
@@ -30,6 +32,9 @@ from e31.cli.common import (
     out,
 )
 from e31.errors import ConfigError, E31Error
+
+if TYPE_CHECKING:
+    from e31.settings import Settings
 
 DETACH_READY_TIMEOUT_S = 120.0
 DETACH_POLL_S = 0.3
@@ -47,10 +52,12 @@ def up(gpus: str = GpusOpt,
        flower_port: int | None = typer.Option(None, "--flower-port"),
        no_flower: bool = typer.Option(False, "--no-flower"),
        detach: bool = typer.Option(False, "--detach", "-d",
-                                   help="return once ready; `e31 down` stops it")) -> None:
+                                   help="return once ready; `e31 down` stops it"),
+       isolation: str | None = IsolationOpt) -> None:
     """Start the whole stack on this machine: Redis, store, API, scheduler, workers, Flower."""
     from e31.local.stack import LocalStack
-    settings = load_settings(home=home, api_port=port, flower_port=flower_port)
+    settings = load_settings(home=home, api_port=port, flower_port=flower_port,
+                             isolation=isolation)
     if detach:
         _detach(settings.home)
         return
@@ -60,8 +67,9 @@ def up(gpus: str = GpusOpt,
     if not real and not simulate_gpus:
         err.print("no GPU found: serving the cpu class only "
                   "(add --simulate-gpus 1x24 to try GPU routing)")
-    stack = LocalStack(settings=settings, flower=not no_flower,
-                       worker_args=_worker_argv(gpus, slots, simulate_gpus, spill, group))
+    worker_args = _worker_argv(gpus, slots, simulate_gpus, spill, group)
+    worker_args += ["--isolation", _isolation(settings, chosen=isolation is not None)]
+    stack = LocalStack(settings=settings, flower=not no_flower, worker_args=worker_args)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stack.request_stop())
     try:
@@ -100,6 +108,23 @@ def _worker_argv(gpus: str, cpu_slots: int, simulate_gpus: str | None, spill: bo
     if simulate_gpus:
         argv += ["--simulate-gpus", simulate_gpus]
     return argv
+
+
+def _isolation(settings: Settings, *, chosen: bool) -> str:
+    """The stack's isolation: the sandbox where this host can give one; else, unless the
+    sandbox was asked for by flag, each job as the user who runs `e31 up`, with a warning."""
+    if settings.isolation != "sandbox":
+        return settings.isolation
+    from e31_worker.attempt.sandbox import sandbox_unavailable
+    why = sandbox_unavailable(settings)
+    if why is None:
+        return "sandbox"
+    if chosen:
+        err.print(f"error: cannot run jobs in a sandbox on this host: {why}")
+        raise typer.Exit(EXIT_INPUT)
+    err.print(f"warning: jobs run without a sandbox, as your own user ({why}); "
+              "see docs/security.md")
+    return "process"
 
 
 def _detach(home: Path) -> None:

@@ -101,6 +101,8 @@ def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo
             m["used_share"] = round(m["running_gpus"] / total_run, 3)
         out.append({"size_class": c.name, "gpus": gpus, "busy_gpus": busy_gpus,
                     "workers": len(mine), "queued": sum(m["queued"] for m in merged.values()),
+                    # how its workers run jobs (docs/security.md); "unknown": an older worker
+                    "isolation": sorted({w.isolation or "unknown" for w in mine}),
                     "tenants": sorted(merged.values(), key=lambda m: m["tenant"])})
     return {"classes": out, "tenants": _standing(tenants, who, set(queued_tenants(queued)))}
 
