@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from e31.client import Client
-from e31.local.stack import stack_ready
-from e31.local.redisserver import free_port
 
+from e31.client import Client
+from e31.local.redisserver import free_port
+from e31.local.stack import stack_ready
 from tests.conftest import wait_for
 
 JOBS_DIR = Path(__file__).parent / "jobs"
@@ -31,6 +31,7 @@ class Stack:
     url: str
     token: str
     env: dict[str, str]
+    shared: Path   # the one host directory the stack's jobs may write (sandbox_writable_dirs)
 
     @property
     def redis_url(self) -> str:
@@ -54,7 +55,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     home = tmp_path_factory.mktemp("e31home")
     # No E31_REDIS_URL: `e31 up` starts its own private redis-server, as on a user's machine,
     # and the stack's workers stay away from the Redis the integration tests use.
-    env = dict(os.environ, E31_HOME=str(home),
+    shared = tmp_path_factory.mktemp("shared")   # tests and their jobs meet here: a job's
+    shared.chmod(0o777)                          # sandbox shows it nothing else of the host
+    env = dict(os.environ, E31_HOME=str(home), E31_SANDBOX_WRITABLE_DIRS=str(shared),
                E31_API_PORT=str(free_port()), E31_FLOWER_PORT=str(free_port()),
                E31_HEARTBEAT_INTERVAL_S="0.5", E31_KILL_GRACE_S="2", E31_SCHEDULER_TICK_S="1",
                E31_INPUT_FILE_ROOTS=str(tmp_path_factory.getbasetemp()),  # file:// inputs
@@ -70,10 +73,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                  what="e31 up to be ready")
         assert proc.poll() is None, (home / "up.out").read_text()
         profile = json.loads((home / "profile.json").read_text())
-        yield Stack(home=home, url=profile["url"], token=profile["token"], env=env)
+        yield Stack(home=home, url=profile["url"], token=profile["token"], env=env,
+                    shared=shared)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture
+def shared_tmp(stack: Stack, tmp_path: Path) -> Path:
+    """A directory this test shares with its jobs (pid files, release files): under the
+    stack's shared directory, which sandboxed jobs may write, unlike the test's tmp_path."""
+    path = stack.shared / tmp_path.name
+    path.mkdir(mode=0o777)
+    path.chmod(0o777)
+    return path

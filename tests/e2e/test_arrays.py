@@ -65,7 +65,8 @@ def test_the_cli_submits_a_sweep_over_a_spec_waits_and_prints_the_manifest(
         stack: Stack, tmp_path: Path) -> None:
     # Given a base spec and a grid of four names
     base = tmp_path / "greet.yaml"
-    base.write_text("name: cli-sweep\nentrypoint: e31_worker.examples:hello\nresources: {gpus: 0}\n")
+    base.write_text("name: cli-sweep\nentrypoint: e31_worker.examples:hello\n"
+                    "resources: {gpus: 0}\n")
     sweep = tmp_path / "names.yaml"
     sweep.write_text("grid:\n  name: [ada, grace, edsger, barbara]\n")
 

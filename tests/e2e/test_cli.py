@@ -8,7 +8,8 @@ from pathlib import Path
 from .conftest import Stack
 
 
-def test_submit_from_a_spec_file_then_wait_status_result_and_download(stack: Stack, tmp_path: Path) -> None:
+def test_submit_from_a_spec_file_then_wait_status_result_and_download(
+        stack: Stack, tmp_path: Path) -> None:
     spec = tmp_path / "job.yaml"
     spec.write_text("name: greet-cli\nentrypoint: e31_worker.examples:hello\n"
                     "params: {name: cli}\nresources: {gpus: 0}\n")
@@ -34,7 +35,8 @@ def test_submit_from_a_spec_file_then_wait_status_result_and_download(stack: Sta
 
 
 def test_a_command_job_after_double_dash_and_its_log(stack: Stack) -> None:
-    submitted = stack.e31("submit", "--gpus", "0", "--wait", "--json", "--", "sh", "-c", "echo from-argv")
+    submitted = stack.e31("submit", "--gpus", "0", "--wait", "--json",
+                          "--", "sh", "-c", "echo from-argv")
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["id"]
     assert "from-argv" in stack.e31("logs", job_id).stdout
@@ -59,7 +61,8 @@ def test_a_bad_spec_is_one_line_on_stderr_and_exit_code_2(stack: Stack) -> None:
 
 
 def test_usage_shows_jobs_by_state_and_gpu_seconds_per_class(stack: Stack) -> None:
-    job_id = stack.e31("submit", "-e", "e2ejobs:timed", "-p", "seconds=0.5", "--gpu-mem", "20").stdout.strip()
+    job_id = stack.e31("submit", "-e", "e2ejobs:timed", "-p", "seconds=0.5",
+                       "--gpu-mem", "20").stdout.strip()
     assert stack.e31("wait", job_id).returncode == 0
     status = json.loads(stack.e31("status", job_id, "--json").stdout)
 

@@ -13,10 +13,10 @@ WAIT_S = 60
 
 
 def test_short_jobs_never_wait_behind_a_busy_worker_while_another_is_idle(
-        stack: Stack, tmp_path: Path) -> None:
+        stack: Stack, shared_tmp: Path) -> None:
     # Given two cpu workers, one busy with a job that runs until the test releases it
     client = stack.client()
-    release = tmp_path / "release"
+    release = shared_tmp / "release"
     long = client.submit(entrypoint="e2ejobs:held", params={"release": str(release)},
                          resources={"gpus": 0})
     wait_for(lambda: long.status()["state"] == "running", timeout_s=WAIT_S,

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import httpx
-from e31.local.redisserver import free_port
 
+from e31.local.redisserver import free_port
 from tests.conftest import process_alive, wait_for
 
 from .conftest import Stack
@@ -66,7 +66,7 @@ def test_up_detached_then_down_stops_every_process_it_started(tmp_path: Path) ->
                           text=True, timeout=180)
     assert down.returncode == 0 and "stopped" in down.stdout
     for pid in pids:
-        wait_for(lambda: not process_alive(pid), timeout_s=30, what=f"pid {pid} to exit")
+        wait_for(lambda pid=pid: not process_alive(pid), timeout_s=30, what=f"pid {pid} to exit")
 
 
 def _answers(url: str) -> bool:

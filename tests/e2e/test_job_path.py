@@ -6,16 +6,17 @@ import json
 from pathlib import Path
 
 import pytest
-from e31.errors import ClientError, JobFailed
 
-from tests.conftest import process_alive, wait_for
+from e31.errors import ClientError, JobFailed
+from tests.conftest import host_pid, job_processes, process_alive, wait_for
 
 from .conftest import Stack
 
 WAIT_S = 60
 
 
-def test_an_entrypoint_job_succeeds_with_its_result_and_an_output_file(stack: Stack, tmp_path: Path) -> None:
+def test_an_entrypoint_job_succeeds_with_its_result_and_an_output_file(
+        stack: Stack, tmp_path: Path) -> None:
     client = stack.client()
     job = client.submit(entrypoint="e31_worker.examples:hello", params={"name": "e2e"},
                         resources={"gpus": 0}, name="greet")
@@ -48,23 +49,25 @@ def test_a_job_that_fails_twice_then_succeeds_records_three_attempts(stack: Stac
     assert status["gpu_seconds"] == 0
 
 
-def test_a_job_past_its_timeout_is_killed_and_fails_with_reason_timeout(stack: Stack, tmp_path: Path) -> None:
-    pidfile = tmp_path / "pids"
+def test_a_job_past_its_timeout_is_killed_and_fails_with_reason_timeout(
+        stack: Stack, shared_tmp: Path) -> None:
+    pidfile = shared_tmp / "pids"
     job = stack.client().submit(entrypoint="e2ejobs:spin", params={"pidfile": str(pidfile)},
                                 timeout_s=2, resources={"gpus": 0})
     with pytest.raises(JobFailed) as failed:
         job.wait(timeout=WAIT_S)
     assert failed.value.reason == "timeout"
-    for pid in map(int, pidfile.read_text().split()):
-        wait_for(lambda: not process_alive(pid), timeout_s=10, what=f"pid {pid} to be gone")
+    assert len(pidfile.read_text().split()) == 2   # it ran, with its grandchild
+    wait_for(lambda: not job_processes(job.id), timeout_s=10,
+             what="every process of the job to be gone")
 
 
-def test_cancelling_a_running_job_kills_its_processes(stack: Stack, tmp_path: Path) -> None:
-    pidfile = tmp_path / "pids"
+def test_cancelling_a_running_job_kills_its_processes(stack: Stack, shared_tmp: Path) -> None:
+    pidfile = shared_tmp / "pids"
     job = stack.client().submit(entrypoint="e2ejobs:spin", params={"pidfile": str(pidfile)},
                                 resources={"gpus": 0})
     wait_for(pidfile.exists, timeout_s=WAIT_S, what="the job to start")
-    pids = list(map(int, pidfile.read_text().split()))
+    pids = [host_pid(job.id, int(p)) for p in pidfile.read_text().split()]
 
     job.cancel()
 
@@ -73,7 +76,8 @@ def test_cancelling_a_running_job_kills_its_processes(stack: Stack, tmp_path: Pa
     assert failed.value.status["state"] == "cancelled"
     assert failed.value.status["attempts"][-1]["reason"] == "cancelled"
     for pid in pids:
-        wait_for(lambda: not process_alive(pid), timeout_s=10, what=f"pid {pid} to be gone")
+        wait_for(lambda pid=pid: not process_alive(pid), timeout_s=10,
+                 what=f"pid {pid} to be gone")
 
 
 def test_cancelling_a_queued_job_means_it_never_runs(stack: Stack) -> None:

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e31.client import Client
-from e31.local.stack import stack_ready
-from e31.local.redisserver import free_port
 from sqlalchemy import create_engine, text
 
+from e31.client import Client
+from e31.local.redisserver import free_port
+from e31.local.stack import stack_ready
 from tests.conftest import fresh_postgres_database, wait_for
 
 
@@ -25,7 +25,8 @@ def postgres_url() -> Iterator[str]:
         yield url
 
 
-def test_a_stack_on_postgresql_runs_a_gpu_job_and_bills_it(postgres_url: str, tmp_path: Path) -> None:
+def test_a_stack_on_postgresql_runs_a_gpu_job_and_bills_it(
+        postgres_url: str, tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}
     env.update(E31_HOME=str(home), E31_DATABASE_URL=postgres_url, E31_API_PORT=str(free_port()),

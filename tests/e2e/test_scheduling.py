@@ -13,11 +13,11 @@ WAIT_S = 60
 
 
 def test_a_job_after_another_starts_only_once_the_first_succeeded(
-        stack: Stack, tmp_path: Path) -> None:
+        stack: Stack, shared_tmp: Path) -> None:
     # Given a cpu job that runs until the test releases it, and a job after it (two cpu
     # slots: it could start at once)
     client = stack.client()
-    release = tmp_path / "release"
+    release = shared_tmp / "release"
     first = client.submit(entrypoint="e2ejobs:held", params={"release": str(release)},
                           resources={"gpus": 0})
     second = client.submit(entrypoint="e2ejobs:timed", params={"seconds": 0}, resources={"gpus": 0},
@@ -40,11 +40,11 @@ def test_a_job_after_another_starts_only_once_the_first_succeeded(
 
 
 def test_status_and_queue_explain_a_job_waiting_for_a_busy_class(
-        stack: Stack, tmp_path: Path) -> None:
+        stack: Stack, shared_tmp: Path) -> None:
     # Given one gpu48 GPU busy with a job that runs until the test releases it, and two more
     # gpu48 jobs behind it
     client = stack.client()
-    release = tmp_path / "release"
+    release = shared_tmp / "release"
     busy = client.submit(entrypoint="e2ejobs:held", params={"release": str(release)},
                          resources={"gpu_mem_gb": 48})
     try:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import redis
-from e31 import keys
 
-from tests.conftest import process_alive, wait_for
+from e31 import keys
+from tests.conftest import host_pid, process_alive, wait_for
 
 from .conftest import Stack
 
@@ -41,7 +41,8 @@ def _heartbeat(r: redis.Redis) -> dict:
     return json.loads(raw) if raw else {}
 
 
-def test_the_worker_process_is_pinned_and_never_loads_torch_or_cuda(gpu80_worker, stack: Stack) -> None:
+def test_the_worker_process_is_pinned_and_never_loads_torch_or_cuda(
+        gpu80_worker, stack: Stack) -> None:
     _, r = gpu80_worker
     job = stack.client().submit(entrypoint="e31_worker.examples:matmul", params={"n": 64},
                                 resources={"gpu_mem_gb": 80})
@@ -81,13 +82,13 @@ def test_sigterm_drains_the_running_job_back_to_the_queue_without_using_a_retry(
 
 
 def test_a_restarted_worker_kills_what_its_dead_predecessors_job_left_running(
-        gpu80_worker, stack: Stack, tmp_path: Path) -> None:
+        gpu80_worker, stack: Stack, shared_tmp: Path) -> None:
     _, r = gpu80_worker
-    pidfile = tmp_path / "pids"
+    pidfile = shared_tmp / "pids"
     job = stack.client().submit(entrypoint="e2ejobs:spin", params={"pidfile": str(pidfile)},
                                 resources={"gpu_mem_gb": 80})
     wait_for(pidfile.exists, timeout_s=WAIT_S, what="the job to start")
-    child, grandchild = map(int, pidfile.read_text().split())
+    child, grandchild = (host_pid(job.id, int(p)) for p in pidfile.read_text().split())
     worker_pid = _heartbeat(r)["pid"]
 
     os.kill(worker_pid, signal.SIGKILL)               # the worker dies mid-job
@@ -105,10 +106,10 @@ def test_a_second_worker_for_the_same_gpu_and_node_name_refuses_to_serve(
     _, r = gpu80_worker
     first = _heartbeat(r)["pid"]
     env = stack.env_with_redis()
-    second = subprocess.Popen([sys.executable, "-m", "e31_worker.node.celery_process", "--node", "gpu0@extra",
-                               "--queues", "e31.gpu80", "--gpus", "0", "--gpu-count", "1",
-                               "--size-class", "gpu80"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    second = subprocess.Popen([sys.executable, "-m", "e31_worker.node.celery_process",
+                               "--node", "gpu0@extra", "--queues", "e31.gpu80", "--gpus", "0",
+                               "--gpu-count", "1", "--size-class", "gpu80"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output, _ = second.communicate(timeout=60)
     assert second.returncode == 3
     assert f"node_taken node=gpu0@extra pid={first}" in output

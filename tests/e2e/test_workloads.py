@@ -99,7 +99,8 @@ def test_training_killed_mid_epoch_resumes_from_its_last_checkpoint_on_retry(
     assert [a["reason"] for a in status["attempts"]] == ["error", "succeeded"]
     assert status["result"]["resumed_from_step"] == 5 and status["result"]["steps"] == 20
     job.download(tmp_path / "out")
-    assert [m["epoch"] for m in json.loads((tmp_path / "out" / "metrics.json").read_text())] == [1, 2]
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert [m["epoch"] for m in metrics] == [1, 2]
     assert (tmp_path / "out" / "model.safetensors").stat().st_size > 0
 
 

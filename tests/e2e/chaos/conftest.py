@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 import pytest
 import redis
+
 from e31 import keys
 from e31.client import Client
 from e31.local.redisserver import free_port, start_redis
-
 from tests.conftest import wait_for
 
 JOBS_DIR = Path(__file__).parent.parent / "jobs"
@@ -114,7 +114,8 @@ class Postgres:
     def start(self) -> None:
         self._as_postgres(str(self._bin / "pg_ctl"), "-D", str(self.dir / "data"), "-w",
                           "-l", str(self.dir / "pg.log"), "-o",
-                          f"-p {self.port} -k {self.dir} -c listen_addresses={self._listen}", "start")
+                          f"-p {self.port} -k {self.dir} -c listen_addresses={self._listen}",
+                          "start")
 
     def stop(self) -> None:
         self._as_postgres(str(self._bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast",
@@ -151,7 +152,7 @@ class Cluster:
               env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start `e31 ARGS` in its own session, its output in logs/NAME.log."""
         (self.home / "logs").mkdir(exist_ok=True)
-        out = open(self.home / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+        out = open(self.home / "logs" / f"{name}.log", "ab")
         proc = subprocess.Popen([*prefix, sys.executable, "-m", "e31.cli", *args],
                                 env=env or self.env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -235,8 +236,8 @@ class Cluster:
             self.redis.kill()
 
 
-def make_cluster(home: Path, *, database_url: str | None = None, redis_extra_bind: str | None = None,
-                 **settings: str) -> Cluster:
+def make_cluster(home: Path, *, database_url: str | None = None,
+                 redis_extra_bind: str | None = None, **settings: str) -> Cluster:
     port = free_port()
     store = Redis(home / "redis", port, extra_bind=redis_extra_bind)
     store.start()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from e31.client import JobHandle
 
+from e31.client import JobHandle
 from tests.conftest import wait_for
 
 from .conftest import Cluster, billed_seconds, trail
@@ -18,7 +18,8 @@ JOBS = 4
 def _submit(cluster: Cluster) -> list[JobHandle]:
     client = cluster.client()
     return [client.submit(entrypoint="chaosjobs:marked", resources={"gpus": 1},
-                          params={"trail": str(cluster.trail_dir), "seconds": 2}, retries={"max": 0})
+                          params={"trail": str(cluster.trail_dir), "seconds": 2},
+                          retries={"max": 0})
             for _ in range(JOBS)]
 
 

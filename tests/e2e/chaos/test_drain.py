@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 from e31.client import JobHandle
-
 from tests.conftest import wait_for
 
 from .conftest import Cluster, trail
@@ -70,7 +69,8 @@ def test_an_operator_drain_requeues_the_job_and_the_drained_worker_is_not_restar
              what="three steps")
 
     # When an operator drains that host
-    done = subprocess.run([sys.executable, "-m", "e31.cli", "worker", "--drain", "--hostname", host],
+    done = subprocess.run([sys.executable, "-m", "e31.cli", "worker", "--drain",
+                           "--hostname", host],
                           env=cluster.env, capture_output=True, text=True, timeout=120)
 
     # Then the command waits until the node stopped, its launcher exits on its own (no
@@ -85,7 +85,8 @@ def test_an_operator_drain_requeues_the_job_and_the_drained_worker_is_not_restar
 
 def test_starting_a_drained_host_again_puts_it_back_in_service(cluster: Cluster) -> None:
     # Given a host an operator drained
-    done = subprocess.run([sys.executable, "-m", "e31.cli", "worker", "--drain", "--hostname", "ha"],
+    done = subprocess.run([sys.executable, "-m", "e31.cli", "worker", "--drain",
+                           "--hostname", "ha"],
                           env=cluster.env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     cluster.procs["worker-ha"].wait(timeout=60)

@@ -94,9 +94,10 @@ def test_a_cut_off_workers_job_is_recovered_elsewhere_and_its_late_write_is_fenc
         partitioned: tuple[Cluster, Netns]) -> None:
     cluster, net = partitioned
     # Given worker `hc` in its own network namespace, reaching Redis and PostgreSQL over the veth
+    database_url = cluster.env["E31_DATABASE_URL"]
     remote = dict(cluster.env,
                   E31_REDIS_URL=cluster.redis.url.replace("127.0.0.1", net.host_ip),
-                  E31_DATABASE_URL=cluster.env["E31_DATABASE_URL"].replace("127.0.0.1", net.host_ip))
+                  E31_DATABASE_URL=database_url.replace("127.0.0.1", net.host_ip))
     cluster.start_worker("hc", prefix=("ip", "netns", "exec", net.name), env=remote)
     cluster.wait_worker("hc")
     # and a job running there (hb is paused until then, so hc takes it)

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from kombu import Connection, Exchange, Producer
+
 from e31.celeryapp import broker_transport_options, make_celery
 from e31.errors import JobFailed
 from e31.settings import Settings
-from kombu import Connection, Exchange, Producer
-
 from tests.conftest import wait_for
 
 from .conftest import Cluster, make_cluster
@@ -72,15 +72,16 @@ def test_malformed_and_unknown_messages_are_logged_and_the_worker_keeps_serving(
     assert "message_malformed" in log
     assert "e31.no_such_task" in log
     assert "ContentDisallowed" in log or "disallowed" in log.lower()
-    wait_for(lambda: "garbled" in cluster.log("worker-ha") or "decode" in cluster.log("worker-ha").lower(),
+    wait_for(lambda: "garbled" in cluster.log("worker-ha")
+             or "decode" in cluster.log("worker-ha").lower(),
              timeout_s=10, what="the garbled message to be logged")
 
 
 def test_a_job_that_writes_hundreds_of_megabytes_of_log_keeps_the_cap_and_says_so(
         one_host: Cluster) -> None:
     # Given a job that writes 300 MB to its output
-    job = one_host.client().submit(command=["sh", "-c", "head -c 300000000 /dev/zero | tr '\\\\0' x"],
-                                   resources={"gpus": 1})
+    job = one_host.client().submit(
+        command=["sh", "-c", "head -c 300000000 /dev/zero | tr '\\\\0' x"], resources={"gpus": 1})
 
     # When it runs
     status = job.wait(timeout=120)
@@ -92,7 +93,7 @@ def test_a_job_that_writes_hundreds_of_megabytes_of_log_keeps_the_cap_and_says_s
     assert f"[e31: log cut at {LOG_MAX_BYTES} bytes; the rest was discarded]" in text
 
 
-def test_an_entrypoint_that_cannot_be_imported_and_a_result_that_is_not_json_end_the_job_with_that_reason(
+def test_an_unimportable_entrypoint_and_a_result_that_is_not_json_end_the_job_with_that_reason(
         one_host: Cluster) -> None:
     client = one_host.client()
     missing = client.submit(entrypoint="no_such_package_e31:main", resources={"gpus": 1})

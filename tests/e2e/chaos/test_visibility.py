@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e31.celeryapp import broker_transport_options
-from e31.settings import Settings
 from kombu import Connection
 
+from e31.celeryapp import broker_transport_options
+from e31.settings import Settings
 from tests.conftest import wait_for
 
 from .conftest import Cluster, billed_seconds, make_cluster, trail
@@ -64,6 +64,7 @@ def _sweep_unacked(cluster: Cluster) -> int:
     were unacked before it ran."""
     settings = Settings(redis_url=cluster.redis.url, visibility_timeout_s=VISIBILITY_TIMEOUT_S)
     before = int(cluster.redis_client().hlen("unacked"))
-    with Connection(cluster.redis.url, transport_options=broker_transport_options(settings)) as conn:
+    options = broker_transport_options(settings)
+    with Connection(cluster.redis.url, transport_options=options) as conn:
         conn.default_channel.qos.restore_visible(num=100, interval=1)
     return before
