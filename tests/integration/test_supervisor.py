@@ -103,21 +103,24 @@ def test_the_job_environment_hides_the_workers_own_settings(
 
 
 def test_a_failing_supervisor_never_leaves_the_job_running(tmp_path: Path) -> None:
+    # Given a running job, and a supervisor tick that fails once the job has written its pid
+    # (or after 30 s), so that the test can find the job
     pidfile = tmp_path / "pid"
     p = plan(tmp_path, command=["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"])
-
     started = time.monotonic()
 
     def broken_tick(progress: object) -> Directive:
-        # it fails once the job has written its pid (or after 30 s), so the test can find it
         if (pidfile.exists() and pidfile.read_text().strip()) or time.monotonic() - started > 30:
             raise RuntimeError("heartbeat blew up")
         return Directive.CONTINUE
 
+    # When the supervisor fails
     try:
         Supervisor(p, tick=broken_tick).run()
     except RuntimeError:
         pass
+
+    # Then the job does not outlive it
     wait_for(lambda: not process_alive(int(pidfile.read_text())), timeout_s=5,
              what="the job to be killed")
 
