@@ -61,6 +61,36 @@ def process_alive(pid: int) -> bool:
     return process_state(pid) not in (None, "Z", "X")
 
 
+def job_processes(job_id: str) -> list[int]:
+    """The live processes of this host that belong to job `job_id` (their environment names
+    it): its own and its helpers, and in a sandbox the bubblewrap processes around them."""
+    marker = f"E31_JOB_ID={job_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0") \
+                    and process_alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def host_pid(job_id: str, pid: int) -> int:
+    """The host's pid of the process of job `job_id` that saw itself as `pid`: the same number
+    where the job shares the host's PID namespace, another one inside its sandbox's."""
+    for candidate in job_processes(job_id):
+        try:
+            status = Path(f"/proc/{candidate}/status").read_text()
+        except OSError:
+            continue
+        ns_pids = next((line.split()[1:] for line in status.splitlines()
+                        if line.startswith("NSpid:")), [])
+        if ns_pids and int(ns_pids[-1]) == pid:
+            return candidate
+    raise AssertionError(f"no live process of job {job_id} is pid {pid} in its namespace")
+
+
 @dataclass(frozen=True)
 class _Process:
     pid: int
