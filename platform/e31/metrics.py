@@ -1,0 +1,116 @@
+"""The Prometheus metrics of E31 Batch: every name, its help, its labels, and how the API's
+`/metrics` renders them (docs/operations.md, "Monitoring").
+
+One endpoint, on the API, exports the whole pool. Its numbers are read at scrape time from
+the places that hold the truth — the store (jobs, attempts, GPU-seconds), the worker
+heartbeats in Redis (workers, GPUs, per-GPU telemetry relayed by each worker) and a Redis
+hash the scheduler and other processes write their health and error counters into — so
+every API replica answers the same, and a restarted process loses no count.
+
+Labels are bounded: size class, tenant, state, reason, node and GPU index; never a job id.
+The names below are the contract the dashboards and alert rules (config/) are written
+against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One exported metric: its full sample name (a counter's ends in `_total`), its type
+    (`gauge`, `counter` or `gaugehistogram`), its help text and its label names."""
+
+    name: str
+    kind: str
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+# -- from the store ----------------------------------------------------------------------
+JOBS = Metric("e31_jobs", "gauge",
+              "Live jobs in the store (queued or running), by state, class and tenant",
+              ("state", "class", "tenant"))
+JOBS_ENDED = Metric("e31_jobs_ended_total", "counter",
+                    "Jobs that ended (succeeded, failed, cancelled), by state, class and tenant",
+                    ("state", "class", "tenant"))
+QUEUE_WAIT = Metric("e31_queue_wait_seconds", "gaugehistogram",
+                    "Time waited in the queue by the jobs that started in the last "
+                    "metrics_window_s, by class", ("class",))
+RUN_TIME = Metric("e31_run_seconds", "gaugehistogram",
+                  "Run time of the jobs that ended in the last metrics_window_s, by class",
+                  ("class",))
+ATTEMPTS_ENDED = Metric("e31_attempts_ended_total", "counter",
+                        "Attempts that ended, by class and reason", ("class", "reason"))
+GPU_SECONDS = Metric("e31_gpu_seconds_total", "counter",
+                     "GPU-seconds billed, by tenant and class", ("tenant", "class"))
+OLDEST_QUEUED_AGE = Metric("e31_oldest_queued_age_seconds", "gauge",
+                           "Age of the oldest queued job per class (0 when none waits)",
+                           ("class",))
+LEASE_EXPIRIES = Metric("e31_lease_expiries_total", "counter",
+                        "Attempts ended because their lease expired (reason lost), by class",
+                        ("class",))
+STORE_UP = Metric("e31_store_up", "gauge", "1 when the scrape could read the results store")
+
+# -- from the heartbeats -----------------------------------------------------------------
+WORKERS = Metric("e31_workers", "gauge",
+                 "Worker slots by class and state (idle, busy, draining, lost)",
+                 ("class", "state"))
+GPUS = Metric("e31_gpus", "gauge", "GPUs by class and state (idle, busy, draining, lost)",
+              ("class", "state"))
+BROKER_UP = Metric("e31_broker_up", "gauge", "1 when the scrape could read Redis")
+
+# -- from the processes' health hash in Redis --------------------------------------------
+SCHEDULER_LAST_TICK = Metric("e31_scheduler_last_tick_timestamp_seconds", "gauge",
+                             "Unix time the leading scheduler's last tick ended")
+SCHEDULER_TICK_DURATION = Metric("e31_scheduler_tick_duration_seconds", "gauge",
+                                 "How long the scheduler's last tick took")
+SCHEDULER_PUBLISHED = Metric("e31_scheduler_published_last_tick", "gauge",
+                             "Jobs the scheduler published in its last tick")
+STORE_ERRORS = Metric("e31_store_errors_total", "counter",
+                      "Errors reaching the results store, by process", ("process",))
+BROKER_ERRORS = Metric("e31_broker_errors_total", "counter",
+                       "Errors reaching Redis (the broker), by process", ("process",))
+FENCED_WRITES = Metric("e31_fenced_writes_total", "counter",
+                       "Outcome writes refused by the fencing token (the job had been "
+                       "recovered elsewhere)")
+
+# -- per GPU, relayed through each worker's heartbeat ------------------------------------
+GPU_LABELS = ("node", "gpu")
+GPU_UTILIZATION = Metric("e31_gpu_utilization_ratio", "gauge",
+                         "GPU utilisation, 0..1", GPU_LABELS)
+GPU_MEMORY_USED = Metric("e31_gpu_memory_used_bytes", "gauge", "GPU memory in use", GPU_LABELS)
+GPU_MEMORY_TOTAL = Metric("e31_gpu_memory_total_bytes", "gauge", "GPU memory in all",
+                          GPU_LABELS)
+GPU_TEMPERATURE = Metric("e31_gpu_temperature_celsius", "gauge", "GPU temperature",
+                         GPU_LABELS)
+GPU_POWER = Metric("e31_gpu_power_watts", "gauge", "GPU power draw", GPU_LABELS)
+GPU_XID_ERRORS = Metric("e31_gpu_xid_errors_total", "counter",
+                        "XID errors NVML reported for the GPU since its worker started",
+                        GPU_LABELS)
+GPU_ECC_ERRORS = Metric("e31_gpu_ecc_errors_total", "counter",
+                        "Uncorrected ECC errors NVML reported for the GPU", GPU_LABELS)
+GPU_SIMULATED = Metric("e31_gpu_simulated", "gauge",
+                       "1 when the GPU is simulated (--simulate-gpus) and its values made up",
+                       GPU_LABELS)
+JOBS_IDLE = Metric("e31_jobs_idle", "gauge",
+                   "Running jobs the watchdog flagged idle (no log, progress or GPU use for "
+                   "their idle_timeout_s), by class and tenant", ("class", "tenant"))
+
+ALL: tuple[Metric, ...] = (
+    JOBS, JOBS_ENDED, QUEUE_WAIT, RUN_TIME, ATTEMPTS_ENDED, GPU_SECONDS, OLDEST_QUEUED_AGE,
+    LEASE_EXPIRIES, STORE_UP, WORKERS, GPUS, BROKER_UP, SCHEDULER_LAST_TICK,
+    SCHEDULER_TICK_DURATION, SCHEDULER_PUBLISHED, STORE_ERRORS, BROKER_ERRORS, FENCED_WRITES,
+    GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_TEMPERATURE, GPU_POWER,
+    GPU_XID_ERRORS, GPU_ECC_ERRORS, GPU_SIMULATED, JOBS_IDLE,
+)
+
+# Worker and GPU states of WORKERS and GPUS.
+WORKER_STATES = ("idle", "busy", "draining", "lost")
+
+# Bucket bounds of the wait and run-time histograms, in seconds: from a second to a day.
+WAIT_BUCKETS_S = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0,
+                  86400.0)
+RUN_BUCKETS_S = (10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 86400.0,
+                 3 * 86400.0)
