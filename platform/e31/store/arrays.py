@@ -1,6 +1,7 @@
 """Arrays: N jobs submitted as one (sweeps), their status, cancel and manifest.
 
-A mixin of `Repo` (which supplies `_session`), so there is one repository to pass around.
+A mixin of `Repo` (which supplies `_session` and `engine`), so there is one repository to pass
+around.
 """
 
 from __future__ import annotations
@@ -10,15 +11,16 @@ from collections import defaultdict
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from e31.errors import NotFound
 from e31.sizeclasses import Route
 from e31.spec import JobSpec
 from e31.states import AttemptReason, JobState
-from e31.store import deps, transitions
+from e31.store import bulk, deps, transitions
 from e31.store.models import Array, Job, Tenant
 from e31.store.records import ArrayItem, ArrayManifest, ArrayRecord, ManifestItem
 from e31.store.rows import new_array_id, queued_job
@@ -32,27 +34,56 @@ class ArrayQueries:
     def _session(self, *, write: bool = False) -> AbstractContextManager[Session]:
         raise NotImplementedError
 
+    @property
+    def engine(self) -> Engine:
+        raise NotImplementedError
+
     def insert_array(self, tenant_id: str, name: str, items: Sequence[tuple[JobSpec, Route]], *,
                      now: datetime) -> ArrayRecord:
-        """Store an array and every item as a queued job: one transaction, bulk inserts."""
+        """Store an array and every item as a queued job: one short write transaction of bulk
+        inserts. Every item's dependencies are checked in bulk (`deps.check_after`) and the
+        rows prepared for the driver (`bulk.prepare`) before it opens; inside, only what can
+        have changed meanwhile is read again (`deps.confirm_after`), so the store's write
+        lock is held for the inserts and little else (docs/reliability.md)."""
         array_id = new_array_id()
-        rows = [{**queued_job(tenant_id, spec, where, now), "array_id": array_id, "array_index": i}
-                for i, (spec, where) in enumerate(items)]
+        after = [spec.after for spec, _ in items]
+        fields = [f"items[{i}]." for i in range(len(items))]
+        checked = self._check_after(tenant_id, after, fields)
+        rows = [{**queued_job(tenant_id, spec, where, now), "array_id": array_id, "array_index": i,
+                 "deps_pending": len(wait)}
+                for i, ((spec, where), wait) in enumerate(zip(items, checked, strict=True))]
+        jobs, links = self._prepare(rows, checked)
         with self._session(write=True) as s:
-            waits = deps.check_after(s, tenant_id, [spec.after for spec, _ in items],
-                                     [f"items[{i}]." for i in range(len(items))])
-            for row, wait in zip(rows, waits, strict=True):
-                row["deps_pending"] = len(wait)
+            waits = deps.confirm_after(s, tenant_id, after, fields, checked)
+            if waits != checked:   # a dependency succeeded meanwhile: fewer to wait for
+                for row, wait in zip(rows, waits, strict=True):
+                    row["deps_pending"] = len(wait)
+                jobs, links = self._prepare(rows, waits)
             s.execute(insert(Array).values(id=array_id, tenant_id=tenant_id, name=name,
                                            size=len(rows), submitted_at=now))
-            if rows:
-                s.execute(insert(Job), rows)
-            deps.link(s, [(row["id"], wait) for row, wait in zip(rows, waits, strict=True)])
+            jobs.run(s)
+            links.run(s)
             tenant = s.scalar(select(Tenant.name).where(Tenant.id == tenant_id)) or ""
         queued = JobState.QUEUED.value
         return ArrayRecord(id=array_id, tenant=tenant, name=name, size=len(rows), submitted_at=now,
                            counts={queued: len(rows)} if rows else {},
                            items=[ArrayItem(r["array_index"], r["id"], queued, None) for r in rows])
+
+    def _prepare(self, rows: Sequence[dict[str, Any]],
+                 waits: Sequence[Sequence[str]]) -> tuple[bulk.Prepared, bulk.Prepared]:
+        """The inserts of new jobs' rows and of their `job_deps` rows, for the driver."""
+        return (bulk.prepare(self.engine.dialect, Job, rows),
+                deps.links(self.engine.dialect, [(row["id"], wait)
+                                                 for row, wait in zip(rows, waits, strict=True)]))
+
+    def _check_after(self, tenant_id: str, after: Sequence[Sequence[str]],
+                     fields: Sequence[str]) -> list[list[str]]:
+        """`deps.check_after` on a read session of its own, before a submit's write transaction
+        opens (none when no job has dependencies)."""
+        if not any(after):
+            return [[] for _ in after]
+        with self._session() as s:
+            return deps.check_after(s, tenant_id, after, fields)
 
     def get_array(self, tenant_id: str, array_id: str, *, items: bool = True) -> ArrayRecord:
         """An array of the tenant: item counts by state, and each item's state when `items`."""

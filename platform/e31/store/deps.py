@@ -10,23 +10,31 @@ jobs' counts; a failure or cancel ends every job waiting for it, transitively, a
 `cancelled` with reason `dependency` and an error naming the dependency. An array counts as
 succeeded when every item did, and as failed as soon as one item failed or was cancelled.
 
-Locks (PostgreSQL; SQLite's BEGIN IMMEDIATE serialises writers anyway): submit locks each
-dependency's row (the job's, or the array's) before it reads its state, and the end of a
-job holds the job's row and locks its array's row before it reads the waiting rows, so a
-dependency never ends unseen between a submit's check and its insert. Jobs before arrays.
+Submit checks a request's dependencies in two steps, so that no request holds the store's
+write lock for longer than its inserts take (docs/reliability.md, "No request can lock the
+store"): `check_after` reads every distinct id of the whole request in bulk on a read
+session, before the write transaction opens, and refuses unknown, foreign and failed ones;
+`confirm_after`, inside the write transaction, reads again only the dependencies that were
+still pending, the only ones that can have changed in between.
+
+Locks (PostgreSQL; SQLite's BEGIN IMMEDIATE serialises writers anyway): `confirm_after`
+locks each pending dependency's row (the job's, or the array's) FOR KEY SHARE before it
+reads its state, and the end of a job holds the job's row FOR UPDATE and locks its array's
+row FOR UPDATE before it looks for waiting rows, so a dependency never ends unseen between
+a submit's check and its insert. Jobs before arrays.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import Dialect, Exists, ScalarSelect, delete, exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.errors import SpecError
 from e31.states import FINAL_STATES, JobState
-from e31.store import transitions
+from e31.store import bulk, transitions
 from e31.store.db import unindexed
 from e31.store.models import Array, Job, JobDep
 from e31.store.rows import CHUNK
@@ -34,62 +42,155 @@ from e31.store.rows import CHUNK
 DEPENDENCY_REASON = "dependency"   # jobs.reason of a job ended because a dependency failed
 _LIVE = sorted(s.value for s in JobState if not s.is_final)
 _BAD = sorted(s.value for s in FINAL_STATES if s is not JobState.SUCCEEDED)   # never succeed
+_SUCCEEDED = JobState.SUCCEEDED.value
+_DONE, _WAIT = "done", "wait"   # a dependency's status at submit, unless it refuses the job
+_ERRORS_MAX = 20                # refused entries named in one answer
 
 Ended = tuple[str, str | None, str]   # (job id, its array id or None, final state)
 
 
 def check_after(s: Session, tenant_id: str, after: Sequence[Sequence[str]],
                 fields: Sequence[str]) -> list[list[str]]:
-    """For each new job's `after` list, the dependencies still to wait for.
+    """Before the write: for each new job's `after` list, the dependencies still to wait for,
+    read on a read session (no lock held), every distinct id of the request in one bulk query
+    per `CHUNK` of ids.
 
     Refuses (`SpecError` naming `<field>after[i]`) an id that is not the tenant's, and a
-    dependency that already failed or was cancelled (the job could never run).
+    dependency that already failed or was cancelled (the job could never run). Only the
+    dependencies still to wait for can change before the write, so only these are read again,
+    locked, inside it (`confirm_after`).
     """
-    wanted = sorted({d for deps in after for d in deps}, key=lambda d: (d[0] != "j", d))
-    status: dict[str, str] = {}   # id -> "done" | "wait" | why it is refused
-    for dep in wanted:
-        status[dep] = _dep_status(s, tenant_id, dep)
+    return _judge(after, fields, _statuses(s, tenant_id, _distinct(after)))
+
+
+def confirm_after(s: Session, tenant_id: str, after: Sequence[Sequence[str]],
+                  fields: Sequence[str], checked: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Inside the write transaction: `checked` (what `check_after` returned) as it stands now.
+
+    Between `check_after` and the write, only a dependency still pending can have changed:
+    jobs and arrays are never deleted and never change tenant, a final state is final, and an
+    array's items are fixed at its submission. So an id that was refused is still refused,
+    one that was done (succeeded) is still done, and only the pending ones are locked (jobs
+    before arrays) and looked up again, by key, for those that ended meanwhile (usually
+    none): one that succeeded is dropped from the waits, one that failed refuses the
+    request, as at submit. The lock orders this with the transaction that ends the
+    dependency (see the module's docstring), which then sees the new `job_deps` rows.
+    """
+    pending = sorted({dep for deps in checked for dep in deps}, key=_jobs_first)
+    _lock(s, pending)
+    ended = _ended(s, pending)
+    if not ended:
+        return [list(deps) for deps in checked]
+    status = dict.fromkeys(_distinct(after), _DONE) | dict.fromkeys(pending, _WAIT) | ended
+    return _judge(after, fields, status)
+
+
+def _distinct(after: Sequence[Sequence[str]]) -> list[str]:
+    return sorted({dep for deps in after for dep in deps}, key=_jobs_first)
+
+
+def _jobs_first(dep: str) -> tuple[bool, str]:
+    return dep[0] != "j", dep
+
+
+def _judge(after: Sequence[Sequence[str]], fields: Sequence[str],
+           status: dict[str, str]) -> list[list[str]]:
+    """Each job's waits, or `SpecError` naming every refused entry (the first 20)."""
     errors: list[dict[str, str]] = []
     waits: list[list[str]] = []
     for deps, prefix in zip(after, fields, strict=True):
         mine = []
         for i, dep in enumerate(deps):
             state = status[dep]
-            if state == "wait":
+            if state == _WAIT:
                 mine.append(dep)
-            elif state != "done":
+            elif state != _DONE:
                 errors.append({"field": f"{prefix}after[{i}]", "reason": state})
         waits.append(mine)
     if errors:
-        raise SpecError(errors[:20])
+        raise SpecError(errors[:_ERRORS_MAX])
     return waits
 
 
-def _dep_status(s: Session, tenant_id: str, dep: str) -> str:
-    if dep.startswith("j-"):
-        state = s.scalar(select(Job.state).where(Job.id == dep, Job.tenant_id == tenant_id)
-                         .with_for_update())
-        if state is None:
-            return f"no job {dep} of this tenant"
-        if state in _BAD:
-            return f"dependency {dep} {state}: this job could never run"
-        return "done" if state == JobState.SUCCEEDED.value else "wait"
-    found = s.scalar(select(Array.id).where(Array.id == dep, Array.tenant_id == tenant_id)
-                     .with_for_update())
-    if found is None:
-        return f"no array {dep} of this tenant"
-    bad = s.scalar(select(Job.id).where(Job.array_id == dep, Job.state.in_(_BAD)).limit(1))
-    if bad is not None:
-        return f"dependency {dep}: its item {bad} did not succeed: this job could never run"
-    live = s.scalar(select(Job.id).where(Job.array_id == dep, Job.state.in_(_LIVE)).limit(1))
-    return "wait" if live is not None else "done"
+def _statuses(s: Session, tenant_id: str, ids: Sequence[str]) -> dict[str, str]:
+    """id -> `_DONE`, `_WAIT`, or why it is refused, for job and array ids, each `CHUNK` of
+    ids in one statement. The tenant is compared unindexed, so the planner looks the ids up
+    by key instead of scanning the tenant's jobs through its index."""
+    status: dict[str, str] = {}
+    for chunk in _chunks([dep for dep in ids if dep.startswith("j-")]):
+        status.update((dep, f"no job {dep} of this tenant") for dep in chunk)
+        status.update((dep, _job_status(dep, state)) for dep, state in s.execute(
+            select(Job.id, Job.state).where(Job.id.in_(chunk),
+                                            unindexed(Job.tenant_id) == tenant_id)).tuples())
+    for chunk in _chunks([dep for dep in ids if not dep.startswith("j-")]):
+        status.update((dep, f"no array {dep} of this tenant") for dep in chunk)
+        failed, live = _array_items()
+        status.update((dep, _array_status(dep, bad, waiting)) for dep, bad, waiting in s.execute(
+            select(Array.id, failed, live).where(Array.id.in_(chunk),
+                                                 unindexed(Array.tenant_id) == tenant_id)))
+    return status
 
 
-def link(s: Session, waits: Iterable[tuple[str, Sequence[str]]]) -> None:
-    """Insert the `job_deps` rows of new jobs (inserted already, with their deps_pending)."""
+def _lock(s: Session, pending: Sequence[str]) -> None:
+    """Lock the rows of pending dependencies, jobs before arrays, FOR KEY SHARE: this waits
+    for a transaction that is ending one (it holds the row FOR UPDATE) and holds the next one
+    off until this commits, without blocking a lease renewal or a claim. Not on SQLite, where
+    the write transaction already excludes every other writer and rows have no locks."""
+    if s.get_bind().dialect.name == "sqlite":
+        return
+    for model in (Job, Array):
+        prefix = "j-" if model is Job else "a-"
+        for chunk in _chunks([dep for dep in pending if dep.startswith(prefix)]):
+            s.execute(select(model.id).where(model.id.in_(chunk))
+                      .with_for_update(read=True, key_share=True))
+
+
+def _ended(s: Session, pending: Sequence[str]) -> dict[str, str]:
+    """The pending dependencies that are pending no more, each with its status now; each
+    `CHUNK` looked up by key in one statement that returns only those (usually none)."""
+    status: dict[str, str] = {}
+    for chunk in _chunks([dep for dep in pending if dep.startswith("j-")]):
+        status.update((dep, _job_status(dep, state)) for dep, state in s.execute(
+            select(Job.id, Job.state).where(Job.id.in_(chunk),
+                                            unindexed(Job.state).not_in(_LIVE))).tuples())
+    for chunk in _chunks([dep for dep in pending if not dep.startswith("j-")]):
+        failed, live = _array_items()
+        status.update((dep, _array_status(dep, bad, waiting)) for dep, bad, waiting in s.execute(
+            select(Array.id, failed, live).where(Array.id.in_(chunk),
+                                                 or_(failed.is_not(None), ~live))))
+    return status
+
+
+def _job_status(dep: str, state: str) -> str:
+    if state in _BAD:
+        return f"dependency {dep} {state}: this job could never run"
+    return _DONE if state == _SUCCEEDED else _WAIT
+
+
+def _array_items() -> tuple[ScalarSelect[str], Exists]:
+    """For a statement over arrays: one item that failed or was cancelled (None if none),
+    and whether any item is still queued or running."""
+    item = Job.array_id == Array.id
+    return (select(Job.id).where(item, Job.state.in_(_BAD)).limit(1).scalar_subquery(),
+            exists().where(item, Job.state.in_(_LIVE)))
+
+
+def _array_status(dep: str, failed: str | None, waiting: bool) -> str:
+    if failed is not None:
+        return f"dependency {dep}: its item {failed} did not succeed: this job could never run"
+    return _WAIT if waiting else _DONE
+
+
+def _chunks(ids: Sequence[str]) -> Iterator[Sequence[str]]:
+    for start in range(0, len(ids), CHUNK):
+        yield ids[start:start + CHUNK]
+
+
+def links(dialect: Dialect, waits: Iterable[tuple[str, Sequence[str]]]) -> bulk.Prepared:
+    """The `job_deps` rows of new jobs, prepared for the write that inserts the jobs (with
+    their deps_pending) before them."""
     rows = [{"job_id": job_id, "dep_id": dep} for job_id, deps in waits for dep in deps]
-    if rows:
-        s.execute(insert(JobDep), rows)
+    return bulk.prepare(dialect, JobDep, rows)
 
 
 def first_pending(s: Session, job_id: str) -> str | None:
@@ -115,9 +216,12 @@ def on_final(s: Session, ended: Sequence[Ended], *, now: datetime) -> int:
             if array_id is not None:
                 arrays.setdefault(array_id, []).append((job_id, array_id, state))
         for array_id in sorted(arrays):
+            # Locked before looking for dependants: a submit that read this array as pending
+            # has then either committed its `job_deps` rows, or waits and reads the item's
+            # final state after this commits (`confirm_after`).
+            s.execute(select(Array.id).where(Array.id == array_id).with_for_update())
             if not _has_dependants(s, array_id):
                 continue
-            s.execute(select(Array.id).where(Array.id == array_id).with_for_update())
             failed = [e for e in arrays[array_id] if e[2] != JobState.SUCCEEDED.value]
             if failed:
                 bad[array_id] = f"dependency {array_id}: its item {failed[0][0]} {failed[0][2]}"

@@ -132,13 +132,15 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, QuotaQueries, SchedulerQu
     def insert_job(self, tenant_id: str, spec: JobSpec, route: Route, *,
                    now: datetime) -> JobRecord:
         """Store a queued job; its `after` dependencies must be the tenant's and not failed
-        (`SpecError` naming `after[i]` otherwise)."""
+        (`SpecError` naming `after[i]` otherwise), checked before the write transaction opens
+        as an array's are (`insert_array`)."""
+        checked = self._check_after(tenant_id, [spec.after], [""])
         with self._session(write=True) as s:
-            [waits] = deps.check_after(s, tenant_id, [spec.after], [""])
+            [waits] = deps.confirm_after(s, tenant_id, [spec.after], [""], checked)
             job = Job(**{**queued_job(tenant_id, spec, route, now), "deps_pending": len(waits)})
             s.add(job)
             s.flush()
-            deps.link(s, [(job.id, waits)])
+            deps.links(self._engine.dialect, [(job.id, waits)]).run(s)
             return self._record(s, job)
 
     def get_job(self, tenant_id: str | None, job_id: str) -> JobRecord:
