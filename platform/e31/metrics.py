@@ -96,7 +96,7 @@ GPU_SIMULATED = Metric("e31_gpu_simulated", "gauge",
                        GPU_LABELS)
 JOBS_IDLE = Metric("e31_jobs_idle", "gauge",
                    "Running jobs the watchdog flagged idle (no log, progress or GPU use for "
-                   "their idle_timeout_s), by class and tenant", ("class", "tenant"))
+                   "their idle_timeout_s), by class", ("class",))
 
 ALL: tuple[Metric, ...] = (
     JOBS, JOBS_ENDED, QUEUE_WAIT, RUN_TIME, ATTEMPTS_ENDED, GPU_SECONDS, OLDEST_QUEUED_AGE,
