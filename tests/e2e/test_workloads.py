@@ -40,8 +40,9 @@ def test_batch_inference_writes_results_and_puts_the_one_bad_record_in_errors(
 
     # When a batch-inference job runs them on the cpu class
     job = stack.client().submit(entrypoint="e31_worker.workloads.batch_inference:run",
-                                params={"path": str(src), "model": MLP, "batch_size": 16},
-                                resources={"gpus": 0}, env=ONE_THREAD, name="infer")
+                                params={"path": "in.jsonl", "model": MLP, "batch_size": 16},
+                                inputs={"in.jsonl": str(src)}, resources={"gpus": 0},
+                                env=ONE_THREAD, name="infer")
     status = job.wait(timeout=WAIT_S)
 
     # Then the result counts them, and the outputs key every record by its custom_id
@@ -62,14 +63,14 @@ def test_batch_inference_killed_mid_way_resumes_on_retry_without_duplicates(
     # and a model whose process is killed at its 7th batch on the first attempt
     src = tmp_path / "in.jsonl"
     ids = write_digits_jsonl(src, limit=200)
-    params = {"path": str(src), "model": "workload_helpers:killed_once_digits_mlp",
+    params = {"path": "in.jsonl", "model": "workload_helpers:killed_once_digits_mlp",
               "model_kwargs": {"kill_at_call": 7}, "batch_size": 16,
               "checkpoint_every_records": 32}
 
     # When the job runs with one retry
     job = stack.client().submit(entrypoint="e31_worker.workloads.batch_inference:run",
-                                params=params, retries=RETRY_ONCE, resources={"gpus": 0},
-                                env=ONE_THREAD)
+                                params=params, inputs={"in.jsonl": str(src)},
+                                retries=RETRY_ONCE, resources={"gpus": 0}, env=ONE_THREAD)
     status = job.wait(timeout=WAIT_S)
 
     # Then the retry started after the 96 records committed before the kill
@@ -113,8 +114,9 @@ def test_footage_over_a_rendered_two_second_clip_counts_frames_by_colour(
 
     # When a footage job samples it at 4 frames a second
     job = stack.client().submit(entrypoint="e31_worker.workloads.footage:run",
-                                params={"path": str(clip), "fps": 4, "batch_size": 4},
-                                resources={"gpus": 0}, env=ONE_THREAD)
+                                params={"path": "clip.mp4", "fps": 4, "batch_size": 4},
+                                inputs={"clip.mp4": str(clip)}, resources={"gpus": 0},
+                                env=ONE_THREAD)
     status = job.wait(timeout=WAIT_S)
 
     # Then 8 frames were labelled, 4 of each colour, with per-frame rows and a summary

@@ -246,8 +246,11 @@ def _pipeline(client: Client, inputs: dict[str, Path], out_dir: Path, resources:
     footage = Step("demo-footage", "footage")
     train.job = client.submit(name=train.name, workload="train", params=TRAIN, priority=FIRST,
                               **common)
+    # Files travel with the jobs as their inputs: a sandboxed job reads nothing else of
+    # this machine (docs/security.md), and a worker elsewhere could not anyway.
     footage.job = client.submit(name=footage.name, workload="footage", params={
-        "path": str(inputs["video"]), "fps": VIDEO_FPS, "batch_size": 16}, **common)
+        "path": inputs["video"].name, "fps": VIDEO_FPS, "batch_size": 16},
+        inputs={inputs["video"].name: str(inputs["video"])}, **common)
     array = client.submit_many([{"params": {"lr": lr}} for lr in SWEEP_LRS], name="demo-sweep",
                                workload="train", params=TRAIN, **common)
     items = [Step(f"demo-sweep[{i}]", "sweep") for i in range(len(SWEEP_LRS))]
@@ -271,9 +274,10 @@ def _pipeline(client: Client, inputs: dict[str, Path], out_dir: Path, resources:
                     weights = _fetch(train, out_dir / "train") / "model.safetensors"
                     infer.job = client.submit(
                         name=infer.name, workload="batch-inference", priority=FIRST, params={
-                            "path": str(inputs["digits"]), "model": MLP, "batch_size": 128,
-                            "model_kwargs": TRAIN["model_kwargs"], "weights": str(weights)},
-                        **common)
+                            "path": inputs["digits"].name, "model": MLP, "batch_size": 128,
+                            "model_kwargs": TRAIN["model_kwargs"], "weights": weights.name},
+                        inputs={inputs["digits"].name: str(inputs["digits"]),
+                                weights.name: str(weights)}, **common)
                 elif train.state in ("failed", "cancelled"):
                     bars.update(tasks[infer.name], info=f"skipped: {train.name} {train.state}")
                 live = [s for s in jobs if s.job is not None and s.state not in FINAL_STATES]

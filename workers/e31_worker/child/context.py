@@ -63,6 +63,14 @@ class JobContext:
                     pass
         return self._device
 
+    def input_path(self, path: str) -> str:
+        """Where the job reads `path`: a URL (`s3://…`) or an absolute path as given, a relative
+        one among its inputs (`input_dir / path`), which the worker staged for it. A sandboxed
+        job sees no other file of its submitter's machine (docs/security.md)."""
+        if "://" in path or os.path.isabs(path):
+            return path
+        return str(self.input_dir / path)
+
     def progress(self, done: float, total: float | None = None) -> None:
         """Report progress; the worker relays it to `e31 status` / `e31 wait`."""
         now = time.monotonic()

@@ -141,6 +141,8 @@ def run(ctx: JobContext, path: str, model: str, model_kwargs: dict[str, Any] | N
         prefetch_batches: int = PREFETCH_DEPTH, cpu_threads: int | None = None) -> dict[str, Any]:
     """Run `model` over the records at `path`; returns {total, succeeded, failed, ...}.
 
+    A relative `path` or `weights` is one of the job's `inputs` (`ctx.input_path`).
+
     `postprocess`: `classify` (rows get `label` — an index, or `labels[index]` — and
     `score`, the softmax probability), `raw` (rows get `output`, the model's output as
     lists), or `module:fn` called as `fn(outputs_on_cpu, records) -> [dict per record]`.
@@ -149,8 +151,8 @@ def run(ctx: JobContext, path: str, model: str, model_kwargs: dict[str, Any] | N
     """
     started = time.monotonic()
     device = ctx.device
-    net = build_model(model, model_kwargs, weights, device).eval()
-    files = list_files(path)
+    net = build_model(model, model_kwargs, weights and ctx.input_path(weights), device).eval()
+    files = list_files(ctx.input_path(path))
     total = count_records(files)
     writer = SegmentWriter(checkpoint_dir=ctx.checkpoint_dir / "batch_inference",
                            scratch_dir=ctx.work_dir / SCRATCH,

@@ -68,13 +68,15 @@ def run(ctx: JobContext, path: str | list[str], model: str = DEFAULT_MODEL,
 
     `fps`: frames sampled per second of video (None: every frame). `size`: [width, height]
     the frames are resized to before the model (None: as decoded). Labels come from
-    `labels`, else from the model's `labels` attribute, else are class indexes.
+    `labels`, else from the model's `labels` attribute, else are class indexes. A relative
+    `path` or `weights` is one of the job's `inputs` (`ctx.input_path`).
     """
     started = time.monotonic()
     device = ctx.device
-    net = build_model(model, model_kwargs, weights, device).eval()
+    net = build_model(model, model_kwargs, weights and ctx.input_path(weights), device).eval()
     names = labels or getattr(net, "labels", None)
-    files = [f for p in ([path] if isinstance(path, str) else path) for f in list_videos(p)]
+    files = [f for p in ([path] if isinstance(path, str) else path)
+             for f in list_videos(ctx.input_path(p))]
     durations = [video_duration_s(f) for f in files]
     spans = [(f, start_s, d if end_s is None else min(end_s, d))
              for f, d in zip(files, durations, strict=True)]

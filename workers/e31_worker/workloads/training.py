@@ -42,14 +42,15 @@ def run(ctx: JobContext, model: str, dataset: str, model_kwargs: dict[str, Any] 
         save_as: str = "model.safetensors") -> dict[str, Any]:
     """Train `model` on `dataset` (items are (input, target) pairs); returns the last metrics.
 
-    `weights` starts from saved weights (fine-tuning). `val_fraction` of the dataset, drawn
-    with `seed`, is held out for `val_loss` (and `val_accuracy` with `cross_entropy`).
+    `weights` starts from saved weights (fine-tuning; a relative path is one of the job's
+    `inputs`). `val_fraction` of the dataset, drawn with `seed`, is held out for `val_loss`
+    (and `val_accuracy` with `cross_entropy`).
     """
     started = time.monotonic()
     device = ctx.device
     amp = mixed_precision and device == "cuda"
     torch.manual_seed(seed)
-    net = build_model(model, model_kwargs, weights, device)
+    net = build_model(model, model_kwargs, weights and ctx.input_path(weights), device)
     data = load_entrypoint(dataset)(**(dataset_kwargs or {}))
     train_set, val_set = _split(data, val_fraction, seed)
     if optimizer not in OPTIMIZERS or loss not in LOSSES:
