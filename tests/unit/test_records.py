@@ -62,8 +62,9 @@ def test_the_status_carries_the_records_values_with_iso_times() -> None:
         "n": 1, "worker": "gpu0@h", "gpus": "0,1", "started_at": "2025-03-01T12:00:00+00:00",
         "ended_at": "2025-03-01T12:00:30+00:00", "reason": "lost", "error": None, "exit_code": None,
         "isolation": None, "start": None, "start_ms": None, "setup_s": None,
-        "gpu_mem_peak_gb": None, "gpu_util_mean": None}
+        "gpu_mem_peak_gb": None, "gpu_util_mean": None, "idle_since": None}
     assert status["attempts"][1]["n"] == 2 and status["attempts"][1]["reason"] == "succeeded"
+    assert status["idle_since"] is None
 
 
 def test_a_queued_job_has_null_times_and_no_attempts() -> None:
@@ -93,3 +94,20 @@ def test_the_status_is_plain_json() -> None:
 
     # Then it round-trips without custom encoders
     assert json.loads(text)["attempts"][1]["worker"] == "gpu2@h"
+
+
+def test_a_running_job_shows_when_its_watchdog_flagged_its_attempt_idle() -> None:
+    # Given a running job whose current attempt was flagged idle
+    idle = AttemptRecord(n=1, worker="gpu0@h", gpus="0", gpu_count=1, started_at=T0,
+                         ended_at=None, reason=None, error=None, exit_code=None,
+                         idle_since=T0 + timedelta(seconds=60))
+
+    # When its status is built, running and once it ended
+    running = record(state="running", ended_at=None, result=None, attempts=[idle]).to_status()
+    ended = record(state="failed", attempts=[idle]).to_status()
+
+    # Then the running job carries the flag, the ended one only on its attempt
+    assert running["idle_since"] == "2025-03-01T12:01:00+00:00"
+    assert running["attempts"][0]["idle_since"] == "2025-03-01T12:01:00+00:00"
+    assert ended["idle_since"] is None
+    assert ended["attempts"][0]["idle_since"] == "2025-03-01T12:01:00+00:00"

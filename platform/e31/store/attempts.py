@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
+from datetime import datetime
 
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from e31.errors import StoreError
-from e31.states import Isolation, Start
-from e31.store.models import Attempt
+from e31.states import Isolation, JobState, Start
+from e31.store.models import Attempt, Job
 
 
 @dataclass(frozen=True)
@@ -61,3 +62,23 @@ class AttemptQueries:
             res = s.execute(update(Attempt).where(Attempt.job_id == job_id,
                                                   Attempt.n == attempt).values(**values))
             return bool(res.rowcount)  # type: ignore[attr-defined]
+
+    def mark_idle(self, job_id: str, attempt: int, since: datetime | None) -> bool:
+        """Flag attempt `attempt` of `job_id` idle since `since` (its watchdog saw no log,
+        progress or GPU use move for its idle_timeout_s), or clear the flag (None) when it
+        moves again; False when there is no such attempt."""
+        with self._session(write=True) as s:
+            res = s.execute(update(Attempt).where(Attempt.job_id == job_id,
+                                                  Attempt.n == attempt).values(idle_since=since))
+            return bool(res.rowcount)  # type: ignore[attr-defined]
+
+    def idle_jobs(self) -> dict[str, int]:
+        """Running jobs flagged idle, per size class (the metric `e31_jobs_idle`)."""
+        with self._session() as s:
+            rows = s.execute(
+                select(Job.size_class, func.count())
+                .join(Attempt, (Attempt.job_id == Job.id) & (Attempt.n == Job.attempts_used))
+                .where(Job.state == JobState.RUNNING.value, Attempt.idle_since.is_not(None),
+                       Attempt.ended_at.is_(None))
+                .group_by(Job.size_class))
+            return {str(cls): int(n) for cls, n in rows}

@@ -1,4 +1,5 @@
-"""Operators' drain requests (`e31 worker --drain`), kept in the store.
+"""Drain requests, kept in the store: an operator's (`e31 worker --drain`), or a node's own
+when one of its GPUs reported an XID error (with the reason, shown by `e31 queue`).
 
 The worker node watches a Redis key (`e31.keys.drain`) at each heartbeat, but anyone who
 holds the broker's URL can write one; the key only rings the bell. The node drains only if
@@ -11,12 +12,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from e31.store.models import DrainRequest
+
+
+@dataclass(frozen=True)
+class DrainedNode:
+    """A node out of service: since when, and why (None: an operator asked)."""
+
+    node: str
+    requested_at: datetime
+    reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "since": self.requested_at.isoformat(),
+                "reason": self.reason or "drained by an operator"}
 
 
 class DrainQueries:
@@ -25,14 +41,25 @@ class DrainQueries:
     def _session(self, *, write: bool = False) -> AbstractContextManager[Session]:
         raise NotImplementedError
 
-    def request_drain(self, nodes: Sequence[str], *, now: datetime) -> None:
-        """Record that an operator asked `nodes` to drain (a newer request replaces one)."""
+    def request_drain(self, nodes: Sequence[str], *, now: datetime,
+                      reason: str | None = None) -> None:
+        """Record that `nodes` are to drain (a newer request replaces one): asked by an
+        operator (no `reason`), or by a node itself, saying why (a GPU's XID error)."""
         names = list(dict.fromkeys(nodes))
         if not names:
             return
         with self._session(write=True) as s:
             s.execute(delete(DrainRequest).where(DrainRequest.node.in_(names)))
-            s.add_all(DrainRequest(node=n, requested_at=now) for n in names)
+            s.add_all(DrainRequest(node=n, requested_at=now, reason=reason) for n in names)
+
+    def drained_nodes(self) -> list[DrainedNode]:
+        """Every node asked to drain and not started again since, oldest request first: what
+        `e31 queue` shows as out of service, with the reason."""
+        with self._session() as s:
+            rows = s.execute(select(DrainRequest.node, DrainRequest.requested_at,
+                                    DrainRequest.reason).order_by(DrainRequest.requested_at,
+                                                                  DrainRequest.node))
+            return [DrainedNode(node, at, reason) for node, at, reason in rows]
 
     def drain_requested(self, node: str, *, since: datetime) -> bool:
         """Whether an operator asked `node` to drain at `since` or later."""

@@ -173,6 +173,9 @@ class DrainRequest(Base):
     __tablename__ = "drain_requests"
     node: Mapped[str] = mapped_column(String(200), primary_key=True)
     requested_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # Why: NULL for an operator's drain; the worker's own words when it took itself out of
+    # service (a GPU's XID error).
+    reason: Mapped[str | None] = mapped_column(String(500), nullable=True)
 
 
 class JobDep(Base):
@@ -207,6 +210,9 @@ class Attempt(Base):
     setup_s: Mapped[float | None] = mapped_column(Float, nullable=True)       # bundle, env, inputs
     gpu_mem_peak_gb: Mapped[float | None] = mapped_column(Float, nullable=True)
     gpu_util_mean: Mapped[float | None] = mapped_column(Float, nullable=True)  # 0..100 percent
+    # Since when the running attempt's log, progress and GPUs have not moved, once that
+    # lasted its idle_timeout_s (the watchdog); NULL while it moves (docs/jobs.md).
+    idle_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     # Recent starts per queue: the rate behind a queued job's estimated start.
     __table_args__ = (Index("ix_attempts_started", "started_at"),)

@@ -45,6 +45,7 @@ class AttemptRecord:
     setup_s: float | None = None
     gpu_mem_peak_gb: float | None = None
     gpu_util_mean: float | None = None
+    idle_since: datetime | None = None      # flagged by its watchdog (docs/jobs.md)
 
     def to_dict(self) -> dict[str, Any]:
         return {"n": self.n, "worker": self.worker, "gpus": self.gpus,
@@ -52,7 +53,7 @@ class AttemptRecord:
                 "reason": self.reason, "error": self.error, "exit_code": self.exit_code,
                 "isolation": self.isolation, "start": self.start, "start_ms": self.start_ms,
                 "setup_s": self.setup_s, "gpu_mem_peak_gb": self.gpu_mem_peak_gb,
-                "gpu_util_mean": self.gpu_util_mean}
+                "gpu_util_mean": self.gpu_util_mean, "idle_since": iso(self.idle_since)}
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,16 @@ class JobRecord:
             "array_id": self.array_id, "array_index": self.array_index,
             "after": list(self.spec.get("after") or []),
             "pending": self.pending,
+            "idle_since": self.idle_since,
         }
+
+    @property
+    def idle_since(self) -> str | None:
+        """Since when the running job has not moved (log, progress, GPUs), once its watchdog
+        flagged it; None otherwise, and always for a job that is not running."""
+        if self.state != JobState.RUNNING.value or not self.attempts:
+            return None
+        return iso(self.attempts[-1].idle_since)
 
 
 ARRAY_COUNTS = tuple(s.value for s in JobState)   # an array status has a count per state

@@ -361,7 +361,8 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, QuotaQueries, SchedulerQu
         if with_attempts:
             attempts = [AttemptRecord(a.n, a.worker, a.gpus, a.gpu_count, a.started_at, a.ended_at,
                                       a.reason, a.error, a.exit_code, a.isolation, a.start,
-                                      a.start_ms, a.setup_s, a.gpu_mem_peak_gb, a.gpu_util_mean)
+                                      a.start_ms, a.setup_s, a.gpu_mem_peak_gb, a.gpu_util_mean,
+                                      a.idle_since)
                         for a in s.scalars(select(Attempt).where(Attempt.job_id == job.id)
                                            .order_by(Attempt.n))]
         return _job_record(job, tenant, attempts)

@@ -1,0 +1,65 @@
+"""What the watchdog and a node's own drain keep in the store, on real SQLite and PostgreSQL:
+an attempt flagged idle (and cleared), the idle jobs per class, and the drained nodes with
+their reasons."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from e31.clock import utcnow
+from e31.settings import Settings
+from e31.sizeclasses import route
+from e31.spec import JobSpec
+from e31.store import Repo
+
+CLASSES = Settings().size_classes
+
+
+def running_job(repo: Repo, tenant_name: str = "team-a") -> tuple[str, str, int]:
+    """A claimed gpu24 job: (tenant id, job id, attempt number)."""
+    tenant, _ = repo.create_tenant(tenant_name, now=utcnow())
+    spec = JobSpec.parse({"entrypoint": "pkg.mod:main", "resources": {"gpus": 1}})
+    job = repo.insert_job(tenant.id, spec, route(spec, CLASSES), now=utcnow())
+    token = repo.mark_dispatched([job.id], now=utcnow())[job.id]
+    claim = repo.claim(job.id, dispatch_token=token, worker="gpu0@test", gpus="0", gpu_count=1,
+                       now=utcnow(), lease_ttl_s=10)
+    assert claim is not None
+    return tenant.id, job.id, claim.attempt
+
+
+def test_an_idle_flag_shows_on_the_job_and_counts_per_class_until_it_is_cleared(
+        repo: Repo) -> None:
+    # Given two running jobs
+    tenant_id, job_id, n = running_job(repo)
+    running_job(repo, "team-b")
+    since = utcnow() - timedelta(seconds=30)
+
+    # When the watchdog flags the first idle
+    assert repo.mark_idle(job_id, n, since)
+
+    # Then its status shows since when, and the class counts one idle job
+    status = repo.get_job(tenant_id, job_id).to_status()
+    assert status["idle_since"] == since.isoformat()
+    assert status["attempts"][0]["idle_since"] == since.isoformat()
+    assert repo.idle_jobs() == {"gpu24": 1}
+
+    # When it moves again, the flag goes
+    assert repo.mark_idle(job_id, n, None)
+    assert repo.get_job(tenant_id, job_id).to_status()["idle_since"] is None
+    assert repo.idle_jobs() == {}
+    assert not repo.mark_idle(job_id, n + 1, since)   # no such attempt
+
+
+def test_drained_nodes_carry_their_reason_until_their_worker_starts_again(repo: Repo) -> None:
+    # Given an operator's drain and a node's own, for an XID error
+    repo.request_drain(["gpu0@a"], now=utcnow())
+    repo.request_drain(["gpu1@a"], now=utcnow(), reason="XID 79 on GPU 1")
+
+    # Then both are out of service, with their reasons
+    shown = [d.to_dict() for d in repo.drained_nodes()]
+    assert [(d["node"], d["reason"]) for d in shown] == [
+        ("gpu0@a", "drained by an operator"), ("gpu1@a", "XID 79 on GPU 1")]
+
+    # When their launcher starts them again, they are not
+    repo.clear_drain(["gpu0@a", "gpu1@a"])
+    assert repo.drained_nodes() == []
