@@ -32,6 +32,7 @@ from e31_worker.attempt.sandbox import note_start
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.shipping import Shipper, earlier_log_bytes
 from e31_worker.attempt.supervisor import AttemptPlan, Supervisor, stopped_outcome
+from e31_worker.attempt.verdict import Ended, JobNotSucceeded, task_result
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +42,20 @@ PAYLOAD_SHOWN_CHARS = 200   # of a malformed message's payload, in its log line
 def register(app: Celery, svc: AttemptServices) -> None:
     """Register `e31.run` on `app`, bound to this worker process's services. The message is
     `e31.run(job_id, dispatch_token)`; the old one-argument form is still parsed, and refused
-    for want of a token, as is any other shape."""
+    for want of a token, as is any other shape. An attempt that leaves its job not succeeded
+    makes the task raise `JobNotSucceeded` once the outcome is recorded, so that Flower shows
+    it failed; the message is acked all the same (e31_worker.attempt.verdict)."""
 
     # Not shared: Celery would otherwise hand this closure, bound to `svc`, to every app
     # created later in the process.
-    @app.task(name=TASK_NAME, acks_late=True, ignore_result=True, shared=False)
-    def run(job_id: Any = None, dispatch_token: Any = None, *extra: Any, **named: Any) -> None:
+    @app.task(name=TASK_NAME, acks_late=True, ignore_result=True, shared=False,
+              throws=(JobNotSucceeded,))
+    def run(job_id: Any = None, dispatch_token: Any = None, *extra: Any, **named: Any) -> str:
         if extra or named:
             log.error("message_malformed node=%s payload=%s", svc.identity.node,
                       shown([job_id, dispatch_token, *extra], named))
-            return
-        run_job(svc, job_id, dispatch_token)
+            return task_result(None)
+        return task_result(run_job(svc, job_id, dispatch_token))
 
 
 def shown(*payload: Any) -> str:
@@ -60,39 +64,40 @@ def shown(*payload: Any) -> str:
     return text if len(text) <= PAYLOAD_SHOWN_CHARS else text[:PAYLOAD_SHOWN_CHARS] + "..."
 
 
-def run_job(svc: AttemptServices, job_id: Any, dispatch_token: Any) -> None:
+def run_job(svc: AttemptServices, job_id: Any, dispatch_token: Any) -> Ended | None:
     """Run one delivered job, if the message carries the dispatch token the scheduler issued
-    for it (docs/security.md, "The broker is not a trust boundary"). A message without one,
-    with a forged or stale one, or one that cannot be claimed does nothing."""
+    for it (docs/security.md, "The broker is not a trust boundary"); returns how its attempt
+    ended. A message without one, with a forged or stale one, or one that cannot be claimed
+    does nothing and returns None."""
     ident = svc.identity
     if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
         log.error("message_malformed node=%s payload=%s", ident.node, shown(job_id))
-        return
+        return None
     if not isinstance(dispatch_token, str) or not dispatch_token:
         log.error("message_unauthorized job=%s node=%s: no dispatch token; only the "
                   "scheduler's messages run", job_id, ident.node)
-        return
+        return None
     if svc.draining.is_set():  # hand it back at once rather than after the dispatch timeout
         released = with_store_retries(svc, "release", job_id,
                                       lambda: svc.repo.release_dispatch(job_id, dispatch_token))
         log.info("claim_skipped job=%s node=%s why=draining released=%s", job_id, ident.node,
                  released)
-        return
+        return None
     try:
         claim = with_store_retries(svc, "claim", job_id, lambda: svc.repo.claim(
             job_id, dispatch_token=dispatch_token, worker=ident.node, gpus=ident.gpus,
             gpu_count=ident.gpu_count, now=utcnow(), lease_ttl_s=svc.settings.lease_ttl_s))
     except StoreError as exc:  # the job stays queued; the scheduler publishes it again
         log.warning("claim_failed job=%s node=%s: %s", job_id, ident.node, exc)
-        return
+        return None
     if claim is None:
         _skipped(svc, job_id, dispatch_token)
-        return
+        return None
     log.info("job_claimed job=%s attempt=%d node=%s gpus=%r", job_id, claim.attempt, ident.node,
              ident.gpus)
     svc.busy(job_id)
     try:
-        _attempt(svc, claim)
+        return _attempt(svc, claim)
     finally:
         svc.busy(None)
         try:
@@ -164,7 +169,7 @@ def _note_setup(svc: AttemptServices, claim: Claim, setup_s: float) -> None:
                     claim.attempt, setup_s, exc)
 
 
-def _attempt(svc: AttemptServices, claim: Claim) -> None:
+def _attempt(svc: AttemptServices, claim: Claim) -> Ended:
     plan = attempt_plan(svc, claim)
     shipper = Shipper(svc, claim, plan)
     keeper = LeaseKeeper(svc, claim, shipper)
@@ -187,6 +192,7 @@ def _attempt(svc: AttemptServices, claim: Claim) -> None:
             result = Outcome(AttemptReason.ERROR,
                              error=f"worker error: {type(exc).__name__}: {exc}")
     try:
-        finish_attempt(svc, claim, shipper, result)  # ship and record
+        state = finish_attempt(svc, claim, shipper, result)  # ship and record
     finally:
         remove_tree(plan.root)   # an unpacked bundle is read-only
+    return Ended(claim.job_id, claim.attempt, result.reason, state, result.error)
