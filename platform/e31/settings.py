@@ -78,6 +78,9 @@ class Settings(BaseModel):
     env_cache_max_bytes: int = Field(default=20 * 1024 ** 3, ge=0)  # a host's built environments;
     #                                 past it, the least recently used that no job holds go
     env_build_timeout_s: float = Field(default=1800.0, gt=0)  # one environment's build
+    # The hung-job watchdog's default for jobs whose spec sets no idle_timeout_s (docs/jobs.md):
+    # seconds without log output, progress or GPU use before a running job is flagged idle.
+    idle_timeout_s: int | None = Field(default=None, gt=0)  # None: off
 
     # What one API request may carry (docs/security.md, "Limits and quotas").
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)  # a request's body

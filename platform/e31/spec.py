@@ -208,6 +208,13 @@ class JobSpec(_Strict):
     network: Literal["none"] | None = Field(
         default=None, description="'none': the job gets no network at all, not even the "
                                   "worker's loopback (needs a sandboxed worker, docs/security.md)")
+    idle_timeout_s: int | None = Field(
+        default=None, gt=0, le=MAX_TIMEOUT_S,
+        description="seconds without log output, progress or GPU use after which the running "
+                    "job counts as idle (docs/jobs.md); default: the pool's idle_timeout_s")
+    on_idle: Literal["flag", "kill"] = Field(
+        default="flag", description="'flag': show an idle job in its status and the metrics; "
+                                    "'kill': also stop it, with reason idle")
 
     @model_validator(mode="before")
     @classmethod

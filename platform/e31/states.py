@@ -60,12 +60,14 @@ class AttemptReason(str, Enum):
     DRAINED = "drained"
     SETUP = "setup"           # its code, environment or inputs could not be prepared: the
     #                           user's error (a requirement that does not install), final
+    IDLE = "idle"             # its watchdog stopped it (`on_idle: kill`): no log output, progress
+    #                           or GPU use for its idle_timeout_s; retried like a timeout
 
     @property
     def is_retryable(self) -> bool:
         """Whether the job is queued again after an attempt ended this way (retries left)."""
         return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT, AttemptReason.OOM,
-                        AttemptReason.LOST, AttemptReason.DRAINED}
+                        AttemptReason.LOST, AttemptReason.DRAINED, AttemptReason.IDLE}
 
     @property
     def counts_against_retries(self) -> bool:
@@ -73,7 +75,8 @@ class AttemptReason(str, Enum):
 
         Lost attempts have their own cap (`retries.max_lost`), which stops a poison job.
         """
-        return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT, AttemptReason.OOM}
+        return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT, AttemptReason.OOM,
+                        AttemptReason.IDLE}
 
 
 class Isolation(str, Enum):
