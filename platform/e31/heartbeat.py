@@ -3,7 +3,9 @@ wake-up signal. The worker writes it, the scheduler and the API read it; none of
 imports another to do so.
 
 A heartbeat is a JSON string per worker node under `keys.worker(node)` with a TTL of a few
-beats: a node whose key expired is gone. `busy_job` is the job the node holds right now.
+beats: a node whose key expired is gone. `busy_job` is the job the node holds right now;
+`gpus_telemetry` the latest reading of each of its GPUs (`GpuSample`, read through NVML, or
+made up and marked `simulated` on a worker with `--simulate-gpus`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,37 @@ TTL_INTERVALS = 3  # a heartbeat key outlives this many missed beats, no more
 
 
 @dataclass(frozen=True)
+class GpuSample:
+    """One reading of one GPU, as its worker relays it. A value the GPU cannot report (NVML:
+    not supported) is None, never a made-up zero; `simulated` ones are made up, and say so."""
+
+    index: int                        # the GPU's index on its host (CUDA_DEVICE_ORDER=PCI_BUS_ID)
+    util_pct: float | None = None     # 0..100, over the driver's last sample period
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    xid_errors: int = 0               # XID errors seen since its worker process started
+    last_xid: int | None = None       # the code of the latest one
+    ecc_errors: int | None = None     # uncorrected ECC errors since the driver loaded
+    simulated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> GpuSample | None:
+        """The sample in `data`, or None when it is not one (a reader skips it)."""
+        if not isinstance(data, dict) or not isinstance(data.get("index"), int):
+            return None
+        names = {f.name for f in dataclasses.fields(cls)}
+        try:
+            return cls(**{k: v for k, v in data.items() if k in names})
+        except TypeError:
+            return None
+
+
+@dataclass(frozen=True)
 class WorkerInfo:
     """One worker node: what it serves and, in a heartbeat, whether it is busy.
 
@@ -37,6 +70,7 @@ class WorkerInfo:
     size_class: str = ""
     busy_job: str | None = None
     isolation: str = ""       # how its jobs run: sandbox | process ("" from an older worker)
+    gpus_telemetry: tuple[GpuSample, ...] = ()   # its GPUs' latest readings (none: not known)
 
     @property
     def host(self) -> str:
@@ -50,9 +84,13 @@ class WorkerInfo:
     def busy(self, job_id: str | None) -> WorkerInfo:
         return dataclasses.replace(self, busy_job=job_id)
 
+    def with_telemetry(self, samples: tuple[GpuSample, ...]) -> WorkerInfo:
+        return dataclasses.replace(self, gpus_telemetry=samples)
+
     def to_json(self) -> str:
         payload: dict[str, Any] = dataclasses.asdict(self)
         payload["queues"] = list(self.queues)
+        payload["gpus_telemetry"] = [g.to_dict() for g in self.gpus_telemetry]
         payload["pid"] = os.getpid()
         payload["ts"] = time.time()
         return json.dumps(payload)
@@ -63,7 +101,10 @@ class WorkerInfo:
         return cls(node=data["node"], queues=tuple(data["queues"]), gpus=data.get("gpus", ""),
                    gpu_count=int(data.get("gpu_count") or 0),
                    size_class=data.get("size_class", ""), busy_job=data.get("busy_job"),
-                   isolation=str(data.get("isolation") or ""))
+                   isolation=str(data.get("isolation") or ""),
+                   gpus_telemetry=tuple(g for g in map(GpuSample.from_dict,
+                                                       data.get("gpus_telemetry") or ())
+                                        if g is not None))
 
 
 def write(r: redis.Redis, info: WorkerInfo, *, interval_s: float) -> None:
