@@ -97,13 +97,25 @@ GPU_SIMULATED = Metric("e31_gpu_simulated", "gauge",
 JOBS_IDLE = Metric("e31_jobs_idle", "gauge",
                    "Running jobs the watchdog flagged idle (no log, progress or GPU use for "
                    "their idle_timeout_s), by class", ("class",))
+GPU_BUSY = Metric("e31_gpu_busy", "gauge",
+                  "1 while a job holds the GPU, 0 while it is free (with the utilisation: a "
+                  "GPU hung at 0 % under a job)", GPU_LABELS)
+
+# -- the artifact store (a file:// store: its filesystem, as the API host sees it) ---------
+ARTIFACT_STORE_FREE = Metric("e31_artifact_store_free_bytes", "gauge",
+                             "Free bytes on the filesystem of a file:// artifact store "
+                             "(no sample for other stores)")
+ARTIFACT_STORE_SIZE = Metric("e31_artifact_store_size_bytes", "gauge",
+                             "Size of the filesystem of a file:// artifact store "
+                             "(no sample for other stores)")
 
 ALL: tuple[Metric, ...] = (
     JOBS, JOBS_ENDED, QUEUE_WAIT, RUN_TIME, ATTEMPTS_ENDED, GPU_SECONDS, OLDEST_QUEUED_AGE,
     LEASE_EXPIRIES, STORE_UP, WORKERS, GPUS, BROKER_UP, SCHEDULER_LAST_TICK,
     SCHEDULER_TICK_DURATION, SCHEDULER_PUBLISHED, STORE_ERRORS, BROKER_ERRORS, FENCED_WRITES,
     GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_TEMPERATURE, GPU_POWER,
-    GPU_XID_ERRORS, GPU_ECC_ERRORS, GPU_SIMULATED, JOBS_IDLE,
+    GPU_XID_ERRORS, GPU_ECC_ERRORS, GPU_SIMULATED, JOBS_IDLE, GPU_BUSY, ARTIFACT_STORE_FREE,
+    ARTIFACT_STORE_SIZE,
 )
 
 # Worker and GPU states of WORKERS and GPUS.
