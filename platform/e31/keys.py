@@ -11,6 +11,9 @@ DRAIN_PREFIX = f"{PREFIX}:drain:"           # string per worker node: an operato
 # string, no TTL: set by the scheduler; when it is missing, Redis restarted empty or was
 # flushed, and every message in flight went with it
 BROKER_EPOCH = f"{PREFIX}:broker:epoch"
+# hash, no TTL: the scheduler's last tick (time, duration, jobs published) and every process's
+# store and broker error counts, read by the metrics (e31.metrics names the fields)
+HEALTH = f"{PREFIX}:health"
 
 
 def worker(node: str) -> str:
@@ -20,6 +23,10 @@ def worker(node: str) -> str:
 
 def worker_pattern() -> str:
     return f"{WORKER_PREFIX}*"
+
+
+def drain_pattern() -> str:
+    return f"{DRAIN_PREFIX}*"
 
 
 def drain(node: str) -> str:

@@ -14,7 +14,27 @@ against.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import redis
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from e31 import keys, pool
+from e31.errors import StoreError
+from e31.heartbeat import WorkerInfo, read_workers
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -126,3 +146,309 @@ WAIT_BUCKETS_S = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3
                   86400.0)
 RUN_BUCKETS_S = (10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 86400.0,
                  3 * 86400.0)
+WINDOW_DEFAULT_S = 600.0   # the histograms' window when none is given (metrics_window_s)
+
+
+# -- what the store answers (e31.store.pool) ----------------------------------------------
+
+@dataclass(frozen=True)
+class JobGroup:
+    """Jobs of one state, class and tenant (by name), and the GPU-seconds billed to them."""
+
+    state: str
+    size_class: str
+    tenant: str
+    jobs: int
+    gpu_seconds: float
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One class's histogram: how many values fell at or below each bound (cumulative, in
+    the order of `bounds_s`), how many there were in all and their sum."""
+
+    bounds_s: tuple[float, ...]
+    at_or_below: tuple[int, ...]
+    count: int
+    sum_s: float
+
+    @classmethod
+    def empty(cls, bounds_s: tuple[float, ...]) -> Spread:
+        return cls(bounds_s, tuple(0 for _ in bounds_s), 0, 0.0)
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    """A running job's lease: the node that holds it, the job's class and GPUs, and whether
+    the lease is still live."""
+
+    node: str
+    size_class: str
+    gpus: int
+    live: bool
+
+
+@dataclass(frozen=True)
+class PoolCounts:
+    """Everything the metrics read from the store in one scrape."""
+
+    jobs: tuple[JobGroup, ...]
+    attempts_ended: Mapping[tuple[str, str], int]     # (class, reason) -> attempts
+    oldest_queued_at: Mapping[str, datetime]          # class -> oldest runnable job's wait
+    queue_wait: Mapping[str, Spread]                  # class -> jobs started in the window
+    run_time: Mapping[str, Spread]                    # class -> jobs ended in the window
+    holders: tuple[LeaseHolder, ...]
+    idle_jobs: Mapping[str, int] = field(default_factory=dict)   # class -> jobs flagged idle
+
+
+class PoolReads(Protocol):
+    """Where the collector reads the store (`e31.store.Repo` is one)."""
+
+    def pool_counts(self, *, now: datetime, window_s: float) -> PoolCounts: ...
+
+
+# -- the processes' health hash in Redis (keys.HEALTH) ------------------------------------
+TICK_AT = "scheduler:last_tick_ts"
+TICK_DURATION = "scheduler:tick_duration_s"
+TICK_PUBLISHED = "scheduler:published"
+FENCED = "fenced_writes"
+STORE_ERROR_PREFIX = "store_errors:"
+BROKER_ERROR_PREFIX = "broker_errors:"
+
+
+def record_tick(r: redis.Redis, *, ended_at_s: float, duration_s: float, published: int) -> None:
+    """Note the scheduler's last tick in the health hash."""
+    r.hset(keys.HEALTH, mapping={TICK_AT: f"{ended_at_s:.3f}", TICK_DURATION: f"{duration_s:.6f}",
+                                 TICK_PUBLISHED: str(published)})
+
+
+class ErrorTally:
+    """A process's store and broker errors, counted in memory and added to the health hash
+    whenever Redis answers: an error reaching Redis cannot be written to Redis at once, so it
+    waits for the next `flush` that gets through. `process` is a bounded name (scheduler,
+    api, worker), a label of the counters."""
+
+    def __init__(self, process: str) -> None:
+        self.process = process
+        self._pending: Counter[str] = Counter()
+
+    def store_error(self) -> None:
+        self._pending[STORE_ERROR_PREFIX + self.process] += 1
+
+    def broker_error(self) -> None:
+        self._pending[BROKER_ERROR_PREFIX + self.process] += 1
+
+    def fenced_write(self) -> None:
+        self._pending[FENCED] += 1
+
+    def flush(self, r: redis.Redis) -> None:
+        """Add the pending counts to the health hash; kept for the next flush if Redis fails."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, Counter()
+        try:
+            with r.pipeline(transaction=False) as pipe:
+                for name, n in pending.items():
+                    pipe.hincrby(keys.HEALTH, name, n)
+                pipe.execute()
+        except redis.RedisError:
+            self._pending.update(pending)
+            raise
+
+
+# -- the collector ------------------------------------------------------------------------
+
+def _family(m: Metric) -> Any:
+    if m.kind == "counter":
+        return CounterMetricFamily(m.name, m.help, labels=m.labels)
+    if m.kind == "gaugehistogram":
+        return GaugeHistogramMetricFamily(m.name, m.help, labels=m.labels)
+    return GaugeMetricFamily(m.name, m.help, labels=m.labels)
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What one scrape read from Redis: heartbeats, nodes asked to drain, the health hash."""
+
+    workers: tuple[WorkerInfo, ...]
+    draining: frozenset[str]
+    health: Mapping[str, str]
+
+
+def read_pool_view(r: redis.Redis) -> PoolView:
+    """Heartbeats, drain requests and the health hash, as one scrape reads them."""
+    draining = frozenset(_text(key).removeprefix(keys.DRAIN_PREFIX)
+                         for key in r.scan_iter(match=keys.drain_pattern(), count=500))
+    health = {_text(k): _text(v) for k, v in r.hgetall(keys.HEALTH).items()}
+    return PoolView(tuple(read_workers(r)), draining, health)
+
+
+class PoolCollector(Collector):
+    """Reads the store and Redis at each scrape and yields every series of `ALL` it has data
+    for. A source that fails is reported by `e31_store_up` / `e31_broker_up` = 0 and its
+    series are left out (a gap, not a made-up zero)."""
+
+    def __init__(self, *, reads: PoolReads, redis_client: redis.Redis, classes: Sequence[str],
+                 window_s: float = WINDOW_DEFAULT_S,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self._reads = reads
+        self._redis = redis_client
+        self._classes = tuple(classes)
+        self._window_s = window_s
+        self._clock = clock
+
+    def describe(self) -> Iterable[Any]:
+        return ()   # nothing is read when the collector is registered
+
+    def collect(self) -> Iterator[Any]:
+        now = self._clock()
+        counts: PoolCounts | None = None
+        view: PoolView | None = None
+        try:
+            counts = self._reads.pool_counts(now=now, window_s=self._window_s)
+        except StoreError as exc:
+            log.warning("metrics_store_unavailable: %s", exc)
+        try:
+            view = read_pool_view(self._redis)
+        except redis.RedisError as exc:
+            log.warning("metrics_broker_unavailable: %s", exc)
+        yield _gauge(STORE_UP, [((), 1.0 if counts is not None else 0.0)])
+        yield _gauge(BROKER_UP, [((), 1.0 if view is not None else 0.0)])
+        if counts is not None:
+            yield from self._store_series(counts, now)
+        if view is not None:
+            yield from _health_series(view.health)
+            yield from _gpu_series(view.workers)
+            slots = pool.slots(view.workers, counts.holders if counts else (), view.draining)
+            yield from self._slot_series(slots)
+
+    def _store_series(self, c: PoolCounts, now: datetime) -> Iterator[Any]:
+        live = {(g.state, g.size_class, g.tenant): g.jobs for g in c.jobs
+                if g.state in LIVE_STATES}
+        pairs = sorted({(g.size_class, g.tenant) for g in c.jobs})
+        yield _gauge(JOBS, [((state, cls, tenant), float(live.get((state, cls, tenant), 0)))
+                            for cls, tenant in pairs for state in LIVE_STATES])
+        yield _counter(JOBS_ENDED, [((g.state, g.size_class, g.tenant), float(g.jobs))
+                                    for g in c.jobs if g.state not in LIVE_STATES])
+        billed: dict[tuple[str, str], float] = defaultdict(float)
+        for g in c.jobs:
+            billed[(g.tenant, g.size_class)] += g.gpu_seconds
+        yield _counter(GPU_SECONDS, sorted(billed.items()))
+        yield _counter(ATTEMPTS_ENDED, [((cls, reason), float(n)) for (cls, reason), n
+                                        in sorted(c.attempts_ended.items())])
+        lost = Counter({cls: n for (cls, reason), n in c.attempts_ended.items()
+                        if reason == LOST})
+        classes = self._all_classes(c)
+        yield _counter(LEASE_EXPIRIES, [((cls,), float(lost[cls])) for cls in classes])
+        yield _gauge(OLDEST_QUEUED_AGE, [
+            ((cls,), max(0.0, (now - c.oldest_queued_at[cls]).total_seconds())
+             if cls in c.oldest_queued_at else 0.0) for cls in classes])
+        yield _gauge(JOBS_IDLE, [((cls,), float(c.idle_jobs.get(cls, 0))) for cls in classes])
+        for metric, spreads, bounds in ((QUEUE_WAIT, c.queue_wait, WAIT_BUCKETS_S),
+                                        (RUN_TIME, c.run_time, RUN_BUCKETS_S)):
+            fam = _family(metric)
+            for cls in classes:
+                s = spreads.get(cls) or Spread.empty(bounds)
+                buckets = [(_le(b), float(n)) for b, n in zip(s.bounds_s, s.at_or_below,
+                                                               strict=True)]
+                fam.add_metric([cls], [*buckets, ("+Inf", float(s.count))], s.sum_s)
+            yield fam
+
+    def _all_classes(self, c: PoolCounts) -> list[str]:
+        """The configured classes, and any other a stored job names (an old class)."""
+        seen = dict.fromkeys(self._classes)
+        seen.update(dict.fromkeys(sorted({g.size_class for g in c.jobs})))
+        return list(seen)
+
+    def _slot_series(self, slots: Sequence[pool.Slot]) -> Iterator[Any]:
+        workers: Counter[tuple[str, str]] = Counter()
+        gpus: Counter[tuple[str, str]] = Counter()
+        for s in slots:
+            workers[(s.size_class, s.state)] += 1
+            gpus[(s.size_class, s.state)] += s.gpu_count
+        classes = list(dict.fromkeys([*self._classes, *sorted({s.size_class for s in slots})]))
+        yield _gauge(WORKERS, [((cls, st), float(workers[(cls, st)]))
+                               for cls in classes for st in WORKER_STATES])
+        yield _gauge(GPUS, [((cls, st), float(gpus[(cls, st)]))
+                            for cls in classes for st in WORKER_STATES])
+
+
+LIVE_STATES = ("queued", "running")
+LOST = "lost"
+
+
+def _le(bound_s: float) -> str:
+    return f"{bound_s:g}" if bound_s != int(bound_s) else f"{bound_s:.1f}"
+
+
+def _gauge(m: Metric, samples: Iterable[tuple[tuple[str, ...], float]]) -> Any:
+    fam = _family(m)
+    for labels, value in samples:
+        fam.add_metric(list(labels), value)
+    return fam
+
+
+def _counter(m: Metric, samples: Iterable[tuple[tuple[str, ...], float]]) -> Any:
+    return _gauge(m, samples)
+
+
+def _health_series(health: Mapping[str, str]) -> Iterator[Any]:
+    """The scheduler's tick and every process's error counters, from the health hash."""
+    for metric, name in ((SCHEDULER_LAST_TICK, TICK_AT), (SCHEDULER_TICK_DURATION, TICK_DURATION),
+                         (SCHEDULER_PUBLISHED, TICK_PUBLISHED)):
+        value = _number(health.get(name))
+        if value is not None:
+            yield _gauge(metric, [((), value)])
+    for metric, prefix in ((STORE_ERRORS, STORE_ERROR_PREFIX),
+                           (BROKER_ERRORS, BROKER_ERROR_PREFIX)):
+        yield _counter(metric, [((name.removeprefix(prefix),), _number(v) or 0.0)
+                                for name, v in sorted(health.items()) if name.startswith(prefix)])
+    yield _counter(FENCED_WRITES, [((), _number(health.get(FENCED)) or 0.0)])
+
+
+def _gpu_series(workers: Sequence[WorkerInfo]) -> Iterator[Any]:
+    """Per-GPU telemetry each worker relays in its heartbeat; a value it did not send is no
+    sample. A GPU shared by two workers of a host is exported once."""
+    by_gpu: dict[tuple[str, str], pool.GpuReading] = {}
+    for w in workers:
+        for g in pool.gpu_readings(w):
+            by_gpu.setdefault((w.host, g.index), g)
+    for metric, attr in ((GPU_UTILIZATION, "utilization_ratio"),
+                         (GPU_MEMORY_USED, "memory_used_bytes"),
+                         (GPU_MEMORY_TOTAL, "memory_total_bytes"),
+                         (GPU_TEMPERATURE, "temperature_celsius"), (GPU_POWER, "power_watts"),
+                         (GPU_XID_ERRORS, "xid_errors"), (GPU_ECC_ERRORS, "ecc_errors"),
+                         (GPU_SIMULATED, "simulated")):
+        samples = []
+        for (host, index), g in sorted(by_gpu.items()):
+            value = getattr(g, attr)
+            if value is not None:
+                samples.append(((host, index), float(value)))
+        yield _gauge(metric, samples)
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _number(raw: str | None) -> float | None:
+    try:
+        return float(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def registry(collector: PoolCollector) -> CollectorRegistry:
+    """A registry of its own holding only `collector` (no process or platform metrics: the
+    numbers are the pool's, the same from every API replica)."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    return reg
+
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def render(reg: CollectorRegistry) -> bytes:
+    """The Prometheus text exposition of `reg`, read now."""
+    return bytes(generate_latest(reg))

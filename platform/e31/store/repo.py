@@ -32,6 +32,7 @@ from e31.store.attempts import AttemptQueries
 from e31.store.db import WRITE_OPTION
 from e31.store.drains import DrainQueries
 from e31.store.models import ApiKey, Attempt, Job, Tenant
+from e31.store.pool import PoolQueries
 from e31.store.quotas import QuotaQueries
 from e31.store.records import (
     AttemptRecord,
@@ -55,7 +56,8 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class Repo(ArrayQueries, AttemptQueries, DrainQueries, QuotaQueries, SchedulerQueries):
+class Repo(ArrayQueries, AttemptQueries, DrainQueries, PoolQueries, QuotaQueries,
+           SchedulerQueries):
     """All database access, over one engine. `half_life_s` decays tenants' usage when an
     attempt's bill is added: `fair_share_half_life_s`, the same in every process, so it has
     no default here (`e31.wiring.repo` builds a Repo from settings)."""

@@ -1,0 +1,120 @@
+"""The store's part of the metrics and of `e31 top`: a few grouped reads per scrape
+(docs/operations.md, "Monitoring"). A mixin of `Repo` (which supplies `_session`).
+
+Cost: the live counts, the oldest waits and the lease holders read ranges of the state
+indexes (bounded by the backlog and the pool); the histograms read the starts and ends of a
+recent window through `ix_attempts_started` and `ix_jobs_ended`; the counters (jobs ended,
+attempts ended, GPU-seconds) are one grouped pass each over jobs and attempts, as
+`e31 usage` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, case, func, or_, select
+from sqlalchemy.orm import Session
+
+from e31.metrics import (
+    RUN_BUCKETS_S,
+    WAIT_BUCKETS_S,
+    JobGroup,
+    LeaseHolder,
+    PoolCounts,
+    Spread,
+)
+from e31.states import JobState
+from e31.store.models import Attempt, Job, Tenant
+
+QUEUED = JobState.QUEUED.value
+RUNNING = JobState.RUNNING.value
+FINAL = [JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value]
+
+
+@dataclass(frozen=True)
+class RunningRow:
+    """A running job as `e31 top` shows it (the API hides other tenants' ids and names)."""
+
+    id: str
+    name: str
+    tenant_id: str
+    tenant: str
+    size_class: str
+    gpus: int
+    node: str | None
+    attempt: int
+    started_at: datetime | None
+    progress_done: float | None
+    progress_total: float | None
+
+
+class PoolQueries:
+    """The metrics' and `e31 top`'s reads of `Repo`."""
+
+    def _session(self, *, write: bool = False) -> AbstractContextManager[Session]:
+        raise NotImplementedError
+
+    def pool_counts(self, *, now: datetime, window_s: float) -> PoolCounts:
+        """Jobs by state, class and tenant with their GPU-seconds; attempts ended by class and
+        reason; each class's oldest runnable queued job; wait and run-time histograms of
+        the last `window_s`; the running jobs' lease holders."""
+        since = now - timedelta(seconds=window_s)
+        with self._session() as s:
+            jobs = tuple(JobGroup(state, cls, tenant, int(n), float(gpu_s or 0.0))
+                         for state, cls, tenant, n, gpu_s in s.execute(
+                select(Job.state, Job.size_class, Tenant.name, func.count(),
+                       func.sum(Job.gpu_seconds)).join(Tenant, Tenant.id == Job.tenant_id)
+                .group_by(Job.state, Job.size_class, Tenant.name)).tuples())
+            ended = {(str(cls), str(reason)): int(n) for cls, reason, n in s.execute(
+                select(Job.size_class, Attempt.reason, func.count())
+                .join(Job, Job.id == Attempt.job_id).where(Attempt.reason.is_not(None))
+                .group_by(Job.size_class, Attempt.reason)).tuples()}
+            oldest = {str(cls): at for cls, at in s.execute(
+                select(Job.size_class, func.min(Job.queued_since))
+                .where(Job.state == QUEUED, Job.deps_pending == 0,
+                       or_(Job.not_before.is_(None), Job.not_before <= now))
+                .group_by(Job.size_class)).tuples() if at is not None}
+            wait = _spreads(s, Job.queued_seconds, WAIT_BUCKETS_S,
+                            select().select_from(Attempt).join(Job, Job.id == Attempt.job_id)
+                            .where(Attempt.started_at >= since))
+            run = _spreads(s, Job.run_seconds, RUN_BUCKETS_S, select().select_from(Job).where(
+                Job.ended_at >= since, Job.state.in_(FINAL), Job.started_at.is_not(None)))
+            holders = tuple(LeaseHolder(str(node), cls, int(gpus), bool(exp and exp > now))
+                            for node, cls, gpus, exp in s.execute(
+                select(Job.lease_owner, Job.size_class, Job.gpus, Job.lease_expires_at)
+                .where(Job.state == RUNNING, Job.lease_owner.is_not(None))).tuples())
+        return PoolCounts(jobs=jobs, attempts_ended=ended, oldest_queued_at=oldest,
+                          queue_wait=wait, run_time=run, holders=holders)
+
+    def running_jobs(self) -> list[RunningRow]:
+        """Every running job with its tenant, node, current attempt's start and progress
+        (bounded by the pool's slots)."""
+        with self._session() as s:
+            rows = s.execute(
+                select(Job.id, Job.name, Job.tenant_id, Tenant.name, Job.size_class, Job.gpus,
+                       Job.lease_owner, Job.attempts_used, Attempt.started_at,
+                       Job.progress_done, Job.progress_total)
+                .join(Tenant, Tenant.id == Job.tenant_id)
+                .outerjoin(Attempt, and_(Attempt.job_id == Job.id,
+                                         Attempt.n == Job.attempts_used))
+                .where(Job.state == RUNNING).order_by(Job.size_class, Job.id)).tuples()
+            return [RunningRow(*r) for r in rows]
+
+
+def _spreads(s: Session, value: Any, bounds_s: Sequence[float],
+             base: Any) -> dict[str, Spread]:
+    """Per class: how many of `value` over the rows of `base` fall at or below each bound,
+    counted in the database (one row per class comes back)."""
+    cols: list[ColumnElement[Any]] = [
+        func.sum(case((value <= b, 1), else_=0)) for b in bounds_s]
+    query = base.add_columns(Job.size_class, func.count(), func.sum(value), *cols) \
+        .group_by(Job.size_class)
+    out = {}
+    for cls, n, total, *at_or_below in s.execute(query).tuples():
+        out[str(cls)] = Spread(tuple(bounds_s), tuple(int(x or 0) for x in at_or_below),
+                               int(n), float(total or 0.0))
+    return out
