@@ -139,8 +139,14 @@ class Cluster:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
+    def shared(self) -> Path:
+        """The one host directory the cluster's jobs may write (sandbox_writable_dirs): beside
+        its home, which no job may see."""
+        return shared_dir(self.home)
+
+    @property
     def trail_dir(self) -> Path:
-        return self.home / "trail"
+        return self.shared / "trail"
 
     def e31(self, *args: str, env: dict[str, str] | None = None) -> str:
         done = subprocess.run([sys.executable, "-m", "e31.cli", *args], env=env or self.env,
@@ -244,6 +250,7 @@ def make_cluster(home: Path, *, database_url: str | None = None,
     api_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}
     env.update(E31_HOME=str(home), E31_REDIS_URL=store.url, E31_API_PORT=str(api_port),
+               E31_SANDBOX_WRITABLE_DIRS=str(shared_dir(home)),
                E31_HEARTBEAT_INTERVAL_S=str(HEARTBEAT_S), E31_LEASE_TTL_S=str(LEASE_TTL_S),
                E31_SCHEDULER_TICK_S="0.5", E31_KILL_GRACE_S="3", E31_DISPATCH_TIMEOUT_S="5",
                PYTHONPATH=os.pathsep.join([str(JOBS_DIR), env.get("PYTHONPATH", "")]))
@@ -252,7 +259,13 @@ def make_cluster(home: Path, *, database_url: str | None = None,
     env.update(settings)
     cluster = Cluster(home=home, redis=store, env=env, url=f"http://127.0.0.1:{api_port}")
     cluster.trail_dir.mkdir(parents=True, exist_ok=True)
+    for d in (cluster.shared, cluster.trail_dir):   # a sandboxed job runs as its own user
+        d.chmod(0o777)
     return cluster
+
+
+def shared_dir(home: Path) -> Path:
+    return home.parent / f"{home.name}-shared"
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from e31.errors import JobFailed
-from tests.conftest import process_alive, process_state, wait_for
+from tests.conftest import host_pid, process_alive, process_state, wait_for
 
 from .conftest import Cluster, billed_seconds, make_cluster, parse_ts, trail
 
@@ -55,7 +55,7 @@ def test_the_job_of_a_sigkilled_worker_runs_again_within_two_ttls_and_succeeds_o
                                   retries={"max": 0})
     host = cluster.running_on(job.id)
     wait_for(lambda: _started(cluster, job.id), timeout_s=30, what="the job to start")
-    first_pid = _pid(_started(cluster, job.id)[0])
+    first_pid = host_pid(job.id, _pid(_started(cluster, job.id)[0]))
     beat = cluster.heartbeat(host)
     assert beat is not None
 
@@ -91,7 +91,7 @@ def test_a_job_whose_own_process_is_sigkilled_fails_that_attempt_and_is_retried(
     wait_for(lambda: _started(cluster, job.id), timeout_s=30, what="the job to start")
 
     # When only the job's process is SIGKILLed (not by the kernel's OOM killer)
-    os.kill(_pid(_started(cluster, job.id)[0]), signal.SIGKILL)
+    os.kill(host_pid(job.id, _pid(_started(cluster, job.id)[0])), signal.SIGKILL)
 
     # Then that attempt is an error that names the signal, and the retry succeeds once
     status = job.wait(timeout=WAIT_S)
@@ -102,7 +102,22 @@ def test_a_job_whose_own_process_is_sigkilled_fails_that_attempt_and_is_retried(
     assert status["gpu_seconds"] == pytest.approx(billed_seconds(status), abs=0.01)
 
 
-def test_a_job_that_kills_every_worker_it_lands_on_fails_as_a_poison_job(cluster: Cluster) -> None:
+@pytest.fixture
+def unsandboxed(tmp_path: Path) -> Iterator[Cluster]:
+    """The two-host cluster with workers started `--isolation process`: the only kind on which
+    a job can reach its worker at all (a sandboxed one cannot even see it:
+    tests/e2e/test_sandbox.py)."""
+    c = make_cluster(tmp_path, E31_ISOLATION="process")
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def test_a_job_that_kills_every_worker_it_lands_on_fails_as_a_poison_job(
+        unsandboxed: Cluster) -> None:
+    cluster = unsandboxed
     # Given a job that SIGKILLs its own worker process, allowed to be lost twice
     job = cluster.client().submit(entrypoint="chaosjobs:kill_worker", resources={"gpus": 1},
                                   retries={"max": 5, "max_lost": 2})
@@ -122,7 +137,7 @@ def test_a_worker_killed_after_its_job_returned_is_settled_by_its_successor_with
     # Given a job whose code has returned (its result is written) while its worker has not
     # recorded the outcome yet: the worker is frozen before the job may return, so however
     # slow this machine, it can neither store the output nor record the outcome first
-    release = cluster.home / "release"
+    release = cluster.shared / "release"
     job = cluster.client().submit(entrypoint="chaosjobs:big_output", resources={"gpus": 1},
                                   params={"trail": str(cluster.trail_dir), "megabytes": 16,
                                           "release": str(release)})
