@@ -20,7 +20,7 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError as BrokerError
 
-from e31 import keys
+from e31 import keys, metrics
 from e31.celeryapp import TASK_NAME
 from e31.clock import utcnow
 from e31.errors import SchedulingError, StoreError
@@ -71,6 +71,7 @@ class Scheduler:
         self._queues = all_queues(settings.size_classes)
         self._tenant_names: dict[str, str] = {}   # for Flower's task names
         self._standby_logged = False
+        self._errors = metrics.ErrorTally("scheduler")   # for the metrics (keys.HEALTH)
         # Lease expiry is judged only after a full TTL of this scheduler leading with a
         # working store: workers that could not reach the store either get a chance to renew.
         self._expire_leases_after = 0.0   # time.monotonic()
@@ -203,14 +204,29 @@ class Scheduler:
                     log.info("scheduler_leading")
                     leading = True
                     self.hold_lease_expiry()
-                self.tick()
+                started_s = time.monotonic()
+                sent = self.tick()
+                self._note_health(started_s, sent)
                 self._wait_for_wake(stop, tick_s)
             except (redis.RedisError, SchedulingError, StoreError) as exc:
                 log.warning("scheduler_error %s: %s; retrying", type(exc).__name__, exc)
                 if isinstance(exc, StoreError):
+                    self._errors.store_error()
                     self.hold_lease_expiry()
+                else:
+                    self._errors.broker_error()
                 stop.wait(tick_s)
         self.resign()
+
+    def _note_health(self, started_s: float, published: int) -> None:
+        """Note the tick (its end, duration and publications) and the errors counted since the
+        last note in the health hash the metrics read; a note that fails waits for the next."""
+        try:
+            metrics.record_tick(self._redis, ended_at_s=time.time(),
+                                duration_s=time.monotonic() - started_s, published=published)
+            self._errors.flush(self._redis)
+        except redis.RedisError as exc:
+            log.warning("scheduler_health_unwritten: %s", exc)
 
     def _wait_for_wake(self, stop: threading.Event, tick_s: float) -> None:
         """Return on a wake-up signal, on `stop`, or after `tick_s`."""
