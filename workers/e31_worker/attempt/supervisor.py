@@ -47,6 +47,7 @@ class Directive(str, Enum):
     CANCEL = "cancel"         # the owner cancelled the job
     DRAIN = "drain"           # the worker is shutting down: stop and requeue
     LOST = "lost"             # the lease is gone: stop, record nothing
+    IDLE = "idle"             # its watchdog: no sign of work for idle_timeout_s (on_idle: kill)
 
 
 @dataclass(frozen=True)
@@ -339,6 +340,10 @@ def stopped_outcome(directive: Directive, *, exit_code: int | None = None) -> Ou
         return Outcome(AttemptReason.CANCELLED, exit_code=exit_code, error="cancelled by its owner")
     if directive is Directive.DRAIN:
         return Outcome(AttemptReason.DRAINED, exit_code=exit_code, error="worker shut down")
+    if directive is Directive.IDLE:
+        return Outcome(AttemptReason.IDLE, exit_code=exit_code,
+                       error="stopped as idle: no log output, progress or GPU use for its "
+                             "idle_timeout_s (on_idle: kill)")
     return Outcome(AttemptReason.LOST, exit_code=exit_code, error="lease lost")
 
 
