@@ -7,6 +7,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# bubblewrap: the sandbox every job runs in (docs/security.md); a worker refuses to start
+# without it unless told --isolation process.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
+
 # torch first, in its own layer, so code changes do not download it again.
 # The development machines install torch==2.13.0 as a CPU wheel from local disk; that wheel
 # and its index are not available here, so this is the ordinary PyPI build (on Linux x86_64
@@ -22,7 +28,8 @@ COPY workers ./workers
 # postgres: the psycopg driver for E31_DATABASE_URL=postgresql://...
 RUN pip install ".[worker,postgres]"
 
-# Run as an ordinary user. /data is where docker-compose.yml mounts the shared volume;
+# Run as an ordinary user (the workers alone run as root, to start each job as its tenant's
+# own user: docker-compose.yml). /data is where docker-compose.yml mounts the shared volume;
 # a new named volume takes this directory's owner.
 RUN useradd --create-home --uid 1000 e31 \
     && mkdir -p /data \

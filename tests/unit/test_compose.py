@@ -93,3 +93,39 @@ def test_settings_put_the_secret_into_each_services_redis_url(tmp_path: Path) ->
     assert settings.redis_url == "redis://:0f1e2d3c4b5a@redis:6379/0"
     env["E31_REDIS_URL"] = "redis://:own@elsewhere:6379/0"
     assert Settings.load(environ=env).redis_url == "redis://:own@elsewhere:6379/0"
+
+
+DOCKERFILE = COMPOSE.with_name("Dockerfile")
+SANDBOX_CAPS = {"SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL"}
+
+
+def test_the_image_installs_bubblewrap_for_the_sandbox() -> None:
+    assert "apt-get install -y --no-install-recommends bubblewrap" in DOCKERFILE.read_text()
+
+
+def test_workers_run_as_root_with_only_the_capabilities_the_sandbox_needs() -> None:
+    # Given the compose file's worker services (one per GPU, and the cpu one)
+    workers = {n: s for n, s in e31_services().items() if n.startswith("worker-")}
+    assert {"worker-gpu0", "worker-cpu"} <= set(workers)
+    for name, service in workers.items():
+        # Then each runs as root (to start jobs as their tenants' uids), drops every
+        # capability but the sandbox's, without SYS_ADMIN or privileged mode, and lifts only
+        # the seccomp and AppArmor profiles that refuse bubblewrap's user namespace
+        assert str(service["user"]).split(":")[0] == "0", name
+        assert service["cap_drop"] == ["ALL"], name
+        assert set(service["cap_add"]) == SANDBOX_CAPS, name
+        assert not service.get("privileged"), name
+        assert set(service["security_opt"]) == {"seccomp=unconfined", "apparmor=unconfined"}
+        # and runs the command it is given, under a umask that keeps its files on the shared
+        # volume removable by the other services (group e31)
+        assert service["entrypoint"][:2] == ["sh", "-c"] and "umask 0002" in \
+            service["entrypoint"][2], name
+        assert service["command"][:2] == ["e31", "worker"], name
+
+
+def test_no_other_service_gets_root_or_extra_capabilities() -> None:
+    for name, service in e31_services().items():
+        if name.startswith("worker-"):
+            continue
+        assert "user" not in service and "cap_add" not in service, name
+        assert "security_opt" not in service, name
