@@ -11,17 +11,27 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import redis
 
 from e31.artifacts import ArtifactStore
-from e31.heartbeat import WorkerInfo
+from e31.heartbeat import GpuSample, WorkerInfo
 from e31.settings import Settings
 from e31.states import Isolation
 from e31.store import Repo
 from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.groups import GroupRegistry
 from e31_worker.attempt.sandbox import Sandbox
+
+
+class GpuSampler(Protocol):
+    """The worker's GPUs as its attempts read them (`e31_worker.node.telemetry.GpuMonitor`)."""
+
+    def sample(self, job_active: bool | None) -> tuple[GpuSample, ...]:
+        """Read every GPU of the worker now; `job_active` says whether the job showed work
+        since the last reading (simulated GPUs follow it; real ones report what they do)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,7 @@ class AttemptServices:
     draining: threading.Event       # set when the node stops: a running job is requeued
     busy: Callable[[str | None], None]  # told the job in hand (None when idle), for heartbeats
     sandbox: Sandbox | None = None  # None: jobs run as the worker's user (`--isolation process`)
+    gpus: GpuSampler | None = None  # None: a cpu slot, or GPUs without telemetry (no NVML)
 
     @property
     def isolation(self) -> Isolation:

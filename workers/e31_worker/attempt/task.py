@@ -33,6 +33,7 @@ from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.shipping import Shipper, earlier_log_bytes
 from e31_worker.attempt.supervisor import AttemptPlan, Supervisor, stopped_outcome
 from e31_worker.attempt.verdict import Ended, JobNotSucceeded, task_result
+from e31_worker.attempt.watchdog import attempt_watchdog, note_gpu_use
 
 log = logging.getLogger(__name__)
 
@@ -176,10 +177,13 @@ def _attempt(svc: AttemptServices, claim: Claim) -> Ended:
     with contextlib.ExitStack() as held:   # what the setup holds for the attempt (its env)
         try:
             plan = _prepare(svc, claim, plan, shipper, keeper, held)
-            result = Supervisor(plan, tick=keeper, groups=svc.groups, cgroups=svc.cgroups,
+            watchdog = attempt_watchdog(svc, claim, plan)   # idle jobs and GPU use
+            result = Supervisor(plan, tick=watchdog.watching(keeper), groups=svc.groups,
+                                cgroups=svc.cgroups,
                                 sandbox=svc.sandbox.for_attempt(claim) if svc.sandbox else None,
                                 on_start=lambda ms: note_start(svc.repo, claim, svc.isolation,
                                                                ms)).run()
+            note_gpu_use(svc, claim, watchdog)
         except SetupError as exc:  # the user's error (a requirement that does not install)
             log.warning("setup_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt, exc)
             with open(plan.log_path, "a") as out:

@@ -1,0 +1,174 @@
+"""The running attempt's watchdog and what it used of its GPUs.
+
+Every beat while the job's child runs (the supervisor's tick, after the lease keeper's), the
+watchdog looks for signs of work: the attempt's log grew, its progress changed, or one of its
+GPUs is busy (utilisation above `IDLE_UTIL_PCT`; a CPU-only slot has only the first two). A
+job that shows none for its `idle_timeout_s` (the spec's, else the pool's setting; off when
+neither is set) is flagged idle: `idle_since` on its attempt, shown by `e31 status`, the API
+and the metric `e31_jobs_idle`, and cleared if it moves again. With `on_idle: kill` it is
+also stopped like a timeout and the attempt ends with reason `idle` (docs/jobs.md).
+
+The GPU readings it takes are also the attempt's GPU use: the most memory one of its GPUs
+held and their mean utilisation, noted on the attempt when it ends (`gpu_mem_peak_gb`,
+`gpu_util_mean`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from e31.clock import utcnow
+from e31.errors import StoreError
+from e31.heartbeat import GpuSample
+from e31.store.attempts import AttemptFacts
+from e31.store.records import Claim
+from e31_worker.attempt.services import AttemptServices, GpuSampler
+from e31_worker.attempt.supervisor import AttemptPlan, Directive, Tick
+
+log = logging.getLogger(__name__)
+
+IDLE_UTIL_PCT = 0.0           # a GPU at or below this utilisation shows no work
+BYTES_PER_GB = 1024 ** 3
+
+Flag = Callable[[datetime | None], bool]   # store the idle flag (None clears it); False: failed
+
+
+class GpuUse:
+    """What an attempt used of its GPUs over the readings it took."""
+
+    def __init__(self) -> None:
+        self._peak_bytes: int | None = None
+        self._util_sum = 0.0
+        self._util_count = 0
+
+    def add(self, samples: tuple[GpuSample, ...]) -> None:
+        for s in samples:
+            if s.mem_used_bytes is not None:
+                self._peak_bytes = max(self._peak_bytes or 0, s.mem_used_bytes)
+            if s.util_pct is not None:
+                self._util_sum += s.util_pct
+                self._util_count += 1
+
+    def facts(self) -> AttemptFacts:
+        """The peak memory of any one GPU (a class is chosen per GPU) and the mean
+        utilisation of all of them; None where no reading was taken."""
+        return AttemptFacts(
+            gpu_mem_peak_gb=(round(self._peak_bytes / BYTES_PER_GB, 3)
+                             if self._peak_bytes is not None else None),
+            gpu_util_mean=(round(self._util_sum / self._util_count, 1)
+                           if self._util_count else None))
+
+
+class Watchdog:
+    """One attempt's watchdog (module docstring); `watching(tick)` puts it behind the lease
+    keeper's tick. Built just before the child starts: what the setup wrote to the log
+    does not count as work, and its time does not count as idle."""
+
+    def __init__(self, *, job_id: str, attempt: int, log_path: Path, log_room_bytes: int,
+                 gpus: GpuSampler | None, idle_timeout_s: int | None, kill: bool, flag: Flag,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._job_id, self._attempt = job_id, attempt
+        self._log_path = log_path
+        self._gpus = gpus
+        self._idle_timeout_s = idle_timeout_s
+        self._kill = kill
+        self._flag = flag
+        self._clock = clock
+        self._log_bytes = self._log_size()
+        # Past this size the log is cut and further output unseen: it counts as work, so a
+        # job is never stopped for output the watchdog cannot see.
+        self._log_cut_bytes = self._log_bytes + log_room_bytes
+        self._progress: tuple[float, float] | None = None
+        self._worked_at = clock()
+        self._idle_since: datetime | None = None
+        self._stored = True       # whether the store holds `_idle_since` (a write may fail)
+        self.use = GpuUse()
+
+    def watching(self, tick: Tick) -> Tick:
+        """`tick` (the lease keeper), then this watchdog while the tick says continue."""
+        def watched(progress: tuple[float, float] | None) -> Directive:
+            directive = tick(progress)
+            return directive if directive is not Directive.CONTINUE else self.observe(progress)
+        return watched
+
+    def observe(self, progress: tuple[float, float] | None) -> Directive:
+        """One look at the job: IDLE when it is to be stopped as idle, else CONTINUE."""
+        now = self._clock()
+        shown = self._log_grew() | self._progress_moved(progress)   # both: each keeps state
+        samples = self._gpus.sample(shown) if self._gpus is not None else ()
+        self.use.add(samples)
+        if shown or any((s.util_pct or 0.0) > IDLE_UTIL_PCT for s in samples):
+            self._worked_at = now
+            if self._idle_since is not None:
+                log.info("job_active_again job=%s attempt=%d", self._job_id, self._attempt)
+                self._set_flag(None)
+        elif (self._idle_timeout_s is not None and self._idle_since is None
+              and now - self._worked_at >= self._idle_timeout_s):
+            idle_s = now - self._worked_at
+            log.warning("job_idle job=%s attempt=%d idle_s=%.0f idle_timeout_s=%d on_idle=%s",
+                        self._job_id, self._attempt, idle_s, self._idle_timeout_s,
+                        "kill" if self._kill else "flag")
+            self._set_flag(utcnow() - timedelta(seconds=idle_s))
+        if not self._stored:
+            self._stored = self._flag(self._idle_since)
+        return Directive.IDLE if self._kill and self._idle_since is not None else Directive.CONTINUE
+
+    def _set_flag(self, since: datetime | None) -> None:
+        self._idle_since, self._stored = since, False
+
+    def _log_size(self) -> int:
+        try:
+            return os.stat(self._log_path, follow_symlinks=False).st_size
+        except OSError:
+            return 0
+
+    def _log_grew(self) -> bool:
+        size = self._log_size()
+        grew = size != self._log_bytes or size >= self._log_cut_bytes
+        self._log_bytes = size
+        return grew
+
+    def _progress_moved(self, progress: tuple[float, float] | None) -> bool:
+        moved = progress is not None and progress != self._progress
+        if progress is not None:
+            self._progress = progress
+        return moved
+
+
+def attempt_watchdog(svc: AttemptServices, claim: Claim, plan: AttemptPlan) -> Watchdog:
+    """The watchdog of the attempt `plan` runs: the spec's idle_timeout_s, else the pool's."""
+    spec = plan.spec
+    return Watchdog(job_id=claim.job_id, attempt=claim.attempt, log_path=plan.log_path,
+                    log_room_bytes=plan.log_limit[0], gpus=svc.gpus,
+                    idle_timeout_s=spec.idle_timeout_s or svc.settings.idle_timeout_s,
+                    kill=spec.on_idle == "kill",
+                    flag=lambda since: _store_flag(svc, claim, since))
+
+
+def _store_flag(svc: AttemptServices, claim: Claim, since: datetime | None) -> bool:
+    try:
+        svc.repo.mark_idle(claim.job_id, claim.attempt, since)
+    except StoreError as exc:   # the next beat tries again
+        log.warning("idle_flag_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt, exc)
+        return False
+    return True
+
+
+def note_gpu_use(svc: AttemptServices, claim: Claim, watchdog: Watchdog) -> None:
+    """Note the attempt's GPU use (`gpu_mem_peak_gb`, `gpu_util_mean`) once its child ended;
+    nothing where no GPU was read. A store that fails only costs the note."""
+    facts = watchdog.use.facts()
+    if facts.gpu_mem_peak_gb is None and facts.gpu_util_mean is None:
+        return
+    try:
+        svc.repo.note_attempt(claim.job_id, claim.attempt, facts)
+    except StoreError as exc:
+        log.warning("gpu_use_note_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt,
+                    exc)
+    log.info("gpu_use job=%s attempt=%d gpu_mem_peak_gb=%s gpu_util_mean=%s", claim.job_id,
+             claim.attempt, facts.gpu_mem_peak_gb, facts.gpu_util_mean)
