@@ -28,13 +28,21 @@ class ConfigError(E31Error):
 class SpecError(E31Error):
     """Raised when a job spec is invalid."""
 
-    def __init__(self, errors: list[dict[str, str]]) -> None:
-        self.errors = errors
-        super().__init__("; ".join(f"{e['field']}: {e['reason']}" for e in errors))
+    def __init__(self, errors: list[dict[str, str]] | None = None) -> None:
+        self.errors = errors or []
+        super().__init__("; ".join(f"{e['field']}: {e['reason']}" for e in self.errors))
 
     @classmethod
     def one(cls, field: str, reason: str) -> SpecError:
         return cls([{"field": field, "reason": reason}])
+
+
+class SpecConflict(SpecError):
+    """Raised when a spec names a bundle or a dependency its tenant lacks, or one that failed."""
+
+
+class SpecForbidden(SpecError):
+    """Raised when a spec asks for what the pool lets no tenant use (a file:// input)."""
 
 
 class TooLarge(E31Error):
@@ -75,6 +83,10 @@ class IllegalTransition(StoreError):
 
 class AuthError(E31Error):
     """Raised when a request carries no valid API token."""
+
+
+class Forbidden(E31Error):
+    """Raised when a valid token asks for what only an admin may see."""
 
 
 class SchedulingError(E31Error):

@@ -102,7 +102,7 @@ def test_another_tenant_gets_404_for_the_job_its_logs_outputs_and_cancel(api) ->
     assert client.get(f"/v1/jobs/{job['id']}", headers=h["a"]).json()["state"] == "queued"
     assert client.get("/v1/usage", headers=h["b"]).json()["usage"] == []
     everyone = client.get("/v1/usage", params={"all_tenants": "true"}, headers=h["b"])
-    assert everyone.status_code == 401
+    assert everyone.status_code == 403 and everyone.json()["error"] == "forbidden"
 
 
 def test_outputs_are_listed_and_downloaded_and_paths_cannot_escape(api, tmp_path: Path) -> None:
@@ -150,7 +150,7 @@ def test_the_pools_retry_policy_fills_what_a_spec_leaves_out(
                                        "max_lost": 3}
 
 
-def test_after_another_tenants_job_is_refused_with_422_naming_the_entry(api) -> None:
+def test_after_another_tenants_job_is_refused_with_409_naming_the_entry(api) -> None:
     # Given a job of team b
     client, _, h = api
     theirs = client.post("/v1/jobs", json={"entrypoint": "m:f"}, headers=h["b"]).json()["id"]
@@ -162,11 +162,12 @@ def test_after_another_tenants_job_is_refused_with_422_naming_the_entry(api) -> 
     array = client.post("/v1/arrays", json={"items": [{"entrypoint": "m:f"}],
                                             "defaults": {"after": [theirs]}}, headers=h["a"])
 
-    # Then both are refused naming the entry, and a job after its own job is queued with it
-    assert refused.status_code == 422
+    # Then both conflict with what the store holds for team a (409), naming the entry as a
+    # missing job, and a job after its own job is queued with it
+    assert refused.status_code == 409 and refused.json()["error"] == "spec_conflict"
     assert refused.json()["errors"] == [{"field": "after[1]",
                                          "reason": f"no job {theirs} of this tenant"}]
-    assert array.status_code == 422 and array.json()["errors"][0]["field"] == "items[0].after[0]"
+    assert array.status_code == 409 and array.json()["errors"][0]["field"] == "items[0].after[0]"
     ok = client.post("/v1/jobs", json={"entrypoint": "m:f", "after": [mine]}, headers=h["a"]).json()
     assert ok["after"] == [mine]
     pending = client.get(f"/v1/jobs/{ok['id']}", headers=h["a"]).json()["pending"]

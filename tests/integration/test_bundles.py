@@ -134,7 +134,7 @@ def test_a_body_that_is_not_a_tar_is_refused(api) -> None:
 def test_a_bundle_whose_hash_does_not_match_is_refused(api) -> None:
     data = tar_of((member("a.txt"), b"a"))
     response = put(api, data, name=digest(b"something else"))
-    assert response.status_code == 422
+    assert response.status_code == 409
     assert "sha256" in response.json()["message"] and digest(data) in response.json()["message"]
     assert stored_files(api) == []
 
@@ -180,7 +180,7 @@ def test_a_job_naming_a_bundle_its_tenant_never_uploaded_is_refused(api) -> None
                         ({"command": ["true"], "inputs": {"d": f"bundle:{digest(data)}/m.py"}},
                          "inputs.d")]:
         response = api["http"].post("/v1/jobs", json=body, headers=api["h"]["a"])
-        assert response.status_code == 422
+        assert response.status_code == 409
         assert [e["field"] for e in response.json()["errors"]] == [field]
         assert "has not uploaded" in response.json()["message"]
     assert api["http"].get("/v1/jobs", headers=api["h"]["a"]).json()["jobs"] == []
@@ -189,17 +189,17 @@ def test_a_job_naming_a_bundle_its_tenant_never_uploaded_is_refused(api) -> None
     assert ok.status_code == 201
 
 
-@pytest.mark.parametrize("source, why", [
-    ("ftp://host/data.csv", "unknown scheme 'ftp'"),
-    ("./data.csv", "not a URL"),
-    ("file:///etc/passwd", "not beneath a directory that file:// inputs may read"),
-    ("file://host/share/x", "absolute path on the worker"),
-    ("bundle:sha256:abc/x", "bundle:sha256:<64 hex>"),
+@pytest.mark.parametrize("source, why, status", [
+    ("ftp://host/data.csv", "unknown scheme 'ftp'", 422),
+    ("./data.csv", "not a URL", 422),
+    ("file:///etc/passwd", "not beneath a directory that file:// inputs may read", 403),
+    ("file://host/share/x", "absolute path on the worker", 403),
+    ("bundle:sha256:abc/x", "bundle:sha256:<64 hex>", 422),
 ])
-def test_a_bad_input_is_refused_naming_it(api, source: str, why: str) -> None:
+def test_a_bad_input_is_refused_naming_it(api, source: str, why: str, status: int) -> None:
     response = api["http"].post("/v1/jobs", json={"command": ["true"], "inputs": {"data": source}},
                                 headers=api["h"]["a"])
-    assert response.status_code == 422
+    assert response.status_code == status
     assert response.json()["errors"][0]["field"] == "inputs.data"
     assert why in response.json()["message"]
     assert api["http"].get("/v1/jobs", headers=api["h"]["a"]).json()["jobs"] == []

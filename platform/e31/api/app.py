@@ -100,7 +100,9 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
 def _add_job_routes(app: FastAPI, svc: Service) -> None:
     """`/v1/jobs`: submit, list, read, cancel, logs and outputs of one tenant's jobs."""
 
-    @app.post("/v1/jobs", status_code=201, tags=["jobs"])
+    @app.post("/v1/jobs", status_code=201, tags=["jobs"], responses={
+        200: {"description": "a dry run: what would be stored"},
+        **errors.responses(401, 403, 409, 413, 422, 503)})
     def submit(spec: JobSpec, t: Caller, response: Response, dry_run: Annotated[
             QueryBool, Query(description="check the spec and answer what would be stored "
                                          "(200); store nothing")] = False) -> dict[str, Any]:
@@ -111,23 +113,26 @@ def _add_job_routes(app: FastAPI, svc: Service) -> None:
             return svc.dry_run(t, spec)
         return svc.submit(t, spec).to_status()
 
-    @app.get("/v1/jobs", tags=["jobs"])
+    @app.get("/v1/jobs", tags=["jobs"], responses=errors.responses(401, 422, 503))
     def list_jobs(t: Caller, state: JobState | None = None,
                   limit: Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX), DIGITS]
                   = LIST_LIMIT_DEFAULT) -> dict[str, Any]:
         jobs = svc.list(t, state=state.value if state else None, limit=limit)
         return {"jobs": [j.to_status() for j in jobs]}
 
-    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"], responses=errors.responses(401, 404, 503))
     def get_job(job_id: str, t: Caller) -> dict[str, Any]:
         return svc.get(t, job_id).to_status()
 
-    @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
+    @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"],
+              responses=errors.responses(401, 404, 503))
     def cancel(job_id: str, t: Caller) -> dict[str, Any]:
         return svc.cancel(t, job_id).to_status()
 
     @app.get("/v1/jobs/{job_id}/logs", tags=["jobs"], response_class=StreamingResponse,
-             responses={200: {"content": {"text/plain": {}}, "headers": LOG_HEADERS}})
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                              "headers": LOG_HEADERS},
+                        **errors.responses(401, 404, 422, 503)})
     def logs(job_id: str, t: Caller,
              attempt: Annotated[int | None, Query(ge=1, le=MAX_ATTEMPT), DIGITS] = None,
              offset: Annotated[int, Query(ge=0, le=MAX_LOG_OFFSET), DIGITS] = 0,
@@ -141,11 +146,16 @@ def _add_job_routes(app: FastAPI, svc: Service) -> None:
                                  headers={LOG_SIZE_HEADER: str(chunk.size_bytes),
                                           NEXT_OFFSET_HEADER: str(chunk.next_offset)})
 
-    @app.get("/v1/jobs/{job_id}/outputs", tags=["jobs"])
+    @app.get("/v1/jobs/{job_id}/outputs", tags=["jobs"],
+             responses=errors.responses(401, 404, 503))
     def outputs(job_id: str, t: Caller) -> dict[str, Any]:
         return {"outputs": svc.outputs(t, job_id)}
 
-    @app.get("/v1/jobs/{job_id}/outputs/{path:path}", tags=["jobs"])
+    @app.get("/v1/jobs/{job_id}/outputs/{path:path}", tags=["jobs"],
+             response_class=StreamingResponse, responses={
+                 200: {"content": {"application/octet-stream": {
+                     "schema": {"type": "string", "format": "binary"}}}},
+                 **errors.responses(401, 404, 503)})
     def output_file(job_id: str, path: str, t: Caller) -> StreamingResponse:
         handle = svc.open_output(t, job_id, path)
 
@@ -160,24 +170,28 @@ def _add_job_routes(app: FastAPI, svc: Service) -> None:
 def _add_array_routes(app: FastAPI, svc: Service) -> None:
     """`/v1/arrays`: submit N jobs as one; read, cancel and list the results of the whole."""
 
-    @app.post("/v1/arrays", status_code=201, tags=["arrays"])
+    @app.post("/v1/arrays", status_code=201, tags=["arrays"],
+              responses=errors.responses(401, 403, 409, 413, 422, 503))
     def submit_array(body: ArraySubmission, t: Caller) -> dict[str, Any]:
         # The envelope is typed here; each item is validated once, by the service.
         status = svc.submit_many(t, body.items, name=body.name, defaults=body.defaults).to_status()
         status["jobs"] = [item["id"] for item in status.pop("items")]
         return status
 
-    @app.get("/v1/arrays/{array_id}", tags=["arrays"])
+    @app.get("/v1/arrays/{array_id}", tags=["arrays"],
+             responses=errors.responses(401, 404, 422, 503))
     def get_array(array_id: str, t: Caller,
                   items: Annotated[QueryBool, Query(description="list every item")] = True,
                   ) -> dict[str, Any]:
         return svc.get_array(t, array_id, items=items).to_status()
 
-    @app.post("/v1/arrays/{array_id}/cancel", tags=["arrays"])
+    @app.post("/v1/arrays/{array_id}/cancel", tags=["arrays"],
+              responses=errors.responses(401, 404, 503))
     def cancel_array(array_id: str, t: Caller) -> dict[str, Any]:
         return svc.cancel_array(t, array_id).to_status()
 
-    @app.get("/v1/arrays/{array_id}/manifest", tags=["arrays"])
+    @app.get("/v1/arrays/{array_id}/manifest", tags=["arrays"],
+             responses=errors.responses(401, 404, 503))
     def array_manifest(array_id: str, t: Caller) -> dict[str, Any]:
         return svc.array_manifest(t, array_id).to_dict()
 
@@ -185,12 +199,14 @@ def _add_array_routes(app: FastAPI, svc: Service) -> None:
 def _add_pool_routes(app: FastAPI, svc: Service) -> None:
     """`/v1/queue` and `/v1/usage`: the shared pool as the caller may see it."""
 
-    @app.get("/v1/queue", tags=["queue"])
+    @app.get("/v1/queue", tags=["queue"], responses=errors.responses(401, 503))
     def queue(t: Caller) -> dict[str, Any]:
         """Per size class: GPUs, busy GPUs, queued jobs and running GPUs per tenant, each
         tenant's share of running GPUs against its share of weight (others merged unless admin)."""
         return svc.queue(t)
 
-    @app.get("/v1/usage", tags=["usage"])
-    def usage(t: Caller, all_tenants: QueryBool = False) -> dict[str, Any]:
+    @app.get("/v1/usage", tags=["usage"], responses=errors.responses(401, 403, 422, 503))
+    def usage(t: Caller, all_tenants: Annotated[QueryBool, Query(
+            description="every tenant's usage: an admin's token only (403 otherwise)")] = False,
+              ) -> dict[str, Any]:
         return {"usage": svc.usage(t, all_tenants=all_tenants)}

@@ -4,10 +4,10 @@
 client uploads nothing; `X-E31-Bundle-Bytes` is its size) and 404 otherwise.
 `PUT /v1/bundles/sha256:<hex>` streams the body into the store while hashing it: over
 `bundle_max_bytes` it answers 413 naming the limit; a body whose sha256 is not the one named
-(422), or a tar with a path that escapes, a link out, a hard link or a device (422 naming the
-member), is removed and nothing is stored. `BundleChecks.check_spec` is what a submission
-checks of the bundles and inputs its spec names (docs/jobs.md, "Bring your code, environment
-and data").
+(409: the body conflicts with its name), or a tar with a path that escapes, a link out, a hard
+link or a device (422 naming the member), is removed and nothing is stored.
+`BundleChecks.check_spec` is what a submission checks of the bundles and inputs its spec names
+(docs/jobs.md, "Bring your code, environment and data").
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import anyio.to_thread
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from e31.api import errors
 from e31.blobs import BundleStore, Upload
 from e31.bundles import (
     check_digest,
@@ -28,7 +29,7 @@ from e31.bundles import (
     parse_bundle_input,
     tar_problems,
 )
-from e31.errors import SpecError, TooLarge
+from e31.errors import SpecConflict, SpecError, SpecForbidden, TooLarge
 from e31.settings import Settings
 from e31.spec import JobSpec
 from e31.store.records import TenantRecord
@@ -71,8 +72,9 @@ class BundleChecks:
                     raise TooLarge(self._too_large(), limit_bytes=self.max_bytes)
                 await anyio.to_thread.run_sync(upload.write, chunk)
             if upload.digest != digest:
-                raise SpecError.one("bundle", f"the body's sha256 is {upload.digest}, not the "
-                                              f"{digest} it was sent as; nothing was stored")
+                raise SpecConflict.one("bundle", f"the body's sha256 is {upload.digest}, not "
+                                                 f"the {digest} it was sent as; nothing was "
+                                                 "stored")
             problems = await anyio.to_thread.run_sync(self._problems, upload)
             if problems:
                 raise SpecError([{"field": "bundle", "reason": p} for p in problems])
@@ -91,9 +93,10 @@ class BundleChecks:
 
     def check_spec(self, tenant_id: str, spec: JobSpec, *, dry_run: bool = False) -> list[str]:
         """Check the bundles and inputs `spec` names for the tenant: a `file://` input outside
-        `input_file_roots` is refused, and so is a bundle the tenant never uploaded (`SpecError`
-        naming `code` or `inputs.<name>`), unless `dry_run`, which returns the fields that name
-        one instead."""
+        `input_file_roots` is forbidden (`SpecForbidden` naming `inputs.<name>`), and a bundle
+        the tenant never uploaded conflicts with what the store holds (`SpecConflict` naming
+        `code` or `inputs.<name>`), unless `dry_run`, which returns the fields that name one
+        instead."""
         errors: list[dict[str, str]] = []
         missing: list[str] = []
         if spec.code is not None and not self._store.exists(tenant_id, spec.code):
@@ -110,12 +113,13 @@ class BundleChecks:
                     file_input_path(source, self._settings.input_file_roots)
                 except ValueError as exc:
                     errors.append({"field": field, "reason": str(exc)})
-        if not dry_run:
-            errors += [{"field": f, "reason": "names a bundle this tenant has not uploaded "
-                                              "(PUT /v1/bundles/sha256:…; Client.submit and "
-                                              "e31 submit upload it)"} for f in missing]
         if errors:
-            raise SpecError(errors)
+            raise SpecForbidden(errors)
+        if missing and not dry_run:
+            raise SpecConflict([{"field": f, "reason": "names a bundle this tenant has not "
+                                                       "uploaded (PUT /v1/bundles/sha256:…; "
+                                                       "Client.submit and e31 submit upload "
+                                                       "it)"} for f in missing])
         return missing
 
 
@@ -130,7 +134,10 @@ def add_bundle_routes(app: FastAPI, checks: BundleChecks,
                       caller: Callable[..., TenantRecord]) -> None:
     """`HEAD` and `PUT /v1/bundles/{digest}` for the tenant `caller` names."""
 
-    @app.head(BUNDLES_PATH + "{digest}", tags=["bundles"])
+    @app.head(BUNDLES_PATH + "{digest}", tags=["bundles"], responses={
+        200: {"description": "your tenant holds the bundle",
+              "headers": {SIZE_HEADER: {"schema": {"type": "integer"}}}},
+        **errors.responses(401, 404, 422, 503)})
     def head_bundle(digest: str, t: TenantRecord = Depends(caller)) -> Response:
         """200 when your tenant holds the bundle (its size in X-E31-Bundle-Bytes), else 404."""
         size = checks.size(t, digest)
@@ -138,7 +145,9 @@ def add_bundle_routes(app: FastAPI, checks: BundleChecks,
             return Response(status_code=404)
         return Response(status_code=200, headers={SIZE_HEADER: str(size)})
 
-    @app.put(BUNDLES_PATH + "{digest}", status_code=201, tags=["bundles"])
+    @app.put(BUNDLES_PATH + "{digest}", status_code=201, tags=["bundles"], responses={
+        200: {"description": "your tenant held the bundle already"},
+        **errors.responses(401, 409, 413, 422, 503)})
     async def put_bundle(digest: str, request: Request,
                          t: TenantRecord = Depends(caller)) -> JSONResponse:
         """Upload a bundle (an uncompressed tar) under its sha256; 201 when stored, 200 when

@@ -1,35 +1,108 @@
-"""The one place where E31 errors become HTTP answers."""
+"""The one place where E31 errors become HTTP answers, and the OpenAPI description of them.
+
+Every refusal has the same body (`ErrorBody`): `error`, a stable code, and `message`; a refused
+spec adds `errors` (each field and why), a body over a limit adds `limit_bytes`. Which status
+means what (docs/jobs.md, "Status codes"):
+
+- 401: no valid token. 403: a valid token asking for what it may not have (an admin's view, a
+  file:// input the pool does not open to tenants). 404: no such job, array, output or bundle
+  of the caller's tenant (another tenant's answers exactly as a missing one).
+- 409: a well-formed request that conflicts with what the store holds (a dependency or bundle
+  the tenant lacks, a dependency that failed, a bundle body whose hash is not its name).
+- 413: a body over its limit. 422: a request that breaks the OpenAPI schema (a body that is
+  not JSON included). 503: the results store cannot be reached; try again.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
 from e31.errors import (
     AuthError,
     Conflict,
     E31Error,
+    Forbidden,
     NotFound,
+    SpecConflict,
     SpecError,
+    SpecForbidden,
     StoreUnavailable,
     TooLarge,
 )
 from e31.spec import describe_error
 
 REQUEST_PARTS = ("body", "query", "path")
-STATUS: list[tuple[type[E31Error], int, str]] = [
+STATUS: list[tuple[type[E31Error], int, str]] = [   # the first class that matches wins
+    (SpecConflict, 409, "spec_conflict"),
+    (SpecForbidden, 403, "spec_forbidden"),
     (SpecError, 422, "spec_invalid"),
     (TooLarge, 413, "too_large"),
     (AuthError, 401, "unauthorized"),
+    (Forbidden, 403, "forbidden"),
     (NotFound, 404, "not_found"),
     (Conflict, 409, "conflict"),
     (StoreUnavailable, 503, "store_unavailable"),
 ]
+REQUEST_TOO_LARGE = "request_too_large"
+RETRY_AFTER_S = 5
+# FastAPI answers 400 when a body cannot be decoded at all (not UTF-8); to a client that is
+# the same mistake as a body that is not JSON, which FastAPI answers 422.
+UNREADABLE_BODY = "must be JSON text in UTF-8"
+
+ErrorCode = Literal["spec_conflict", "spec_forbidden", "spec_invalid", "too_large",
+                    "request_too_large", "unauthorized", "forbidden", "not_found", "conflict",
+                    "store_unavailable"]
+
+
+class FieldError(BaseModel):
+    """One refused field of a request: `resources.gpus`, `items[3].after[0]`."""
+
+    field: str
+    reason: str
+
+
+class ErrorBody(BaseModel):
+    """What every refusal answers."""
+
+    error: ErrorCode = Field(description="a stable code for the kind of refusal")
+    message: str = Field(description="what went wrong, for a person")
+    errors: list[FieldError] | None = Field(
+        default=None, description="each refused field and why (422, 409 and 403 on a spec)")
+    limit_bytes: int | None = Field(default=None, description="the limit passed (413)")
+
+
+DESCRIPTIONS = {
+    401: "No valid token: send 'Authorization: Bearer <token>'.",
+    403: "The token is valid but may not have this (an admin's view; a file:// input the pool "
+         "does not open to tenants).",
+    404: "No such job, array, output or bundle of your tenant (another tenant's answers the "
+         "same).",
+    409: "Well formed, but in conflict with what the store holds: a dependency or bundle your "
+         "tenant lacks, a dependency that failed, a body whose sha256 is not its name.",
+    413: "The body is larger than its limit (limit_bytes).",
+    422: "The request breaks this schema: each refused field is named in errors.",
+    503: "The results store cannot be reached; try again after Retry-After seconds.",
+}
+
+
+def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The error answers a route can give, for its `responses=` (the OpenAPI document)."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        out[code] = {"model": ErrorBody, "description": DESCRIPTIONS[code]}
+        if code == 401:
+            out[code]["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
+        if code == 503:
+            out[code]["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
+    return out
 
 
 class BodyTooLarge(HTTPException):
@@ -47,11 +120,12 @@ def _too_large_message(limit_bytes: int) -> str:
 
 def too_large(limit_bytes: int) -> JSONResponse:
     """The 413 answer to a body over the limit, which it names (`limit_bytes`)."""
-    return JSONResponse({"error": "request_too_large", "message": _too_large_message(limit_bytes),
+    return JSONResponse({"error": REQUEST_TOO_LARGE, "message": _too_large_message(limit_bytes),
                          "limit_bytes": limit_bytes}, status_code=413)
 
 
 def _answer(exc: E31Error) -> JSONResponse:
+    """The HTTP answer to `exc`, by `STATUS` (500 for an error no status names)."""
     for cls, status, code in STATUS:
         if isinstance(exc, cls):
             body: dict[str, object] = {"error": code, "message": exc.message}
@@ -61,7 +135,7 @@ def _answer(exc: E31Error) -> JSONResponse:
                 body["limit_bytes"] = exc.limit_bytes
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
             if status == 503:
-                headers = {"Retry-After": "5"}
+                headers = {"Retry-After": str(RETRY_AFTER_S)}
             return JSONResponse(body, status_code=status, headers=headers)
     return JSONResponse({"error": "internal", "message": exc.message}, status_code=500)
 
@@ -81,7 +155,13 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         return _answer(SpecError([describe_error({**e, "loc": _field_path(e)})
-                                  for e in exc.errors()]))
+                                 for e in exc.errors()]))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> Response:
+        if exc.status_code == 400:      # a body FastAPI could not decode
+            return _answer(SpecError.one("body", UNREADABLE_BODY))
+        return await http_exception_handler(request, exc)
 
 
 def _field_path(error: Mapping[str, Any]) -> list[Any]:

@@ -6,6 +6,7 @@ The API is a thin HTTP layer over this; every call is scoped by the caller's ten
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import logging
 import time
@@ -14,20 +15,21 @@ from datetime import datetime
 from typing import IO, Any
 
 import redis
+from pydantic import ValidationError
 
 from e31.api.bundles import BundleChecks
 from e31.api.limits import spec_limits
 from e31.artifacts import ArtifactStore
 from e31.blobs import BundleStore
 from e31.clock import utcnow
-from e31.errors import AuthError, SpecError
+from e31.errors import AuthError, Forbidden, NotFound, SpecConflict, SpecError, SpecForbidden
 from e31.heartbeat import read_workers, wake
 from e31.scheduling import explain
 from e31.scheduling import inputs as policy
 from e31.scheduling.fairshare import Tenant
 from e31.settings import Settings
 from e31.sizeclasses import Route, all_queues, route
-from e31.spec import NAME_MAX, JobSpec, RequestTally, check_name
+from e31.spec import NAME_MAX, JobSpec, RequestTally, check_name, describe_error
 from e31.store import Repo
 from e31.store.records import (
     ArrayManifest,
@@ -85,7 +87,8 @@ class Service:
         RequestTally(self._limits).add(self._within_limits(spec))
         self.bundles.check_spec(tenant.id, spec)
         spec, where = self._admit(spec)
-        record = self._repo.insert_job(tenant.id, spec, where, now=utcnow())
+        with _dependencies_conflict():
+            record = self._repo.insert_job(tenant.id, spec, where, now=utcnow())
         log.info("job_submitted job=%s tenant=%s queue=%s", record.id, tenant.name, record.queue)
         self._wake(record.id)
         return record
@@ -109,7 +112,10 @@ class Service:
 
         The items are untrusted mappings: each is validated here, once, by `JobSpec.parse`, and
         checked against the caps on one job; the caps on the request's jobs together refuse
-        the whole array as soon as a total passes one."""
+        the whole array as soon as a total passes one. Each field of `defaults` must be valid
+        on its own, even where every item sets it over. The answer is the strongest refusal of any
+        item: an invalid one (422) before a forbidden input (403) before a missing bundle or
+        dependency (409)."""
         array_name = _array_name(name)
         if not items:
             raise SpecError.one("items", "must be a non-empty list of job specs")
@@ -118,6 +124,7 @@ class Service:
                                          "(submit several arrays)")
         admitted: list[tuple[JobSpec, Route]] = []
         errors: list[dict[str, str]] = []
+        kinds: set[type[SpecError]] = set()
         bad, named = 0, 0
         tally = RequestTally(self._limits, field="items")
         for i, item in enumerate(items):
@@ -128,18 +135,23 @@ class Service:
                 admitted.append(self._admit(spec))
             except SpecError as exc:
                 bad += 1
+                kinds.add(type(exc))
                 if named < ITEM_ERRORS_MAX:
                     named += 1
                     errors.extend({"field": _item_field(i, e["field"]), "reason": e["reason"]}
                                   for e in exc.errors)
                 continue
             tally.add(spec)
-        if errors:
-            if bad > named:
-                errors.append({"field": "items", "reason": f"{bad} of {len(items)} items are "
-                                                           f"invalid; the first {named} are named"})
+        if bad > named:
+            errors.append({"field": "items", "reason": f"{bad} of {len(items)} items are "
+                                                       f"invalid; the first {named} are named"})
+        if SpecError in kinds:
             raise SpecError(errors)
-        record = self._repo.insert_array(tenant.id, array_name, admitted, now=utcnow())
+        _check_defaults(defaults or {})     # a bad default that every item set over
+        if errors:
+            raise (SpecForbidden if SpecForbidden in kinds else SpecConflict)(errors)
+        with _dependencies_conflict():
+            record = self._repo.insert_array(tenant.id, array_name, admitted, now=utcnow())
         log.info("array_submitted array=%s tenant=%s size=%d", record.id, tenant.name, record.size)
         self._wake(record.id)
         return record
@@ -185,7 +197,16 @@ class Service:
         tenants = self._tenant_views(self._view(now))
         return dataclasses.replace(record, pending=explain.pending(
             record, pos, self._queue_load(record.queue, now), tenants, now=now,
-            half_life_s=self._settings.fair_share_half_life_s))
+            half_life_s=self._settings.fair_share_half_life_s,
+            owns=lambda other: self._owns(tenant, other)))
+
+    def _owns(self, tenant: TenantRecord, job_id: str) -> bool:
+        """Whether `job_id` is a job of `tenant` (what a pending reason may name)."""
+        try:
+            self._repo.get_job(tenant.id, job_id)
+        except NotFound:
+            return False
+        return True
 
     def _queue_load(self, queue: str, now: datetime) -> QueueLoad:
         """The queue's backlog and recent starts, reused for LOAD_CACHE_S: every waiting
@@ -250,9 +271,33 @@ class Service:
 
     def usage(self, tenant: TenantRecord, *, all_tenants: bool) -> builtins.list[dict[str, Any]]:
         if all_tenants and not tenant.admin:
-            raise AuthError("usage of all tenants needs an admin token")
+            raise Forbidden("usage of all tenants needs an admin token")
         rows = self._repo.usage(None if all_tenants else tenant.id, now=utcnow())
         return [r.to_dict() for r in rows]
+
+
+@contextlib.contextmanager
+def _dependencies_conflict() -> Iterator[None]:
+    """The store refuses a valid spec only for its dependencies (one the tenant lacks, one that
+    failed): a conflict with what it holds (409), not an invalid request."""
+    try:
+        yield
+    except SpecError as exc:
+        raise SpecConflict(exc.errors) from None
+
+
+def _check_defaults(defaults: Mapping[str, Any]) -> None:
+    """`SpecError` naming each field of an array's `defaults` that is invalid on its own (the
+    rules between fields apply to each item with its defaults, in `submit_many`)."""
+    if not isinstance(defaults, Mapping):
+        raise SpecError.one("defaults", "must be a mapping of spec fields")
+    try:
+        JobSpec.model_validate(dict(defaults))
+    except ValidationError as exc:
+        errors = [describe_error(e) for e in exc.errors() if e.get("loc")]
+        if errors:
+            raise SpecError([{"field": f"defaults.{e['field']}", "reason": e["reason"]}
+                             for e in errors]) from None
 
 
 def _array_name(name: str | None) -> str:

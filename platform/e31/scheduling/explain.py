@@ -5,12 +5,16 @@ A queued job's reason, strongest first: a dependency not finished; retry back-of
 and waiting for its worker to claim it; else what the scheduler last wrote for it
 (no_capacity, quota, reserved_for); else, for a job beyond the heads the scheduler reads,
 `quota` if its tenant is at quota for the class, otherwise `no_capacity`.
+
+No answer names another tenant's job or tenant (docs/security.md, "What one tenant can see of
+another"): a reservation held for another tenant's job reads `others`, and so does every other
+tenant in the queue view of a tenant that is not an admin.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,11 +25,13 @@ from e31.store.records import JobRecord, QueueLoad, QueuePosition, SchedulingVie
 
 PUBLISHED = "published"     # not a policy reason: the job's message waits for a worker
 OTHERS = "others"           # how a non-admin sees every tenant but its own
+FOREIGN_RESERVATION = "GPUs reserved for another tenant's waiting multi-GPU job"
 
 
 def pending(job: JobRecord, pos: QueuePosition, load: QueueLoad, tenants: Mapping[str, Tenant], *,
-            now: datetime, half_life_s: float) -> dict[str, Any]:
-    """The `pending` object of a queued job's status."""
+            now: datetime, half_life_s: float, owns: Callable[[str], bool]) -> dict[str, Any]:
+    """The `pending` object of a queued job's status, as its tenant may read it: `owns` says
+    whether a job id is that tenant's."""
     place: int | None = None
     start: datetime | None = None
     if pos.first_dependency is not None:
@@ -45,7 +51,7 @@ def pending(job: JobRecord, pos: QueuePosition, load: QueueLoad, tenants: Mappin
             p = Pending(Reason.QUOTA, job.size_class, job.gpus)
         else:
             p = Pending(Reason.NO_CAPACITY, job.size_class, job.gpus)
-        reason, detail, text = p.reason.value, p.detail, p.text()
+        reason, detail, text = as_seen_by_owner(p, owns)
         place = position_in_queue(tenant=pos.tenant_id, priority=job.priority,
                                   older_own=pos.older_own, backlog=load.backlog,
                                   tenants=tenants, half_life_s=half_life_s)
@@ -54,6 +60,14 @@ def pending(job: JobRecord, pos: QueuePosition, load: QueueLoad, tenants: Mappin
         start = datetime.fromtimestamp(at_s, UTC) if at_s is not None else None
     return {"reason": reason, "detail": detail, "text": text, "position": place,
             "estimated_start": iso(start)}
+
+
+def as_seen_by_owner(p: Pending, owns: Callable[[str], bool]) -> tuple[str, str, str]:
+    """(reason, detail, text) of `p` for the tenant of the job that waits: a reservation held
+    for another tenant's job says so without naming it."""
+    if p.reason is Reason.RESERVED_FOR and not owns(p.detail):
+        return p.reason.value, OTHERS, FOREIGN_RESERVATION
+    return p.reason.value, p.detail, p.text()
 
 
 def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo],
