@@ -50,6 +50,7 @@ class RunningRow:
     started_at: datetime | None
     progress_done: float | None
     progress_total: float | None
+    lease_expires_at: datetime | None
 
 
 class PoolQueries:
@@ -73,11 +74,7 @@ class PoolQueries:
                 select(Job.size_class, Attempt.reason, func.count())
                 .join(Job, Job.id == Attempt.job_id).where(Attempt.reason.is_not(None))
                 .group_by(Job.size_class, Attempt.reason)).tuples()}
-            oldest = {str(cls): at for cls, at in s.execute(
-                select(Job.size_class, func.min(Job.queued_since))
-                .where(Job.state == QUEUED, Job.deps_pending == 0,
-                       or_(Job.not_before.is_(None), Job.not_before <= now))
-                .group_by(Job.size_class)).tuples() if at is not None}
+            oldest = _oldest_runnable(s, now)
             wait = _spreads(s, Job.queued_seconds, WAIT_BUCKETS_S,
                             select().select_from(Attempt).join(Job, Job.id == Attempt.job_id)
                             .where(Attempt.started_at >= since))
@@ -90,6 +87,16 @@ class PoolQueries:
         return PoolCounts(jobs=jobs, attempts_ended=ended, oldest_queued_at=oldest,
                           queue_wait=wait, run_time=run, holders=holders)
 
+    def backlog(self, *, now: datetime) -> dict[str, tuple[int, datetime | None]]:
+        """Per class: queued jobs, and when its oldest runnable one (no dependency pending, no
+        back-off) started waiting (None: none is runnable)."""
+        with self._session() as s:
+            queued = {str(cls): int(n) for cls, n in s.execute(
+                select(Job.size_class, func.count()).where(Job.state == QUEUED)
+                .group_by(Job.size_class)).tuples()}
+            oldest = _oldest_runnable(s, now)
+        return {cls: (n, oldest.get(cls)) for cls, n in queued.items()}
+
     def running_jobs(self) -> list[RunningRow]:
         """Every running job with its tenant, node, current attempt's start and progress
         (bounded by the pool's slots)."""
@@ -97,12 +104,24 @@ class PoolQueries:
             rows = s.execute(
                 select(Job.id, Job.name, Job.tenant_id, Tenant.name, Job.size_class, Job.gpus,
                        Job.lease_owner, Job.attempts_used, Attempt.started_at,
-                       Job.progress_done, Job.progress_total)
+                       Job.progress_done, Job.progress_total, Job.lease_expires_at)
                 .join(Tenant, Tenant.id == Job.tenant_id)
                 .outerjoin(Attempt, and_(Attempt.job_id == Job.id,
                                          Attempt.n == Job.attempts_used))
                 .where(Job.state == RUNNING).order_by(Job.size_class, Job.id)).tuples()
-            return [RunningRow(*r) for r in rows]
+            return [RunningRow(id=r[0], name=r[1], tenant_id=r[2], tenant=r[3], size_class=r[4],
+                               gpus=r[5], node=r[6], attempt=r[7], started_at=r[8],
+                               progress_done=r[9], progress_total=r[10], lease_expires_at=r[11])
+                    for r in rows]
+
+
+def _oldest_runnable(s: Session, now: datetime) -> dict[str, datetime]:
+    """Per class, when its oldest runnable queued job started waiting (`ix_jobs_heads`)."""
+    return {str(cls): at for cls, at in s.execute(
+        select(Job.size_class, func.min(Job.queued_since))
+        .where(Job.state == QUEUED, Job.deps_pending == 0,
+               or_(Job.not_before.is_(None), Job.not_before <= now))
+        .group_by(Job.size_class)).tuples() if at is not None}
 
 
 def _spreads(s: Session, value: Any, bounds_s: Sequence[float],

@@ -1,0 +1,146 @@
+"""`GET /v1/top`: one snapshot of the pool for `e31 top` — each class's GPUs (busy, idle,
+draining, lost; utilisation and memory from the workers' heartbeats), its backlog and oldest
+runnable wait, each GPU with its readings, and the running jobs with their tenant, runtime and
+GPU use. A tenant's token sees its own jobs by id and name and everyone else's merged into
+`others` per class, as `e31 queue` does; an admin's sees every job.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+import redis
+from fastapi import APIRouter, Depends
+
+from e31 import metrics, pool
+from e31.clock import utcnow
+from e31.settings import Settings
+from e31.store.pool import RunningRow
+from e31.store.records import TenantRecord
+
+log = logging.getLogger(__name__)
+
+PATH = "/v1/top"
+OTHERS = "others"   # how a tenant's token sees every other tenant (as in `e31 queue`)
+
+
+class TopReads(Protocol):
+    """What the snapshot reads from the store (`e31.store.Repo` is one)."""
+
+    def backlog(self, *, now: datetime) -> dict[str, tuple[int, datetime | None]]: ...
+
+    def running_jobs(self) -> list[RunningRow]: ...
+
+
+def router(settings: Settings, reads: TopReads, redis_client: redis.Redis,
+           caller: Callable[..., TenantRecord]) -> APIRouter:
+    """The `/v1/top` route; `caller` names the requesting tenant (401 without a token)."""
+    r = APIRouter()
+
+    @r.get(PATH, tags=["queue"])
+    def top(t: TenantRecord = Depends(caller)) -> dict[str, Any]:
+        """The pool now: classes, GPUs, running jobs (yours, or all with an admin token)."""
+        now = utcnow()
+        backlog = reads.backlog(now=now)
+        running = reads.running_jobs()
+        try:
+            view: metrics.PoolView | None = metrics.read_pool_view(redis_client)
+        except redis.RedisError as exc:
+            log.warning("top_workers_unknown: %s", exc)
+            view = None
+        return snapshot(classes=[c.name for c in settings.size_classes], backlog=backlog,
+                        running=running, view=view, viewer=t, now=now)
+
+    return r
+
+
+def snapshot(*, classes: Sequence[str], backlog: dict[str, tuple[int, datetime | None]],
+             running: Sequence[RunningRow], view: metrics.PoolView | None,
+             viewer: TenantRecord, now: datetime) -> dict[str, Any]:
+    """The answer of `/v1/top` (pure: the route reads, this shapes)."""
+    leases = [metrics.LeaseHolder(r.node or "", r.size_class, r.gpus,
+                                  bool(r.lease_expires_at and r.lease_expires_at > now))
+              for r in running]
+    workers = view.workers if view is not None else ()
+    slots = pool.slots(workers, leases, view.draining if view is not None else ())
+    readings = {(w.host, g.index): g for w in workers for g in pool.gpu_readings(w)}
+    job_on_node = {r.node: r for r in running if r.node}
+    visible = {r.id for r in running if viewer.admin or r.tenant_id == viewer.id}
+
+    gpus = []
+    for s in slots:
+        host = s.node.rpartition("@")[2]
+        for index in s.gpu_indexes:
+            g = readings.get((host, index))
+            held = job_on_node.get(s.node)
+            gpus.append({"node": host, "worker": s.node, "gpu": index,
+                         "size_class": s.size_class, "state": s.state,
+                         "job": held.id if held is not None and held.id in visible else None,
+                         **_reading(g)})
+
+    jobs: list[dict[str, Any]] = []
+    others: defaultdict[str, dict[str, int]] = defaultdict(lambda: {"jobs": 0, "gpus": 0})
+    for r in running:
+        if r.id not in visible:
+            o = others[r.size_class]
+            o["jobs"] += 1
+            o["gpus"] += r.gpus
+            continue
+        mine = [g for g in gpus if g["job"] == r.id]
+        utils = [g["utilization"] for g in mine if g["utilization"] is not None]
+        mems = [g["memory_used_bytes"] for g in mine if g["memory_used_bytes"] is not None]
+        jobs.append({
+            "id": r.id, "name": r.name, "tenant": r.tenant, "size_class": r.size_class,
+            "gpus": r.gpus, "node": r.node, "attempt": r.attempt,
+            "runtime_s": round((now - r.started_at).total_seconds(), 1) if r.started_at else None,
+            "progress": (round(r.progress_done / r.progress_total, 4)
+                         if r.progress_done is not None and r.progress_total else None),
+            "gpu_utilization": round(sum(utils) / len(utils), 4) if utils else None,
+            "gpu_memory_used_bytes": int(sum(mems)) if mems else None})
+
+    out_classes = []
+    for cls in dict.fromkeys([*classes, *backlog, *(s.size_class for s in slots)]):
+        mine_slots = [s for s in slots if s.size_class == cls]
+        mine_gpus = [g for g in gpus if g["size_class"] == cls]
+        queued, oldest = backlog.get(cls, (0, None))
+        if not mine_slots and not queued and not any(r.size_class == cls for r in running):
+            continue
+        by_state = {st: sum(s.gpu_count for s in mine_slots if s.state == st)
+                    for st in metrics.WORKER_STATES}
+        utils = [g["utilization"] for g in mine_gpus if g["utilization"] is not None]
+        out_classes.append({
+            "size_class": cls, "workers": len(mine_slots),
+            "gpus": sum(s.gpu_count for s in mine_slots),
+            **{f"{st}_gpus": n for st, n in by_state.items()},
+            "queued": queued, "running": sum(1 for r in running if r.size_class == cls),
+            "oldest_queued_s": round((now - oldest).total_seconds(), 1) if oldest else None,
+            "utilization": round(sum(utils) / len(utils), 4) if utils else None,
+            "memory_used_bytes": _total(mine_gpus, "memory_used_bytes"),
+            "memory_total_bytes": _total(mine_gpus, "memory_total_bytes")})
+    return {"at": now.isoformat(), "workers_known": view is not None, "classes": out_classes,
+            "gpus": gpus, "running": jobs,
+            "others": [{"tenant": OTHERS, "size_class": cls, **o}
+                       for cls, o in sorted(others.items())]}
+
+
+def _reading(g: pool.GpuReading | None) -> dict[str, Any]:
+    """A GPU's readings as JSON; null where its worker sent none."""
+    def num(value: float | None) -> float | None:
+        return None if value is None else round(value, 4)
+    return {"utilization": num(g.utilization_ratio) if g else None,
+            "memory_used_bytes": int(g.memory_used_bytes) if g and g.memory_used_bytes
+            is not None else None,
+            "memory_total_bytes": int(g.memory_total_bytes) if g and g.memory_total_bytes
+            is not None else None,
+            "temperature_celsius": num(g.temperature_celsius) if g else None,
+            "power_watts": num(g.power_watts) if g else None,
+            "simulated": bool(g.simulated) if g and g.simulated is not None else None}
+
+
+def _total(rows: Sequence[dict[str, Any]], key: str) -> int | None:
+    values = [r[key] for r in rows if r[key] is not None]
+    return int(sum(values)) if values else None
