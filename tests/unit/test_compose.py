@@ -14,7 +14,8 @@ import yaml
 
 from e31.settings import Settings
 
-COMPOSE = Path(__file__).parents[2] / "docker-compose.yml"
+ROOT = Path(__file__).parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
 
 
 def test_compose_has_every_service_and_pins_one_gpu_per_worker() -> None:
@@ -38,8 +39,9 @@ def test_flower_is_published_on_loopback_only() -> None:
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
 def test_docker_compose_accepts_the_file() -> None:
     result = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config", "-q"],
-                            env=dict(os.environ, E31_FLOWER_PASSWORD="x"), capture_output=True,
-                            text=True, timeout=60)
+                            env=dict(os.environ, E31_FLOWER_PASSWORD="x",
+                                     E31_GRAFANA_PASSWORD="y"),
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 
 
@@ -83,8 +85,11 @@ def test_settings_put_the_secret_into_each_services_redis_url(tmp_path: Path) ->
     # Given an API container's environment, with the secret where compose mounts it
     secret = tmp_path / "redis_password"
     secret.write_text("0f1e2d3c4b5a\n")
+    token = tmp_path / "metrics_token"
+    token.write_text("9a8b7c\n")
     env = {k: str(v) for k, v in e31_services()["api"]["environment"].items()}
-    env.update(E31_HOME=str(tmp_path), E31_REDIS_PASSWORD_FILE=str(secret))
+    env.update(E31_HOME=str(tmp_path), E31_REDIS_PASSWORD_FILE=str(secret),
+               E31_METRICS_TOKEN_FILE=str(token))
 
     # When the process loads its settings
     settings = Settings.load(environ=env)
@@ -129,3 +134,50 @@ def test_no_other_service_gets_root_or_extra_capabilities() -> None:
             continue
         assert "user" not in service and "cap_add" not in service, name
         assert "security_opt" not in service, name
+
+
+def test_prometheus_and_grafana_are_wired_to_config_and_published_on_loopback_only() -> None:
+    # Given the compose file
+    compose = yaml.safe_load(COMPOSE.read_text())
+    services = compose["services"]
+    prometheus, grafana = services["prometheus"], services["grafana"]
+
+    # Then both answer on the host's loopback only (neither UI has a login worth the name for
+    # Prometheus; Grafana's is its admin password)
+    for service in (prometheus, grafana):
+        assert service["ports"] and all(str(p).startswith("127.0.0.1:") for p in service["ports"])
+    # And Prometheus reads config/prometheus (scrape configuration and alert rules)
+    assert "./config/prometheus:/etc/prometheus:ro" in prometheus["volumes"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    # And Grafana its provisioning (data source, dashboard provider) and the dashboards where
+    # the provider looks for them
+    assert "./config/grafana/provisioning:/etc/grafana/provisioning:ro" in grafana["volumes"]
+    provider = yaml.safe_load((ROOT / "config/grafana/provisioning/dashboards/e31.yml")
+                              .read_text())["providers"][0]
+    assert f"./config/grafana/dashboards:{provider['options']['path']}:ro" in grafana["volumes"]
+    source = yaml.safe_load((ROOT / "config/grafana/provisioning/datasources/prometheus.yml")
+                            .read_text())["datasources"][0]
+    assert source["url"] == "http://prometheus:9090"
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"].endswith(":?set it}")
+
+
+def test_prometheus_presents_the_metrics_token_the_api_reads_and_scrapes_the_api() -> None:
+    # Given the compose file and Prometheus's scrape configuration
+    compose = yaml.safe_load(COMPOSE.read_text())
+    services = compose["services"]
+    config = yaml.safe_load((ROOT / "config/prometheus/prometheus.yml").read_text())
+    [scrape] = [c for c in config["scrape_configs"] if c["job_name"] == "e31"]
+
+    # Then the API reads its /metrics token from the secret Prometheus presents as a bearer
+    token_path = "/run/secrets/metrics_token"
+    assert services["api"]["environment"]["E31_METRICS_TOKEN_FILE"] == token_path
+    assert "metrics_token" in services["api"]["secrets"]
+    assert "metrics_token" in services["prometheus"]["secrets"]
+    assert scrape["authorization"] == {"type": "Bearer", "credentials_file": token_path}
+    assert compose["secrets"]["metrics_token"]["file"]
+    # And it scrapes the API where compose runs it; Flower (whose /metrics has no auth) is
+    # no target
+    targets = [t for c in config["scrape_configs"] for s in c["static_configs"]
+               for t in s["targets"]]
+    assert "api:8031" in targets
+    assert not any(t.startswith("flower") for t in targets)
