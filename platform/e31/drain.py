@@ -30,7 +30,8 @@ POLL_S = 0.5
 class DrainRecords(Protocol):
     """Where drain requests are kept with authority: the store (`e31.store.Repo` is one)."""
 
-    def request_drain(self, nodes: Sequence[str], *, now: datetime) -> None: ...
+    def request_drain(self, nodes: Sequence[str], *, now: datetime,
+                      reason: str | None = None) -> None: ...
 
     def drain_requested(self, node: str, *, since: datetime) -> bool: ...
 
@@ -43,11 +44,13 @@ def live_nodes(r: redis.Redis, *, host: str | None = None) -> list[str]:
     return [n for n in nodes if host is None or n.rpartition("@")[2] == host]
 
 
-def request_drain(r: redis.Redis, records: DrainRecords, nodes: Iterable[str]) -> None:
-    """Ask `nodes` to drain: the store's record first, so that the bell finds it."""
+def request_drain(r: redis.Redis, records: DrainRecords, nodes: Iterable[str], *,
+                  reason: str | None = None) -> None:
+    """Ask `nodes` to drain: the store's record first, so that the bell finds it. `reason`:
+    why, when a node takes itself out of service (a GPU's XID error); None for an operator."""
     names = list(dict.fromkeys(nodes))
     now = utcnow()
-    records.request_drain(names, now=now)
+    records.request_drain(names, now=now, reason=reason)
     for node in names:
         r.set(keys.drain(node), now.isoformat(), ex=DRAIN_REQUEST_TTL_S)
 

@@ -16,7 +16,7 @@ from typing import Any
 from celery import signals
 
 from e31 import wiring
-from e31.drain import drain_authorized
+from e31.drain import drain_authorized, request_drain
 from e31.heartbeat import WorkerInfo
 from e31.settings import Settings
 from e31_worker.attempt.cgroups import JobCgroups
@@ -26,9 +26,11 @@ from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.settle import settle_left_attempts
 from e31_worker.attempt.task import register
 from e31_worker.node.heartbeat import Heartbeat
+from e31_worker.node.telemetry import GpuMonitor, open_monitor
 
 EXIT_NODE_TAKEN = 3  # the launcher retries with back-off: the node may free up
 EXIT_DRAINED = 4     # an operator drained this node: the launcher does not restart it
+TELEMETRY_MAX_AGE_BEATS = 1.5   # a GPU reading older than this many beats is read again
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,6 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu-count", type=int, default=0)
     parser.add_argument("--size-class", required=True)
     parser.add_argument("--loglevel", default="INFO")
+    parser.add_argument("--simulated-gpu-mem-gb", default="",
+                        help="comma-separated memory of each GPU when they are simulated")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=args.loglevel,
@@ -64,17 +68,23 @@ def main(argv: list[str] | None = None) -> None:
         cgroups.reap()
     redis_client = wiring.redis_client(settings)
     repo = wiring.repo(settings)
-    # An operator's drain takes Celery's own warm-shutdown path, exactly as SIGTERM does.
+    gpus = gpu_monitor(args.gpus, args.simulated_gpu_mem_gb, settings)
+    # An operator's drain takes Celery's own warm-shutdown path, exactly as SIGTERM does; so
+    # does the node's own, for a GPU's XID error.
     beat = Heartbeat(redis_client=redis_client, identity=identity,
                      interval_s=settings.heartbeat_interval_s,
                      on_drain=lambda: os.kill(os.getpid(), signal.SIGTERM),
-                     drain_authorized=lambda: drain_authorized(repo, identity.node))
+                     drain_authorized=lambda: drain_authorized(repo, identity.node),
+                     gpus=gpus,
+                     record_drain=lambda why: request_drain(redis_client, repo, [identity.node],
+                                                            reason=why))
     services = AttemptServices(settings=settings, identity=identity, repo=repo,
                                artifacts=wiring.artifacts(settings), redis=redis_client,
                                groups=groups, cgroups=cgroups, draining=beat.draining,
                                busy=beat.set_busy,
                                sandbox=(Sandbox.from_settings(settings)
-                                        if settings.isolation == "sandbox" else None))
+                                        if settings.isolation == "sandbox" else None),
+                               gpus=gpus)
     settle_left_attempts(services)     # what it finished but could not record
     app = wiring.celery(settings, queues=list(queues))
     register(app, services)
@@ -93,9 +103,20 @@ def main(argv: list[str] | None = None) -> None:
                          "--loglevel", args.loglevel,
                          "--without-gossip", "--without-mingle", "--task-events"])
     finally:
+        if gpus is not None:
+            gpus.close()
         if beat.drain_requested.is_set():
             logging.getLogger(__name__).warning("worker_drained node=%s", args.node)
             sys.exit(EXIT_DRAINED)
+
+
+def gpu_monitor(gpus: str, simulated_mem_gb: str, settings: Settings) -> GpuMonitor | None:
+    """The telemetry of the node's GPUs (`--gpus` indexes), simulated when their memories are
+    given; a reading counts as current for one heartbeat and a half."""
+    indexes = [int(i) for i in gpus.split(",") if i.strip()]
+    memories = [float(m) for m in simulated_mem_gb.split(",") if m.strip()]
+    return open_monitor(indexes, simulated_mem_gb=memories,
+                        max_age_s=settings.heartbeat_interval_s * TELEMETRY_MAX_AGE_BEATS)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ class Gpu:
     index: int
     mem_gb: float
     name: str = "simulated"
+    simulated: bool = False   # from --simulate-gpus: its telemetry is made up, and says so
 
 
 def parse_simulated(text: str) -> list[Gpu]:
@@ -34,7 +35,7 @@ def parse_simulated(text: str) -> list[Gpu]:
         if not m or int(m.group(1)) < 1:
             raise ConfigError(f"--simulate-gpus: {part!r} is not COUNTxGB (e.g. 2x24,1x80)")
         for _ in range(int(m.group(1))):
-            gpus.append(Gpu(index=len(gpus), mem_gb=float(m.group(2))))
+            gpus.append(Gpu(index=len(gpus), mem_gb=float(m.group(2)), simulated=True))
     if not gpus:
         raise ConfigError("--simulate-gpus: give at least one COUNTxGB")
     return gpus

@@ -6,8 +6,13 @@ one. The node drains only when `drain_authorized` (the store's record of the req
 `e31.drain`) says an operator asked; a key without it is logged `drain_unauthorized` and
 ignored (docs/security.md, "The broker is not a trust boundary").
 
-It writes through `e31.heartbeat` (one record type for every reader). The attempt layer
-sees it only as the `busy` callback and the `draining` event of its `AttemptServices`.
+A GPU that reports an XID error its job cannot have caused takes the node out of service
+the same way, on the node's own authority: the request, with its reason, is written to the
+store (shown by `e31 queue`) and logged `gpu_xid_drain` (`e31_worker.node.telemetry`).
+
+It writes through `e31.heartbeat` (one record type for every reader), with the latest
+reading of each of the node's GPUs. The attempt layer sees it only as the `busy` callback
+and the `draining` event of its `AttemptServices`.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from collections.abc import Callable
 import redis
 
 from e31 import heartbeat, keys
-from e31.errors import StoreError
+from e31.errors import E31Error, StoreError
 from e31.heartbeat import WorkerInfo
+from e31_worker.node.telemetry import GpuMonitor
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +40,9 @@ class Heartbeat:
     """
 
     def __init__(self, *, redis_client: redis.Redis, identity: WorkerInfo, interval_s: float,
-                 on_drain: Callable[[], None], drain_authorized: Callable[[], bool]) -> None:
+                 on_drain: Callable[[], None], drain_authorized: Callable[[], bool],
+                 gpus: GpuMonitor | None = None,
+                 record_drain: Callable[[str], None] | None = None) -> None:
         self.identity = identity
         self.draining = threading.Event()
         self.drain_requested = threading.Event()
@@ -42,6 +50,8 @@ class Heartbeat:
         self._interval_s = interval_s
         self._on_drain = on_drain
         self._drain_authorized = drain_authorized
+        self._gpus = gpus                  # None: a cpu slot, or no telemetry
+        self._record_drain = record_drain  # writes the node's own drain request, with why
         self._refused_logged = False   # one `drain_unauthorized` line per unauthorized key
         self._busy_job: str | None = None
         self._stop = threading.Event()
@@ -60,8 +70,10 @@ class Heartbeat:
         if self.draining.is_set():
             heartbeat.withdraw(self._redis, self.identity.node)
             return
-        heartbeat.write(self._redis, self.identity.busy(self._busy_job),
-                        interval_s=self._interval_s)
+        info = self.identity.busy(self._busy_job)
+        if self._gpus is not None:
+            info = info.with_telemetry(self._gpus.current(busy=self._busy_job is not None))
+        heartbeat.write(self._redis, info, interval_s=self._interval_s)
 
     def start(self) -> None:
         """Start the heartbeat thread (once the Celery consumer is ready)."""
@@ -85,6 +97,7 @@ class Heartbeat:
         while not self._stop.is_set():
             try:
                 self.beat()
+                self._check_gpu_faults()
                 self._check_drain()
             except redis.RedisError as exc:
                 log.warning("heartbeat_failed node=%s: %s", self.identity.node, exc)
@@ -111,5 +124,23 @@ class Heartbeat:
             return
         log.warning("worker_drain_requested node=%s busy_job=%s: stopping after the running job "
                     "is requeued", self.identity.node, self._busy_job)
+        self.drain_requested.set()
+        self._on_drain()
+
+    def _check_gpu_faults(self) -> None:
+        """An XID error that is not the job's doing: drain as an operator's request would,
+        the reason recorded in the store first (a store that fails does not stop the drain)."""
+        faults = self._gpus.faults() if self._gpus is not None else []
+        if not faults or self.drain_requested.is_set():
+            return
+        reason = "GPU error: " + ", ".join(str(f) for f in faults)
+        log.error("gpu_xid_drain node=%s busy_job=%s reason=%r: taking this worker out of "
+                  "service; `e31 worker` started again brings it back", self.identity.node,
+                  self._busy_job, reason)
+        if self._record_drain is not None:
+            try:
+                self._record_drain(reason)
+            except (E31Error, redis.RedisError) as exc:
+                log.warning("drain_record_failed node=%s: %s", self.identity.node, exc)
         self.drain_requested.set()
         self._on_drain()

@@ -44,6 +44,7 @@ class WorkerSlot:
     gpus: str
     gpu_count: int
     size_class: str
+    simulated_mem_gb: tuple[float, ...] = ()   # --simulate-gpus: each GPU's memory; () real
 
 
 def plan_slots(gpus: Sequence[Gpu], *, cpu_slots: int, spill: bool, group: int,
@@ -60,7 +61,9 @@ def plan_slots(gpus: Sequence[Gpu], *, cpu_slots: int, spill: bool, group: int,
         queues = spill_queues(own, group, classes) if spill else [queue_name(own.name, group)]
         ids = [str(g.index) for g in members]
         slots.append(WorkerSlot(node=f"gpu{'-'.join(ids)}@{host}", queues=tuple(queues),
-                                gpus=",".join(ids), gpu_count=group, size_class=own.name))
+                                gpus=",".join(ids), gpu_count=group, size_class=own.name,
+                                simulated_mem_gb=tuple(g.mem_gb for g in members
+                                                       if g.simulated)))
     if cpu_slots:
         cpu = cpu_class(classes)
         if cpu is None:
@@ -99,6 +102,8 @@ class Launcher:
                 "--queues", ",".join(slot.queues), "--gpus", slot.gpus,
                 "--gpu-count", str(slot.gpu_count), "--size-class", slot.size_class,
                 "--loglevel", self._loglevel]
+        if slot.simulated_mem_gb:
+            argv += ["--simulated-gpu-mem-gb", ",".join(f"{m:g}" for m in slot.simulated_mem_gb)]
         # If the launcher dies, its workers drain and exit instead of living on as orphans
         # that a restarted launcher would double on the same GPU.
         prctl = prctl_function()
