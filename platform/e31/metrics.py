@@ -238,9 +238,6 @@ class ErrorTally:
     def broker_error(self) -> None:
         self._pending[BROKER_ERROR_PREFIX + self.process] += 1
 
-    def fenced_write(self) -> None:
-        self._pending[FENCED] += 1
-
     def flush(self, r: redis.Redis) -> None:
         """Add the pending counts to the health hash; kept for the next flush if Redis fails."""
         if not self._pending:
@@ -254,6 +251,15 @@ class ErrorTally:
         except redis.RedisError:
             self._pending.update(pending)
             raise
+
+
+def note_fenced_write(r: redis.Redis) -> None:
+    """Count an outcome write the fencing token refused, where it happened (a worker); best
+    effort: a count Redis cannot take is logged and lost."""
+    try:
+        r.hincrby(keys.HEALTH, FENCED, 1)
+    except redis.RedisError as exc:
+        log.warning("health_uncounted %s: %s", FENCED, exc)
 
 
 # -- the collector ------------------------------------------------------------------------
@@ -298,7 +304,8 @@ class PoolCollector(Collector):
         self._clock = clock
 
     def describe(self) -> Iterable[Any]:
-        return ()   # nothing is read when the collector is registered
+        """Every family it may yield, empty: the registry learns the names without a read."""
+        return [_family(m) for m in ALL]
 
     def collect(self) -> Iterator[Any]:
         now = self._clock()
@@ -413,15 +420,17 @@ def _gpu_series(workers: Sequence[WorkerInfo]) -> Iterator[Any]:
     for w in workers:
         for g in pool.gpu_readings(w):
             by_gpu.setdefault((w.host, g.index), g)
-    for metric, attr in ((GPU_UTILIZATION, "utilization_ratio"),
-                         (GPU_MEMORY_USED, "memory_used_bytes"),
-                         (GPU_MEMORY_TOTAL, "memory_total_bytes"),
-                         (GPU_TEMPERATURE, "temperature_celsius"), (GPU_POWER, "power_watts"),
-                         (GPU_XID_ERRORS, "xid_errors"), (GPU_ECC_ERRORS, "ecc_errors"),
-                         (GPU_SIMULATED, "simulated")):
+    fields: tuple[tuple[Metric, Callable[[pool.GpuReading], float | None]], ...] = (
+        (GPU_UTILIZATION, lambda g: g.utilization_ratio),
+        (GPU_MEMORY_USED, lambda g: g.memory_used_bytes),
+        (GPU_MEMORY_TOTAL, lambda g: g.memory_total_bytes),
+        (GPU_TEMPERATURE, lambda g: g.temperature_celsius), (GPU_POWER, lambda g: g.power_watts),
+        (GPU_XID_ERRORS, lambda g: g.xid_errors), (GPU_ECC_ERRORS, lambda g: g.ecc_errors),
+        (GPU_SIMULATED, lambda g: g.simulated))
+    for metric, read in fields:
         samples = []
         for (host, index), g in sorted(by_gpu.items()):
-            value = getattr(g, attr)
+            value = read(g)
             if value is not None:
                 samples.append(((host, index), float(value)))
         yield _gauge(metric, samples)

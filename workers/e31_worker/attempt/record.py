@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from e31 import metrics
 from e31.clock import utcnow
 from e31.errors import StoreError
 from e31.spec import JobSpec
@@ -83,6 +84,7 @@ def record_outcome(svc: AttemptServices, claim: Claim, outcome: Outcome) -> str 
                   claim.attempt, svc.settings.store_retry_max_s)
         return None
     if state is None:
+        metrics.note_fenced_write(svc.redis)
         log.warning("outcome_fenced job=%s attempt=%d token=%d: the job was recovered elsewhere",
                     claim.job_id, claim.attempt, claim.token)
         return None
