@@ -5,12 +5,13 @@ simulated GPUs' values."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
+from e31.settings import Settings
+from e31_worker.node.celery_process import gpu_monitor
+from e31_worker.node.gpus import Gpu, parse_simulated
+from e31_worker.node.launcher import plan_slots
 from e31_worker.node.telemetry import (
     SIM_JOB_MEM_FRACTION,
     SIM_WORKING_UTIL_PCT,
@@ -19,102 +20,7 @@ from e31_worker.node.telemetry import (
     NvmlSource,
     open_monitor,
 )
-
-GIB = 1024 ** 3
-
-
-class FakeNvmlError(Exception):
-    """pynvml's NVMLError: carries the NVML return code as `value`."""
-
-    def __init__(self, value: int) -> None:
-        super().__init__(f"NVML error {value}")
-        self.value = value
-
-
-@dataclass
-class FakeGpu:
-    util_pct: int = 0
-    used: int = 0
-    total: int = 80 * GIB
-    temperature_c: int = 40
-    power_mw: int = 70_000
-    ecc: int = 0
-    xids: deque[int] = field(default_factory=deque)
-    unsupported: set[str] = field(default_factory=set)
-
-
-class FakeNvml:
-    """The pynvml names telemetry uses, over a few fake GPUs; nothing else."""
-
-    NVMLError = FakeNvmlError
-    NVML_ERROR_TIMEOUT = 10
-    NVML_ERROR_NOT_SUPPORTED = 3
-    NVML_TEMPERATURE_GPU = 0
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
-    NVML_VOLATILE_ECC = 0
-    nvmlEventTypeXidCriticalError = 8
-
-    def __init__(self, gpus: dict[int, FakeGpu]) -> None:
-        self.gpus = gpus
-        self.initialised = False
-        self.calls: list[str] = []
-
-    def nvmlInit(self) -> None:
-        self.initialised = True
-
-    def nvmlShutdown(self) -> None:
-        self.initialised = False
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
-        return self.gpus[index]
-
-    def _check(self, gpu: FakeGpu, name: str) -> None:
-        assert self.initialised, "NVML used before nvmlInit"
-        self.calls.append(name)
-        if name in gpu.unsupported:
-            raise FakeNvmlError(self.NVML_ERROR_NOT_SUPPORTED)
-
-    def nvmlDeviceGetUtilizationRates(self, gpu: FakeGpu) -> Any:
-        self._check(gpu, "utilization")
-        return SimpleNamespace(gpu=gpu.util_pct, memory=0)
-
-    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu) -> Any:
-        self._check(gpu, "memory")
-        return SimpleNamespace(used=gpu.used, total=gpu.total, free=gpu.total - gpu.used)
-
-    def nvmlDeviceGetTemperature(self, gpu: FakeGpu, sensor: int) -> int:
-        assert sensor == self.NVML_TEMPERATURE_GPU
-        self._check(gpu, "temperature")
-        return gpu.temperature_c
-
-    def nvmlDeviceGetPowerUsage(self, gpu: FakeGpu) -> int:
-        self._check(gpu, "power")
-        return gpu.power_mw
-
-    def nvmlDeviceGetTotalEccErrors(self, gpu: FakeGpu, kind: int, counter: int) -> int:
-        assert (kind, counter) == (self.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                   self.NVML_VOLATILE_ECC)
-        self._check(gpu, "ecc")
-        return gpu.ecc
-
-    def nvmlEventSetCreate(self) -> list[FakeGpu]:
-        return []
-
-    def nvmlDeviceRegisterEvents(self, gpu: FakeGpu, types: int, events: list[FakeGpu]) -> None:
-        assert types == self.nvmlEventTypeXidCriticalError
-        self._check(gpu, "events")
-        events.append(gpu)
-
-    def nvmlEventSetWait_v2(self, events: list[FakeGpu], timeout_ms: int) -> Any:
-        assert timeout_ms == 0, "a reading never waits for an event"
-        for gpu in events:
-            if gpu.xids:
-                return SimpleNamespace(eventType=self.nvmlEventTypeXidCriticalError,
-                                       eventData=gpu.xids.popleft())
-        raise FakeNvmlError(self.NVML_ERROR_TIMEOUT)
-
-    def nvmlEventSetFree(self, events: list[FakeGpu]) -> None:
-        events.clear()
+from tests.unit.fake_nvml import GIB, FakeGpu, FakeNvml, FakeNvmlError
 
 
 def nvml_monitor(fake: FakeNvml, indexes: list[int]) -> GpuMonitor:
@@ -227,3 +133,20 @@ def test_simulated_gpus_say_so_and_follow_the_workers_state() -> None:
 def test_simulated_memories_must_match_the_gpus(mem: list[float]) -> None:
     with pytest.raises(ValueError):
         open_monitor([0, 1], simulated_mem_gb=mem, max_age_s=1.0)
+
+
+def test_simulated_gpus_reach_their_worker_process_as_their_memories() -> None:
+    # Given a machine simulating a 24 GB and an 80 GB GPU, and one with a real GPU
+    simulated = plan_slots(parse_simulated("1x24,1x80"), cpu_slots=1, spill=False, group=1,
+                           classes=Settings().size_classes, host="h")
+    real = plan_slots([Gpu(index=0, mem_gb=80.0, name="NVIDIA H100")], cpu_slots=0, spill=False,
+                      group=1, classes=Settings().size_classes, host="h")
+
+    # Then each simulated slot carries its GPU's memory, a real or cpu slot nothing
+    assert [s.simulated_mem_gb for s in simulated] == [(24.0,), (80.0,), ()]
+    assert real[0].simulated_mem_gb == ()
+
+    # And its worker process reads them as simulated GPUs
+    monitor = gpu_monitor("1", "80", Settings())
+    assert monitor is not None and monitor.sample(None)[0].simulated
+    assert gpu_monitor("", "", Settings()) is None
