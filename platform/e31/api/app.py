@@ -17,7 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from e31 import __version__, wiring
-from e31.api import errors
+from e31.api import errors, metrics, top
 from e31.api.bundles import BUNDLES_PATH, add_bundle_routes
 from e31.api.limits import DIGITS, BodyLimit, QueryBool
 from e31.api.service import LIST_LIMIT_MAX, Service
@@ -85,6 +85,8 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
     _add_array_routes(app, service)
     _add_pool_routes(app, service)
     add_bundle_routes(app, service.bundles, _caller)   # bounded by bundle_max_bytes itself
+    app.include_router(top.router(settings, service.repo, service.redis, _caller))
+    app.include_router(metrics.router(settings, service.repo, service.redis))   # own guard
     # Added before the header middleware, so it runs inside it: a 413 carries the header too.
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, exempt=(BUNDLES_PATH,))
 

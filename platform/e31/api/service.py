@@ -73,6 +73,15 @@ class Service:
         self.bundles = BundleChecks(settings=settings, store=BundleStore(artifacts.url))
         self._loads: dict[str, tuple[float, QueueLoad]] = {}   # queue -> (monotonic s, load)
 
+    @property
+    def repo(self) -> Repo:
+        """The store it works on (the metrics and `/v1/top` read the pool through it)."""
+        return self._repo
+
+    @property
+    def redis(self) -> redis.Redis:
+        return self._redis
+
     def authenticate(self, token: str | None) -> TenantRecord:
         if not token:
             raise AuthError("missing API token: send 'Authorization: Bearer <token>'")
