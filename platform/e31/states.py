@@ -88,7 +88,7 @@ class Isolation(str, Enum):
 
 
 class Start(str, Enum):
-    """How an attempt's child was started: forked from a warm process or started afresh."""
+    """How an attempt's child was started. `cold`: a new process, today's only way; `warm`
+    (forked from a process that imported torch already) joins it with the warm start."""
 
-    WARM = "warm"
     COLD = "cold"

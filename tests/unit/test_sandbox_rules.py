@@ -13,7 +13,8 @@ import pytest
 from e31.errors import ConfigError
 from e31.heartbeat import WorkerInfo
 from e31.settings import Settings
-from e31_worker.attempt.sandbox import Sandbox, exit_code, protected_paths, read_job_file
+from e31_worker.attempt.binds import protected_paths
+from e31_worker.attempt.sandbox import Sandbox, exit_code, read_job_file
 
 
 def settings(tmp_path: Path, **values: object) -> Settings:

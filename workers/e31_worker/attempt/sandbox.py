@@ -11,11 +11,12 @@ mount, PID, IPC, UTS and cgroup namespaces (bubblewrap makes them; with `network
 network namespace too, which holds only a loopback of its own). What it sees of the host's
 files: the system and the worker's Python read-only (`/usr`, `/etc`, the `/lib*`, `/bin`,
 `/sbin`, the interpreter's prefixes, site directories and the worker's PYTHONPATH), a fresh
-`/proc` of its own PID namespace, a minimal `/dev` (plus the NVIDIA device nodes), private
-`/tmp` and `/dev/shm`, and its attempt's directory read-write. Its code bundle and its
-environment are bound read-only. `E31_HOME`, the store, the artifact store, other attempts'
-directories, the Redis password file and the worker's processes do not exist for it: a
-protected path inside a directory bound for the system is hidden under an empty tmpfs.
+`/proc` of its own PID namespace, a minimal `/dev` (plus the NVIDIA device nodes, and `/sys`
+read-only on a GPU host), private `/tmp` and `/dev/shm`, and its attempt's directory
+read-write. Its code bundle and its environment are bound read-only. `E31_HOME`, the store,
+the artifact store, other attempts' directories, the Redis password file and the worker's
+processes do not exist for it: a protected path inside a directory bound for the system is
+hidden under an empty tmpfs.
 
 The environment it starts with is exactly the one the supervisor built for it (the worker's
 variables without any `E31_*` setting, the spec's `env`, the job's own `E31_*` paths): that
@@ -30,11 +31,8 @@ replacing the worker's own (`claim.json`, `job.json`, `attempt.log`, all root's)
 what a job wrote without following a link and only from a regular file (`read_job_file`),
 and the artifact store refuses links in outputs and checkpoints.
 
-Binds whose source the job's uid could not reach on the host (under a 0700 `E31_HOME`, a
-root-only Python prefix) are staged first: the forked child, still root, makes a private
-mount namespace, mounts a tmpfs on `STAGE_DIR` and binds each such source there, so
-bubblewrap (which resolves its sources as the job's uid) binds them from a reachable path.
-Nothing of this is visible outside that child.
+What is bound, and how a source the job's uid could not reach on the host is staged first,
+is `e31_worker.attempt.binds`.
 
 Stopping. bubblewrap's outer process is the supervisor's process group; the job runs in a
 new session inside the PID namespace, whose init is bubblewrap's. SIGTERM therefore goes to
@@ -52,15 +50,11 @@ AttemptFacts(...))` (`e31.store.attempts`): `note_start` notes the isolation, `s
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import hashlib
-import importlib.util
 import logging
 import os
 import shutil
 import signal
-import site
 import stat
 import subprocess
 import sys
@@ -68,7 +62,6 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from e31.errors import ConfigError, StoreError
 from e31.settings import Settings
@@ -76,23 +69,25 @@ from e31.states import Isolation, Start
 from e31.store import Repo
 from e31.store.attempts import AttemptFacts
 from e31.store.records import Claim
+from e31_worker.attempt.binds import (
+    SYSTEM_PATHS,
+    enter_as,
+    exposes,
+    outermost,
+    protected_paths,
+    python_paths,
+    source,
+)
 
 log = logging.getLogger(__name__)
 
 BWRAP = "bwrap"
-SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 GPU_DEVICE_PREFIX = "nvidia"   # /dev/nvidia0.., nvidiactl, nvidia-uvm, nvidia-caps/
-STAGE_DIR = Path("/run/e31-sandbox")  # staging mount point (a tmpfs in the child's namespace)
 SIGNAL_EXIT_BASE = 128         # bubblewrap's exit status for a job killed by signal N: 128 + N
 ROOT_MODE = 0o1770             # the attempt root: root:<job gid>, sticky
 WORKER_FILES = ("attempt.log", "claim.json")  # the worker's files in the root: never the job's
 PROBE_TIMEOUT_S = 60.0         # the start-up check: one sandboxed Python that imports the runner
 JOB_FILE_MAX_BYTES = 64 * 1024 ** 2  # a result or progress file the worker reads back
-
-# Linux system call numbers and flags (include/uapi/linux/sched.h, mount.h).
-CLONE_NEWNS = 0x00020000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
-
 
 @dataclass(frozen=True)
 class Launch:
@@ -127,9 +122,9 @@ class Sandbox:
         operator = [Path(p) for p in (*settings.sandbox_read_only_dirs,
                                       *settings.sandbox_writable_dirs)]
         for path in operator:
-            if (why := _exposes(path, protected)) is not None:
+            if (why := exposes(path, protected)) is not None:
                 raise ConfigError(f"sandbox directory {path} {why}: no job may see it")
-        base = [p for p in python_paths() if _exposes(p, protected) is None]
+        base = [p for p in python_paths() if exposes(p, protected) is None]
         return cls(bwrap=shutil.which(BWRAP) or "", uid_base=settings.sandbox_uid_base,
                    uid_count=settings.sandbox_uid_count,
                    read_only=[*base, *(Path(p) for p in settings.sandbox_read_only_dirs)],
@@ -188,18 +183,21 @@ class Sandbox:
             if path.is_symlink():
                 args += ["--symlink", os.readlink(path), str(path)]
             elif path.exists():
-                args += ["--ro-bind", _source(path, uid, staged), str(path)]
-        for path in _outermost(self._read_only):
-            args += ["--ro-bind", _source(path, uid, staged), str(path)]
+                args += ["--ro-bind", source(path, uid, staged), str(path)]
+        for path in outermost(self._read_only):
+            args += ["--ro-bind", source(path, uid, staged), str(path)]
         shown = [*map(Path, SYSTEM_PATHS), *self._read_only]
         for hidden in self._protected:
             if any(hidden.is_relative_to(p) for p in shown) and hidden.exists():
                 args += (["--tmpfs", str(hidden)] if hidden.is_dir()
                          else ["--ro-bind", "/dev/null", str(hidden)])
-        for device in sorted(Path("/dev").glob(GPU_DEVICE_PREFIX + "*")):
+        devices = sorted(Path("/dev").glob(GPU_DEVICE_PREFIX + "*"))
+        for device in devices:
             args += ["--dev-bind-try", str(device), str(device)]
+        if devices:  # the driver's libraries read the GPUs' PCI details there, as in a container
+            args += ["--ro-bind-try", "/sys", "/sys"]
         for path in self._writable:
-            args += ["--bind", _source(path, uid, staged), str(path)]
+            args += ["--bind", source(path, uid, staged), str(path)]
         return args
 
 
@@ -224,12 +222,12 @@ class AttemptSandbox:
         if self.network:
             args.append("--share-net")
         args += self._sandbox.bind_args(self.uid, staged=staged)
-        args += ["--bind", _source(root, self.uid, staged), str(root)]
-        for path in _outermost(p for p in read_only if p.exists()):
-            args += ["--ro-bind", _source(path, self.uid, staged), str(path)]
+        args += ["--bind", source(root, self.uid, staged), str(root)]
+        for path in outermost(p for p in read_only if p.exists()):
+            args += ["--ro-bind", source(path, self.uid, staged), str(path)]
         args += ["--chdir", str(cwd), "--", *argv]
         return Launch(argv=args, env=self._env(env, home=root / "work"),
-                      enter=_enter(self.uid, staged))
+                      enter=enter_as(self.uid, staged))
 
     def _own(self, root: Path, writable: Iterable[Path]) -> None:
         """The root to root:<gid> 1770 (the worker's files in it stay the worker's), the
@@ -307,126 +305,6 @@ def note_start(repo: Repo, claim: Claim, isolation: Isolation, start_ms: float) 
             isolation=isolation, start=Start.COLD, start_ms=round(start_ms, 3)))
     except StoreError as exc:
         log.warning("start_note_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt, exc)
-
-
-def protected_paths(settings: Settings) -> list[Path]:
-    """What no job may see: E31_HOME, the work dir (every attempt), the SQLite store, the
-    artifact store on this host, the Redis password file."""
-    paths = [settings.home, settings.resolved_work_dir]
-    db = urlsplit(settings.resolved_database_url)
-    if db.scheme.startswith("sqlite") and db.path not in ("", "/", "/:memory:"):
-        paths.append(Path(db.path[1:] if db.path.startswith("//") else db.path))
-    artifacts = urlsplit(settings.resolved_artifacts_url)
-    if artifacts.scheme == "file":
-        paths.append(Path(artifacts.path))
-    if settings.redis_password_file:
-        paths.append(Path(settings.redis_password_file))
-    return [Path(os.path.realpath(p)) for p in paths]
-
-
-def python_paths() -> list[Path]:
-    """What a job needs of the worker's Python: its prefixes, site directories, the worker's
-    own packages (an editable install points outside site-packages) and PYTHONPATH."""
-    found = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-             *site.getsitepackages(), *sys.path[1:]]   # sys.path[0]: the worker's own cwd
-    for package in ("e31", "e31_worker"):
-        spec = importlib.util.find_spec(package)
-        found += [str(Path(p).parent) for p in (spec.submodule_search_locations or [])] \
-            if spec else []
-    found += os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    out: list[Path] = []
-    for entry in found:
-        if entry and os.path.isabs(entry) and os.path.exists(entry):
-            real = Path(os.path.realpath(entry))
-            if real not in out:
-                out.append(real)
-    return out
-
-
-def _exposes(path: Path, protected: Sequence[Path]) -> str | None:
-    """Why binding `path` would show a protected path, or None."""
-    real = Path(os.path.realpath(path))
-    for hidden in protected:
-        if real.is_relative_to(hidden):
-            return f"is inside {hidden}"
-        if hidden.is_relative_to(real) and not any(real.is_relative_to(s)
-                                                   for s in map(Path, SYSTEM_PATHS)):
-            return f"holds {hidden}"
-    return None
-
-
-def _outermost(paths: Iterable[Path]) -> list[Path]:
-    """`paths` without those inside another one of them or inside a system directory."""
-    system = [Path(p) for p in SYSTEM_PATHS]
-    unique = sorted(set(paths), key=lambda p: len(p.parts))
-    kept: list[Path] = []
-    for p in unique:
-        if not any(p.is_relative_to(k) for k in (*kept, *system)):
-            kept.append(p)
-    return kept
-
-
-def _reachable(path: Path, uid: int) -> bool:
-    """Whether `uid` (whose gid is its uid, with no other group) may look `path` up."""
-    for parent in reversed(path.parents):
-        st = os.stat(parent)
-        bit = (stat.S_IXUSR if st.st_uid == uid else
-               stat.S_IXGRP if st.st_gid == uid else stat.S_IXOTH)
-        if not st.st_mode & bit:
-            return False
-    return True
-
-
-def _source(path: Path, uid: int, staged: list[Path]) -> str:
-    """The source bubblewrap binds `path` from: itself where the job's uid can reach it, else
-    its place under STAGE_DIR, where the child binds it before dropping its rights."""
-    real = Path(os.path.realpath(path))
-    if _reachable(real, uid):
-        return str(real)
-    staged.append(real)
-    return str(STAGE_DIR / str(len(staged) - 1))
-
-
-def _enter(uid: int, staged: Sequence[Path]) -> Callable[[], None]:
-    """What the child does as root between fork and exec: stage the binds its uid cannot
-    reach, then become `uid` (gid `uid`, no other group). Resolved before the fork: only
-    system calls after it."""
-    libc = _libc() if staged else None
-    sources = [(str(p).encode(), str(STAGE_DIR / str(i)).encode(), p.is_dir())
-               for i, p in enumerate(staged)]
-    stage = str(STAGE_DIR).encode()
-    if staged:
-        STAGE_DIR.mkdir(mode=0o755, exist_ok=True)
-
-    def enter() -> None:
-        if libc is not None:
-            _check(libc.unshare(CLONE_NEWNS), "unshare")
-            _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount private")
-            _check(libc.mount(b"tmpfs", stage, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755"),
-                   "mount tmpfs")
-            for source, target, is_dir in sources:
-                if is_dir:
-                    os.mkdir(target)
-                else:
-                    os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o600))
-                _check(libc.mount(source, target, None, MS_BIND | MS_REC, None), "bind")
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-
-    return enter
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"sandbox staging: {what}: {os.strerror(err)}")
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    """libc, loaded once in the worker (never after fork in a child)."""
-    return ctypes.CDLL("libc.so.6", use_errno=True)
 
 
 def _namespace_init(bwrap_pid: int) -> int | None:
