@@ -11,6 +11,7 @@ from e31.settings import Settings
 from e31.sizeclasses import route
 from e31.spec import JobSpec
 from e31.store import Repo
+from tests.integration.test_api import api as api  # the fixture, reused
 
 CLASSES = Settings().size_classes
 
@@ -63,3 +64,16 @@ def test_drained_nodes_carry_their_reason_until_their_worker_starts_again(repo: 
     # When their launcher starts them again, they are not
     repo.clear_drain(["gpu0@a", "gpu1@a"])
     assert repo.drained_nodes() == []
+
+
+def test_the_queue_route_lists_the_nodes_out_of_service_with_their_reason(api, repo: Repo) -> None:
+    # Given a node that drained itself for an XID error
+    client, _, h = api
+    repo.request_drain(["gpu3@host"], now=utcnow(), reason="GPU error: XID 79 on GPU 3")
+
+    # When anyone asks for the queue
+    view = client.get("/v1/queue", headers=h["a"]).json()
+
+    # Then the node is there, with why
+    assert [(d["node"], d["reason"]) for d in view["drained"]] == [
+        ("gpu3@host", "GPU error: XID 79 on GPU 3")]

@@ -236,10 +236,14 @@ class Service:
         except redis.RedisError as exc:
             log.warning("queue_workers_unknown: %s", exc)
             workers = []
-        return explain.queue_overview(
+        overview = explain.queue_overview(
             classes=self._settings.size_classes, workers=workers, view=view,
             tenants=self._tenant_views(view), queued=self._repo.queued_by_tenant(),
             viewer=None if tenant.admin else tenant.id)
+        # Nodes out of service until their worker starts again: an operator's drain, or a
+        # node's own for a GPU's XID error, with the reason.
+        overview["drained"] = [d.to_dict() for d in self._repo.drained_nodes()]
+        return overview
 
     def _view(self, now: datetime) -> SchedulingView:
         return self._repo.scheduling_view(now=now, queues=all_queues(self._settings.size_classes))

@@ -233,8 +233,9 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
         print_json(st)
         return
     table = Table(show_header=False, box=None)
-    for key in ("id", "name", "state", "reason", "error", "size_class", "queue", "priority",
-                "submitted_at", "started_at", "ended_at", "queued_seconds", "gpu_seconds"):
+    for key in ("id", "name", "state", "idle_since", "reason", "error", "size_class", "queue",
+                "priority", "submitted_at", "started_at", "ended_at", "queued_seconds",
+                "gpu_seconds"):
         if st.get(key) not in (None, ""):
             table.add_row(f"[bold]{key}[/bold]", str(st[key]))
     if st.get("progress"):
@@ -255,13 +256,26 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
     out.print(table)
     if st["attempts"]:
         at = Table("attempt", "worker", "gpus", "isolation", "started", "setup", "ended",
-                   "reason", "error")
+                   "reason", "GPU mem peak", "GPU util", "error")
         for a in st["attempts"]:
             setup = f"{a['setup_s']:.1f} s" if a.get("setup_s") is not None else "-"
             at.add_row(str(a["n"]), a["worker"], a["gpus"] or "-", a.get("isolation") or "-",
                        a["started_at"] or "", setup, a["ended_at"] or "",
-                       a["reason"] or "running", (a["error"] or "")[:80])
+                       a["reason"] or _running(a), *_gpu_use(a), (a["error"] or "")[:80])
         out.print(at)
+
+
+def _running(attempt: dict[str, Any]) -> str:
+    """A running attempt's reason cell: "running", or since when its watchdog saw it idle."""
+    since = attempt.get("idle_since")
+    return f"running, idle since {since[:19]}" if since else "running"
+
+
+def _gpu_use(attempt: dict[str, Any]) -> tuple[str, str]:
+    """What the attempt used of its GPUs: peak memory of one GPU, mean utilisation."""
+    peak, util = attempt.get("gpu_mem_peak_gb"), attempt.get("gpu_util_mean")
+    return (f"{peak:.1f} GB" if peak is not None else "-",
+            f"{util:.0f} %" if util is not None else "-")
 
 
 @app.command("ls")
@@ -514,3 +528,5 @@ def queue(as_json: bool = JsonOpt) -> None:
             standing.add_row(t["tenant"], f"{t['weight']:g}", f"{t['usage_gpu_s']:.0f}",
                              f"{t['usage_share']:.0%}", f"{t['weight_share']:.0%}")
         out.print(standing)
+    for d in view.get("drained") or []:   # nodes out of service, and why
+        out.print(f"out of service: {d['node']} since {d['since'][:19]}: {d['reason']}")
