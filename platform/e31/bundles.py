@@ -30,7 +30,7 @@ MAX_INPUTS = 64            # inputs of one job: more belong in one directory inp
 MAX_SOURCE_CHARS = 4096    # one input's URL
 # An input's name is a file name in $E31_INPUT_DIR: no separator, not `.` or `..`, no
 # leading dash (it would read as an option on a command line), printable ASCII.
-_INPUT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+INPUT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _BUNDLE_INPUT = re.compile(r"^bundle:(sha256:[0-9a-f]{64})/(.+)$")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 TAR_MEMBER_KINDS = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.DIRTYPE: "dir",
@@ -47,7 +47,7 @@ def check_digest(value: str) -> str:
 
 def check_input_name(value: str) -> str:
     """`value` if it is a safe file name for `$E31_INPUT_DIR/<name>`."""
-    if not _INPUT_NAME.fullmatch(value) or value in (".", ".."):
+    if not INPUT_NAME.fullmatch(value) or value in (".", ".."):
         raise ValueError(f"input name {value[:64]!r} must be a file name: letters, digits, "
                          "'_', '.', '-', not starting with '.' or '-', at most 128 characters")
     return value

@@ -45,8 +45,9 @@ MAX_AFTER = 64                # dependencies per job: a wider fan-in belongs in 
 MAX_PIP = 64                  # pip requirements per job: more belong in a requirements file
 MAX_REQUIREMENT_CHARS = 1000  # one pip requirement; a URL requirement fits in it
 
-_ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Names are ASCII; the API's OpenAPI schema (e31.api.schema) states these same patterns.
+ENTRYPOINT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ITEM_REASON = re.compile(r"^((?:after|pip)\[\d+\]): (.*)$", re.DOTALL)
 _FIELD_REASON = re.compile(r"^([a-z_]+(?:\.[a-z_]+)+): (.*)$", re.DOTALL)  # a nested field
 DEP_ID = re.compile(r"^[ja]-[0-9a-f]{20}$")   # a job id j-… or an array id a-…
@@ -242,7 +243,7 @@ class JobSpec(_Strict):
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint_form(cls, v: str | None) -> str | None:
-        if v is not None and not _ENTRYPOINT.fullmatch(v):
+        if v is not None and not ENTRYPOINT.fullmatch(v):
             raise ValueError("must look like 'package.module:function'")
         return v
 
@@ -284,7 +285,7 @@ class JobSpec(_Strict):
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
         for key, value in v.items():
-            if not _ENV_NAME.fullmatch(key):
+            if not ENV_NAME.fullmatch(key):
                 raise ValueError(f"{key!r} is not a variable name (letters, digits, _)")
             if key.startswith("E31_") or key == "CUDA_VISIBLE_DEVICES":
                 raise ValueError(f"{key} is set by the worker and cannot be overridden")
