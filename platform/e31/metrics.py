@@ -15,10 +15,12 @@ against.
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol
 
 import redis
@@ -198,13 +200,14 @@ class PoolCounts:
     queue_wait: Mapping[str, Spread]                  # class -> jobs started in the window
     run_time: Mapping[str, Spread]                    # class -> jobs ended in the window
     holders: tuple[LeaseHolder, ...]
-    idle_jobs: Mapping[str, int] = field(default_factory=dict)   # class -> jobs flagged idle
 
 
 class PoolReads(Protocol):
     """Where the collector reads the store (`e31.store.Repo` is one)."""
 
     def pool_counts(self, *, now: datetime, window_s: float) -> PoolCounts: ...
+
+    def idle_jobs(self) -> dict[str, int]: ...
 
 
 # -- the processes' health hash in Redis (keys.HEALTH) ------------------------------------
@@ -295,9 +298,10 @@ class PoolCollector(Collector):
     series are left out (a gap, not a made-up zero)."""
 
     def __init__(self, *, reads: PoolReads, redis_client: redis.Redis, classes: Sequence[str],
-                 window_s: float = WINDOW_DEFAULT_S,
+                 window_s: float = WINDOW_DEFAULT_S, artifacts_dir: Path | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._reads = reads
+        self._artifacts_dir = artifacts_dir
         self._redis = redis_client
         self._classes = tuple(classes)
         self._window_s = window_s
@@ -310,9 +314,11 @@ class PoolCollector(Collector):
     def collect(self) -> Iterator[Any]:
         now = self._clock()
         counts: PoolCounts | None = None
+        idle: dict[str, int] = {}
         view: PoolView | None = None
         try:
             counts = self._reads.pool_counts(now=now, window_s=self._window_s)
+            idle = self._reads.idle_jobs()
         except StoreError as exc:
             log.warning("metrics_store_unavailable: %s", exc)
         try:
@@ -322,14 +328,17 @@ class PoolCollector(Collector):
         yield _gauge(STORE_UP, [((), 1.0 if counts is not None else 0.0)])
         yield _gauge(BROKER_UP, [((), 1.0 if view is not None else 0.0)])
         if counts is not None:
-            yield from self._store_series(counts, now)
+            yield from self._store_series(counts, idle, now)
         if view is not None:
             yield from _health_series(view.health)
-            yield from _gpu_series(view.workers)
             slots = pool.slots(view.workers, counts.holders if counts else (), view.draining)
             yield from self._slot_series(slots)
+            yield from _gpu_series(view.workers, slots)
+        if self._artifacts_dir is not None:
+            yield from _disk_series(self._artifacts_dir)
 
-    def _store_series(self, c: PoolCounts, now: datetime) -> Iterator[Any]:
+    def _store_series(self, c: PoolCounts, idle: Mapping[str, int],
+                      now: datetime) -> Iterator[Any]:
         live = {(g.state, g.size_class, g.tenant): g.jobs for g in c.jobs
                 if g.state in LIVE_STATES}
         pairs = sorted({(g.size_class, g.tenant) for g in c.jobs})
@@ -350,7 +359,7 @@ class PoolCollector(Collector):
         yield _gauge(OLDEST_QUEUED_AGE, [
             ((cls,), max(0.0, (now - c.oldest_queued_at[cls]).total_seconds())
              if cls in c.oldest_queued_at else 0.0) for cls in classes])
-        yield _gauge(JOBS_IDLE, [((cls,), float(c.idle_jobs.get(cls, 0))) for cls in classes])
+        yield _gauge(JOBS_IDLE, [((cls,), float(idle.get(cls, 0))) for cls in classes])
         for metric, spreads, bounds in ((QUEUE_WAIT, c.queue_wait, WAIT_BUCKETS_S),
                                         (RUN_TIME, c.run_time, RUN_BUCKETS_S)):
             fam = _family(metric)
@@ -413,9 +422,17 @@ def _health_series(health: Mapping[str, str]) -> Iterator[Any]:
     yield _counter(FENCED_WRITES, [((), _number(health.get(FENCED)) or 0.0)])
 
 
-def _gpu_series(workers: Sequence[WorkerInfo]) -> Iterator[Any]:
-    """Per-GPU telemetry each worker relays in its heartbeat; a value it did not send is no
-    sample. A GPU shared by two workers of a host is exported once."""
+def _gpu_series(workers: Sequence[WorkerInfo], slots: Sequence[pool.Slot]) -> Iterator[Any]:
+    """Per GPU: whether a job holds it (from the slots), and the telemetry each worker relays
+    in its heartbeat; a value it did not send is no sample. A GPU shared by two workers of a
+    host is exported once (busy when either holds a job)."""
+    busy: dict[tuple[str, str], float] = {}
+    for s in slots:
+        host = s.node.rpartition("@")[2]
+        for index in s.gpu_indexes:
+            held = s.state == pool.BUSY or (s.state == pool.DRAINING and s.job is not None)
+            busy[(host, index)] = max(busy.get((host, index), 0.0), float(held))
+    yield _gauge(GPU_BUSY, sorted(busy.items()))
     by_gpu: dict[tuple[str, str], pool.GpuReading] = {}
     for w in workers:
         for g in pool.gpu_readings(w):
@@ -434,6 +451,18 @@ def _gpu_series(workers: Sequence[WorkerInfo]) -> Iterator[Any]:
             if value is not None:
                 samples.append(((host, index), float(value)))
         yield _gauge(metric, samples)
+
+
+def _disk_series(path: Path) -> Iterator[Any]:
+    """Free and total bytes of the filesystem holding a file:// artifact store (none when it
+    cannot be read: no sample, not a zero that would page someone)."""
+    try:
+        st = os.statvfs(path)
+    except OSError as exc:
+        log.warning("metrics_artifacts_unread %s: %s", path, exc)
+        return
+    yield _gauge(ARTIFACT_STORE_FREE, [((), float(st.f_bavail * st.f_frsize))])
+    yield _gauge(ARTIFACT_STORE_SIZE, [((), float(st.f_blocks * st.f_frsize))])
 
 
 def _text(raw: bytes | str) -> str:

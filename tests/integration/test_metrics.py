@@ -47,6 +47,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 def api(repo: Repo, redis_url: str, redis_client: redis.Redis,
         tmp_path: Path) -> Iterator[tuple[TestClient, Repo]]:
     settings = Settings(redis_url=redis_url, home=tmp_path, metrics_token=TOKEN)
+    (tmp_path / "artifacts").mkdir()
     service = Service(settings=settings, repo=repo,
                       artifacts=ArtifactStore(f"file://{tmp_path / 'artifacts'}"),
                       redis_client=redis_client)
@@ -122,6 +123,13 @@ def test_the_metrics_move_as_jobs_are_submitted_run_fail_time_out_and_are_lost(
     assert value(held, "e31_run_seconds_bucket", **cpu, le="+Inf") == 3
     assert value(held, "e31_run_seconds_bucket", **cpu, le="10.0") == 3   # none ran 10 s
     assert value(held, "e31_lease_expiries_total", **cpu) == 0
+    assert value(held, "e31_jobs_idle", **cpu) == 0
+
+    # When the watchdog flags the running job idle
+    assert repo.mark_idle(gone, 1, utcnow())
+
+    # Then it is counted as idle
+    assert value(scrape(client), "e31_jobs_idle", **cpu) == 1
 
     # When the scheduler recovers the lost job
     recovered = repo.expire_leases(now=utcnow() + timedelta(seconds=120), lease_ttl_s=60)
@@ -211,7 +219,11 @@ def test_workers_and_gpus_are_counted_by_state_with_their_telemetry(
     assert value(samples, "e31_gpu_power_watts", node="h", gpu="0") == 100.0
     assert value(samples, "e31_gpu_xid_errors_total", node="h", gpu="0") == 0
     assert value(samples, "e31_gpu_simulated", node="h", gpu="0") == 1
+    assert [value(samples, "e31_gpu_busy", node="h", gpu=str(i)) for i in range(3)] == [0, 1, 0]
     assert value(samples, "e31_broker_up") == 1 and value(samples, "e31_store_up") == 1
+    # and the artifact store's filesystem has its free and total bytes
+    assert 0 < value(samples, "e31_artifact_store_free_bytes") <= value(
+        samples, "e31_artifact_store_size_bytes")
 
 
 def test_the_scheduler_health_and_error_counts_reach_the_metrics(
@@ -324,7 +336,7 @@ def test_top_shows_a_tenant_its_own_jobs_and_the_others_merged(
     [mine] = seen_a["running"]
     assert mine["id"] == running["a"] and mine["name"] == "train-a" and mine["tenant"] == "a"
     assert mine["gpu_utilization"] == 0.8 and mine["gpu_memory_used_bytes"] == 11 * 2**30
-    assert mine["progress"] == 0.25 and mine["runtime_s"] >= 0
+    assert mine["progress"] == 0.25 and mine["runtime_s"] >= 0 and mine["idle_since"] is None
     assert seen_a["others"] == [{"tenant": "others", "size_class": "gpu24", "jobs": 1, "gpus": 1}]
     assert running["b"] not in str(seen_a)
     [g24] = [c for c in seen_a["classes"] if c["size_class"] == "gpu24"]

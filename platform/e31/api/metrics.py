@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import redis
 from fastapi import APIRouter, Request, Response
@@ -25,9 +27,11 @@ PATH = "/metrics"
 
 def router(settings: Settings, reads: metrics.PoolReads, redis_client: redis.Redis) -> APIRouter:
     """The `/metrics` route over the store reads and Redis of the API."""
+    artifacts = urlsplit(settings.resolved_artifacts_url)
     registry = metrics.registry(metrics.PoolCollector(
         reads=reads, redis_client=redis_client, classes=[c.name for c in settings.size_classes],
-        window_s=settings.metrics_window_s))
+        window_s=settings.metrics_window_s,
+        artifacts_dir=Path(artifacts.path) if artifacts.scheme == "file" else None))
     r = APIRouter()
 
     @r.get(PATH, include_in_schema=False)

@@ -100,7 +100,8 @@ def snapshot(*, classes: Sequence[str], backlog: dict[str, tuple[int, datetime |
             "progress": (round(r.progress_done / r.progress_total, 4)
                          if r.progress_done is not None and r.progress_total else None),
             "gpu_utilization": round(sum(utils) / len(utils), 4) if utils else None,
-            "gpu_memory_used_bytes": int(sum(mems)) if mems else None})
+            "gpu_memory_used_bytes": int(sum(mems)) if mems else None,
+            "idle_since": r.idle_since.isoformat() if r.idle_since else None})
 
     out_classes = []
     for cls in dict.fromkeys([*classes, *backlog, *(s.size_class for s in slots)]):

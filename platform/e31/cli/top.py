@@ -84,7 +84,8 @@ def render(snap: dict[str, Any]) -> Group:
     jobs = Table("job", "name", "tenant", "class", "GPUs", "node", "runtime", "progress",
                  "GPU util", "GPU memory", title="running", title_justify="left")
     for j in snap["running"]:
-        jobs.add_row(j["id"], j["name"], j["tenant"], j["size_class"], str(j["gpus"]),
+        name = j["name"] + (" (idle)" if j.get("idle_since") else "")
+        jobs.add_row(j["id"], name, j["tenant"], j["size_class"], str(j["gpus"]),
                      j["node"] or "-", _age(j["runtime_s"]), _pct(j["progress"]),
                      _pct(j["gpu_utilization"]), _mem(j["gpu_memory_used_bytes"], None))
     for o in snap.get("others", []):

@@ -51,6 +51,7 @@ class RunningRow:
     progress_done: float | None
     progress_total: float | None
     lease_expires_at: datetime | None
+    idle_since: datetime | None = None     # flagged by its watchdog
 
 
 class PoolQueries:
@@ -104,14 +105,16 @@ class PoolQueries:
             rows = s.execute(
                 select(Job.id, Job.name, Job.tenant_id, Tenant.name, Job.size_class, Job.gpus,
                        Job.lease_owner, Job.attempts_used, Attempt.started_at,
-                       Job.progress_done, Job.progress_total, Job.lease_expires_at)
+                       Job.progress_done, Job.progress_total, Job.lease_expires_at,
+                       Attempt.idle_since)
                 .join(Tenant, Tenant.id == Job.tenant_id)
                 .outerjoin(Attempt, and_(Attempt.job_id == Job.id,
                                          Attempt.n == Job.attempts_used))
                 .where(Job.state == RUNNING).order_by(Job.size_class, Job.id)).tuples()
             return [RunningRow(id=r[0], name=r[1], tenant_id=r[2], tenant=r[3], size_class=r[4],
                                gpus=r[5], node=r[6], attempt=r[7], started_at=r[8],
-                               progress_done=r[9], progress_total=r[10], lease_expires_at=r[11])
+                               progress_done=r[9], progress_total=r[10], lease_expires_at=r[11],
+                               idle_since=r[12])
                     for r in rows]
 
 
