@@ -76,8 +76,8 @@ def up(gpus: str = GpusOpt,
         profile = stack.start()
         flower_line = (f"Flower {profile['flower_url']} (user {profile['flower_user']}, "
                        f"password in {settings.profile_path})") if not no_flower else "Flower off"
-        print(f"E31 Batch is ready: API {profile['url']}, {flower_line}. "
-              f"Ctrl-C or `e31 down` stops it.")
+        print(f"E31 Batch is ready: API {profile['url']}, {flower_line}, "
+              f"{_metrics_line(settings, profile['url'])}. Ctrl-C or `e31 down` stops it.")
         sys.stdout.flush()
         stack.supervise()
     except E31Error as exc:
@@ -108,6 +108,14 @@ def _worker_argv(gpus: str, cpu_slots: int, simulate_gpus: str | None, spill: bo
     if simulate_gpus:
         argv += ["--simulate-gpus", simulate_gpus]
     return argv
+
+
+def _metrics_line(settings: Settings, url: str) -> str:
+    """Where the metrics are and which token they want (never the token itself)."""
+    from e31.local.stack import METRICS_TOKEN_FILE
+    where = ("the token you set" if settings.metrics_token or settings.metrics_token_file
+             else f"token in {settings.home / METRICS_TOKEN_FILE}")
+    return f"metrics {url}/metrics ({where})"
 
 
 def _isolation(settings: Settings, *, chosen: bool) -> str:

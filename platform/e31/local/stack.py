@@ -6,8 +6,10 @@ Ctrl-C, SIGTERM or `e31 down`.
 
 The private Redis requires a password that `e31 up` generates each time and keeps in
 `E31_HOME/redis.password`; every process it starts gets it inside its `E31_REDIS_URL`, which a
-job never sees (docs/security.md). E31_HOME is 0700; the password, the profile and the SQLite
-store are 0600.
+job never sees (docs/security.md). The API's /metrics wants a token of its own: `e31 up` keeps
+one in `E31_HOME/metrics.token` (made once, kept across restarts so a scraper's copy stays good)
+and gives the API alone its path. E31_HOME is 0700; the password, the metrics token, the profile
+and the SQLite store are 0600.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ DEFAULT_TENANT = "default"
 STATE_FILE = "stack.json"     # under home: the up process, its children, ready or not
 REDIS_PASSWORD_FILE = "redis.password"  # under home, 0600: the private Redis's password
 REDIS_PASSWORD_BYTES = 32     # of randomness, URL-safe base64: 43 characters
+METRICS_TOKEN_FILE = "metrics.token"    # under home, 0600: what a scrape of /metrics sends
 PRIVATE_DIR_MODE = 0o700      # E31_HOME: the store, artifacts, logs and secrets are inside
 PRIVATE_FILE_MODE = 0o600     # the store file, the profile, the Redis password
 
@@ -98,8 +101,11 @@ class LocalStack:
                          Child("worker", me + ["worker", *self.worker_args])]
         if self.flower:
             self.children.append(Child("flower", me + ["flower"]))
+        api_env = dict(env)
+        if not (self.settings.metrics_token or self.settings.metrics_token_file):
+            api_env["E31_METRICS_TOKEN_FILE"] = str(metrics_token_path(home))
         for child in self.children:
-            self._spawn(child, env)
+            self._spawn(child, api_env if child.name == "api" else env)
         self._write_state(ready=False, profile=profile)
         self._wait_ready(profile["url"], redis_url)
         self._write_state(ready=True, profile=profile)
@@ -213,14 +219,32 @@ def new_redis_password(home: Path) -> str:
     """A fresh password for the private Redis, written to E31_HOME/redis.password with mode
     0600 (created so, never widened by the umask) before anything else can read it."""
     password = secrets.token_urlsafe(REDIS_PASSWORD_BYTES)
-    path = home / REDIS_PASSWORD_FILE
-    tmp = path.with_name(f".{REDIS_PASSWORD_FILE}.tmp")
+    _write_secret(home / REDIS_PASSWORD_FILE, password)
+    return password
+
+
+def metrics_token_path(home: Path) -> Path:
+    """E31_HOME/metrics.token, holding the token a scrape of the API's /metrics must send:
+    made (mode 0600) when missing or empty, kept otherwise."""
+    path = home / METRICS_TOKEN_FILE
+    try:
+        if path.read_text().strip():
+            return path
+    except FileNotFoundError:
+        pass
+    _write_secret(path, secrets.token_urlsafe(REDIS_PASSWORD_BYTES))
+    return path
+
+
+def _write_secret(path: Path, value: str) -> None:
+    """Write `value` to `path` with mode 0600 (created so, never widened by the umask) under a
+    temporary name first, so no reader ever sees it half written or open to others."""
+    tmp = path.with_name(f".{path.name}.tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
     with os.fdopen(fd, "w") as f:
-        f.write(password + "\n")
+        f.write(value + "\n")
     os.replace(tmp, path)
-    return password
 
 
 def make_private_sqlite(database_url: str) -> None:
