@@ -256,7 +256,7 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
     out.print(table)
     if st["attempts"]:
         at = Table("attempt", "worker", "gpus", "isolation", "started", "setup", "ended",
-                   "reason", "GPU mem peak", "GPU util", "error")
+                   "reason", "GPU mem", "GPU util", "error")
         for a in st["attempts"]:
             setup = f"{a['setup_s']:.1f} s" if a.get("setup_s") is not None else "-"
             at.add_row(str(a["n"]), a["worker"], a["gpus"] or "-", a.get("isolation") or "-",
@@ -266,9 +266,9 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
 
 
 def _running(attempt: dict[str, Any]) -> str:
-    """A running attempt's reason cell: "running", or since when its watchdog saw it idle."""
-    since = attempt.get("idle_since")
-    return f"running, idle since {since[:19]}" if since else "running"
+    """A running attempt's reason cell: "running", or "running (idle)" once its watchdog
+    flagged it (since when: the job's idle_since)."""
+    return "running (idle)" if attempt.get("idle_since") else "running"
 
 
 def _gpu_use(attempt: dict[str, Any]) -> tuple[str, str]:
