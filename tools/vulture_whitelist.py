@@ -53,3 +53,10 @@ _.mtime
 _.gid
 _.uname
 _.gname
+
+# A heartbeat's GPU reading (e31.heartbeat.GpuSample): written whole as JSON, and read by
+# name by the metrics (e31.pool.gpu_readings) and `e31 top`.
+_.mem_total_bytes
+_.temperature_c
+_.power_w
+_.last_xid
