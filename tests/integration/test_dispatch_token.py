@@ -87,7 +87,9 @@ class Worker:
         return found
 
     def deliver(self, args: list[Any]) -> None:
-        self.app.tasks[TASK_NAME](*args)
+        """Run the task as a worker does: what it raises (a job that did not succeed) is the
+        task's FAILURE, not the caller's."""
+        self.app.tasks[TASK_NAME].apply(args=args)
 
 
 @pytest.fixture
