@@ -6,9 +6,10 @@ meets them through `JobSpec.parse`. Either way a refusal is a `SpecError` whose 
 worded by `describe_error`, name the field and the reason.
 
 Types are strict: `true` is no number and `"9"` no integer (a whole number may stand for a
-float). Names are printable text. The caps an installation sets on what one request may carry
-(settings `max_*`, docs/security.md) are `SpecLimits`: per job, and for all the jobs of one
-request together through a `RequestTally`.
+float, and a float without a fraction, `2.0`, for an integer: JSON Schema counts it as one, and
+the API's OpenAPI schema is JSON Schema). Names are printable text. The caps an installation
+sets on what one request may carry (settings `max_*`, docs/security.md) are `SpecLimits`: per
+job, and for all the jobs of one request together through a `RequestTally`.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -96,6 +98,15 @@ def printable(text: str) -> str:
                    if unicodedata.category(c) in _NOT_TEXT else c for c in text)
 
 
+def _whole(value: Any) -> Any:
+    """A float without a fraction (`2.0`) as the integer it is; anything else as it came."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Whole = Annotated[int, BeforeValidator(_whole)]
+"""An integer field: an int, or a float without a fraction; never a bool or a string."""
+
+
 class _Strict(BaseModel):
     # strict: no `true` for a number, no "9" for an int; finite numbers only.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
@@ -104,7 +115,7 @@ class _Strict(BaseModel):
 class Resources(_Strict):
     """What a job needs: GPUs and their memory, or a size class by name."""
 
-    gpus: int = Field(default=1, ge=0, le=MAX_GPUS_PER_JOB,
+    gpus: Whole = Field(default=1, ge=0, le=MAX_GPUS_PER_JOB,
                       description="GPUs on one node; 0 means the cpu class")
     gpu_mem_gb: float | None = Field(
         default=None, gt=0, description="memory per GPU; picks the smallest class that fits")
@@ -125,10 +136,10 @@ class Resources(_Strict):
 class RetryPolicy(_Strict):
     """How often a failed attempt is retried, with exponential back-off."""
 
-    max: int = Field(default=0, ge=0, le=100, description="retries after the first attempt")
+    max: Whole = Field(default=0, ge=0, le=100, description="retries after the first attempt")
     backoff_s: float = Field(default=10.0, ge=0, le=86400)
     backoff_max_s: float = Field(default=600.0, ge=0, le=7 * 86400)
-    max_lost: int = Field(default=3, ge=1, le=100,
+    max_lost: Whole = Field(default=3, ge=1, le=100,
                           description="attempts lost with their worker before the job fails "
                                       "as a poison job (lost attempts are not retries)")
 
@@ -188,7 +199,7 @@ class JobSpec(_Strict):
     timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S,
                              description="wall-clock limit per attempt")
     retries: RetryPolicy = RetryPolicy()
-    priority: int = Field(default=5, ge=0, le=9, description="0..9, higher first")
+    priority: Whole = Field(default=5, ge=0, le=9, description="0..9, higher first")
     workload: str | None = Field(default=None, exclude=True,
                                  description="a built-in workload by short name (batch-inference, "
                                              "train, footage) instead of an entrypoint")
@@ -209,7 +220,7 @@ class JobSpec(_Strict):
     network: Literal["none"] | None = Field(
         default=None, description="'none': the job gets no network at all, not even the "
                                   "worker's loopback (needs a sandboxed worker, docs/security.md)")
-    idle_timeout_s: int | None = Field(
+    idle_timeout_s: Whole | None = Field(
         default=None, gt=0, le=MAX_TIMEOUT_S,
         description="seconds without log output, progress or GPU use after which the running "
                     "job counts as idle (docs/jobs.md); default: the pool's idle_timeout_s")
