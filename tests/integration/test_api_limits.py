@@ -402,7 +402,7 @@ def test_a_stored_name_with_a_newline_reaches_the_worker_log_as_one_line(
 LAX = [
     ("priority-true", "/v1/jobs", {**CPU, "priority": True}, "priority"),
     ("priority-string", "/v1/jobs", {**CPU, "priority": "9"}, "priority"),
-    ("gpus-float", "/v1/jobs", {**CPU, "resources": {"gpus": 0.0}}, "resources.gpus"),
+    ("gpus-float", "/v1/jobs", {**CPU, "resources": {"gpus": 0.5}}, "resources.gpus"),
     ("timeout-string", "/v1/jobs", {**CPU, "timeout_s": "60"}, "timeout_s"),
     ("retries-true", "/v1/jobs", {**CPU, "retries": {"max": True}}, "retries.max"),
     ("item-priority", "/v1/arrays", {"items": [{**CPU, "priority": "9"}]}, "items[0].priority"),

@@ -42,12 +42,12 @@ def refused_field(data: dict[str, Any]) -> list[str]:
 
 # Every number of the spec, with what lax validation would have taken for it.
 LAX_NUMBERS = [
-    ("priority", True), ("priority", "9"), ("priority", 9.0),
+    ("priority", True), ("priority", "9"), ("priority", 9.5),
     ("timeout_s", True), ("timeout_s", "60"),
-    ("resources.gpus", True), ("resources.gpus", "1"), ("resources.gpus", 1.0),
+    ("resources.gpus", True), ("resources.gpus", "1"), ("resources.gpus", 1.5),
     ("resources.gpu_mem_gb", True), ("resources.gpu_mem_gb", "40"),
     ("resources.mem_gb", True), ("resources.mem_gb", "8"),
-    ("retries.max", True), ("retries.max", "2"), ("retries.max", 2.0),
+    ("retries.max", True), ("retries.max", "2"), ("retries.max", 2.5),
     ("retries.backoff_s", True), ("retries.backoff_s", "1.5"),
     ("retries.backoff_max_s", "60"), ("retries.max_lost", True), ("retries.max_lost", "3"),
 ]
@@ -56,7 +56,8 @@ LAX_NUMBERS = [
 @pytest.mark.parametrize("path, value", LAX_NUMBERS)
 def test_a_boolean_or_a_string_is_no_number_and_a_float_is_no_integer(path: str,
                                                                        value: Any) -> None:
-    # Given a spec whose number is a boolean, a numeric string, or a float for an integer
+    # Given a spec whose number is a boolean, a numeric string, or a fraction for an integer
+    # (a float without one, 2.0, is an integer in JSON Schema and taken as one)
     data = fields(path, value)
 
     # Then it is refused naming that field
