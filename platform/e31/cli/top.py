@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import typer
+from rich import box
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
@@ -65,24 +66,24 @@ def top(interval_s: float = typer.Option(REFRESH_DEFAULT_S, "--interval", min=0.
 
 def render(snap: dict[str, Any]) -> Group:
     """The snapshot as three tables: classes, GPUs, running jobs."""
-    classes = Table("class", "workers", "GPUs", "busy", "idle", "draining", "lost", "util",
-                    "memory", "queued", "running", "oldest wait", title="classes",
-                    title_justify="left")
+    classes = _table("classes", "class", "workers", "GPUs", "busy", "idle", "drain", "lost",
+                     "util", "memory", "queued", "running", "waited")
     for c in snap["classes"]:
         classes.add_row(c["size_class"], str(c["workers"]), str(c["gpus"]), str(c["busy_gpus"]),
                         str(c["idle_gpus"]), str(c["draining_gpus"]), str(c["lost_gpus"]),
                         _pct(c["utilization"]),
                         _mem(c["memory_used_bytes"], c["memory_total_bytes"]), str(c["queued"]),
                         str(c["running"]), _age(c["oldest_queued_s"]))
-    gpus = Table("node", "GPU", "class", "state", "util", "memory", "temp", "power", "job",
-                 title="GPUs", title_justify="left")
-    for g in snap["gpus"]:
-        gpus.add_row(g["node"], g["gpu"], g["size_class"], g["state"], _pct(g["utilization"]),
+    gpus = _table("GPUs", "node", "GPU", "class", "state", "util", "memory", "temp", "power",
+                  "job")
+    for g in sorted(snap["gpus"], key=lambda g: (g["node"], g["gpu"])):
+        gpus.add_row(g["node"], g["gpu"] + (" sim" if g["simulated"] else ""), g["size_class"],
+                     g["state"], _pct(g["utilization"]),
                      _mem(g["memory_used_bytes"], g["memory_total_bytes"]),
                      _unit(g["temperature_celsius"], "C"), _unit(g["power_watts"], "W"),
-                     (g["job"] or "-") + (" (simulated)" if g["simulated"] else ""))
-    jobs = Table("job", "name", "tenant", "class", "GPUs", "node", "runtime", "progress",
-                 "GPU util", "GPU memory", title="running", title_justify="left")
+                     g["job"] or "-")
+    jobs = _table("running", "job", "name", "tenant", "class", "GPUs", "node", "runtime",
+                  "done", "util", "memory")
     for j in snap["running"]:
         name = j["name"] + (" (idle)" if j.get("idle_since") else "")
         jobs.add_row(j["id"], name, j["tenant"], j["size_class"], str(j["gpus"]),
@@ -94,8 +95,16 @@ def render(snap: dict[str, Any]) -> Group:
     parts: list[Any] = [classes, gpus, jobs]
     if not snap.get("workers_known", True):
         parts.insert(0, Text("workers unknown: Redis did not answer", style="yellow"))
-    parts.append(Text(f"at {snap['at']}", style="dim"))
+    parts.append(Text(f"at {snap['at']}; GPU sim: simulated, its readings made up", style="dim"))
     return Group(*parts)
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(*columns, title=title, title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    for column in table.columns:
+        column.no_wrap = True
+    return table
 
 
 def _unit(value: float | None, unit: str) -> str:
@@ -109,7 +118,7 @@ def _pct(ratio: float | None) -> str:
 def _mem(used: float | None, total: float | None) -> str:
     if used is None:
         return "-"
-    return f"{used / GIB:.1f}" + (f"/{total / GIB:.0f} GiB" if total else " GiB")
+    return f"{used / GIB:.1f}" + (f"/{total / GIB:.0f}G" if total else "G")
 
 
 def _age(seconds: float | None) -> str:
