@@ -192,3 +192,4 @@ def test_status_and_queue_say_how_jobs_are_isolated(stack: Stack, sandboxed: Non
     queue = json.loads(stack.e31("queue", "--json").stdout)
     cpu = next(c for c in queue["classes"] if c["size_class"] == "cpu")
     assert cpu["isolation"] == ["sandbox"]
+    assert "cpu sandbox" in stack.e31("queue").stdout

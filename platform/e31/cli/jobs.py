@@ -238,6 +238,9 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
                 "gpu_seconds"):
         if st.get(key) not in (None, ""):
             table.add_row(f"[bold]{key}[/bold]", str(st[key]))
+    isolation = st["attempts"][-1].get("isolation") if st["attempts"] else None
+    if isolation:   # how its last attempt was kept apart (docs/security.md); --json: each one's
+        table.add_row("[bold]isolation[/bold]", isolation)
     if st.get("progress"):
         progress = st["progress"]
         table.add_row("[bold]progress[/bold]", f"{progress['done']:g} / {progress['total'] or '?'}")
@@ -255,13 +258,13 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
                       pending.get("estimated_start") or "unknown (no recent starts in its queue)")
     out.print(table)
     if st["attempts"]:
-        at = Table("attempt", "worker", "gpus", "isolation", "started", "setup", "ended",
-                   "reason", "GPU mem", "GPU util", "error")
+        at = Table("attempt", "worker", "gpus", "started", "setup", "ended", "reason",
+                   "GPU mem", "GPU util", "error")
         for a in st["attempts"]:
             setup = f"{a['setup_s']:.1f} s" if a.get("setup_s") is not None else "-"
-            at.add_row(str(a["n"]), a["worker"], a["gpus"] or "-", a.get("isolation") or "-",
-                       a["started_at"] or "", setup, a["ended_at"] or "",
-                       a["reason"] or _running(a), *_gpu_use(a), (a["error"] or "")[:80])
+            at.add_row(str(a["n"]), a["worker"], a["gpus"] or "-", a["started_at"] or "", setup,
+                       a["ended_at"] or "", a["reason"] or _running(a), *_gpu_use(a),
+                       (a["error"] or "")[:80])
         out.print(at)
 
 
@@ -506,14 +509,13 @@ def queue(as_json: bool = JsonOpt) -> None:
     if as_json:
         print_json(view)
         return
-    table = Table("class", "GPUs", "busy", "isolation", "queued", "tenant", "queued",
-                  "running GPUs", "used share", "weight share", "quota")
+    table = Table("class", "GPUs", "busy", "queued", "tenant", "queued", "running GPUs",
+                  "used share", "weight share", "quota")
     for c in view["classes"]:
         first = True
         for t in c["tenants"] or [None]:
-            head = [c["size_class"], str(c["gpus"]), str(c["busy_gpus"]),
-                    ", ".join(c.get("isolation") or []) or "-", str(c["queued"])] \
-                if first else ["", "", "", "", ""]
+            head = [c["size_class"], str(c["gpus"]), str(c["busy_gpus"]), str(c["queued"])] \
+                if first else ["", "", "", ""]
             first = False
             if t is None:
                 table.add_row(*head, "-", "", "", "", "", "")
@@ -522,6 +524,10 @@ def queue(as_json: bool = JsonOpt) -> None:
                           f"{t['used_share']:.0%}", f"{t['weight_share']:.0%}",
                           "-" if t["quota"] is None else str(t["quota"]))
     out.print(table)
+    isolation = [f"{c['size_class']} {'/'.join(c['isolation'])}" for c in view["classes"]
+                 if c.get("isolation")]
+    if isolation:   # how each class's workers keep jobs apart (docs/security.md)
+        out.print("isolation: " + ", ".join(isolation), highlight=False)
     if view.get("tenants"):
         standing = Table("tenant", "weight", "decayed GPU-s", "usage share", "weight share")
         for t in view["tenants"]:
