@@ -18,7 +18,8 @@ CLI_DIR = Path(e31.cli.__file__).parent
 # What `e31 --help` lists, in this order: the job verbs, top, the demo, the services, the
 # local stack, gc, then the two sub-groups.
 TOP_LEVEL = ["submit", "status", "ls", "logs", "result", "cancel", "wait", "usage", "queue",
-             "top", "demo", "worker", "api", "scheduler", "flower", "up", "down", "gc", "db", "tenant"]
+             "top", "demo", "worker", "api", "scheduler", "flower", "up", "down", "gc", "db",
+             "tenant"]
 
 
 def test_an_options_help_names_its_environment_variable_in_brackets() -> None:

@@ -100,10 +100,10 @@ def render(snap: dict[str, Any]) -> Group:
 
 
 def _table(title: str, *columns: str) -> Table:
-    table = Table(*columns, title=title, title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False, collapse_padding=True)
-    for column in table.columns:
-        column.no_wrap = True
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=True)
+    for column in columns:
+        table.add_column(column, no_wrap=True)
     return table
 
 
