@@ -105,6 +105,9 @@ def _whole(value: Any) -> Any:
 
 Whole = Annotated[int, BeforeValidator(_whole)]
 """An integer field: an int, or a float without a fraction; never a bool or a string."""
+WholeOrNone = Annotated[int | None, BeforeValidator(_whole)]
+"""`Whole` or None. (`Whole | None` would write a field's bounds into its JSON Schema as
+pydantic's `gt`/`le` rather than `exclusiveMinimum`/`maximum`.)"""
 
 
 class _Strict(BaseModel):
@@ -220,7 +223,7 @@ class JobSpec(_Strict):
     network: Literal["none"] | None = Field(
         default=None, description="'none': the job gets no network at all, not even the "
                                   "worker's loopback (needs a sandboxed worker, docs/security.md)")
-    idle_timeout_s: Whole | None = Field(
+    idle_timeout_s: WholeOrNone = Field(
         default=None, gt=0, le=MAX_TIMEOUT_S,
         description="seconds without log output, progress or GPU use after which the running "
                     "job counts as idle (docs/jobs.md); default: the pool's idle_timeout_s")
