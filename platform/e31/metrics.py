@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -153,15 +154,26 @@ WINDOW_DEFAULT_S = 600.0   # the histograms' window when none is given (metrics_
 
 # -- what the store answers (e31.store.pool) ----------------------------------------------
 
-@dataclass(frozen=True)
-class JobGroup:
-    """Jobs of one state, class and tenant (by name), and the GPU-seconds billed to them."""
+JobKey = tuple[str, str, str]       # (state, class, tenant id)
 
-    state: str
-    size_class: str
-    tenant: str
-    jobs: int
-    gpu_seconds: float
+
+@dataclass(frozen=True)
+class Totals:
+    """Sums over a set of jobs: jobs and GPU-seconds per (state, class, tenant id), ended
+    attempts per (class, reason). Two sets' totals add up (`+`)."""
+
+    jobs: Mapping[JobKey, int] = field(default_factory=dict)
+    gpu_seconds: Mapping[JobKey, float] = field(default_factory=dict)
+    attempts: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
+    def __add__(self, other: Totals) -> Totals:
+        def add(a: Mapping[Any, Any], b: Mapping[Any, Any]) -> dict[Any, Any]:
+            out = dict(a)
+            for k, v in b.items():
+                out[k] = out.get(k, 0) + v
+            return out
+        return Totals(add(self.jobs, other.jobs), add(self.gpu_seconds, other.gpu_seconds),
+                      add(self.attempts, other.attempts))
 
 
 @dataclass(frozen=True)
@@ -192,10 +204,10 @@ class LeaseHolder:
 
 @dataclass(frozen=True)
 class PoolCounts:
-    """Everything the metrics read from the store in one scrape."""
+    """What the metrics read from the store at each scrape, besides the settled history."""
 
-    jobs: tuple[JobGroup, ...]
-    attempts_ended: Mapping[tuple[str, str], int]     # (class, reason) -> attempts
+    current: Totals                                   # live jobs, and those ended since a time
+    tenants: Mapping[str, str]                        # tenant id -> name
     oldest_queued_at: Mapping[str, datetime]          # class -> oldest runnable job's wait
     queue_wait: Mapping[str, Spread]                  # class -> jobs started in the window
     run_time: Mapping[str, Spread]                    # class -> jobs ended in the window
@@ -205,9 +217,39 @@ class PoolCounts:
 class PoolReads(Protocol):
     """Where the collector reads the store (`e31.store.Repo` is one)."""
 
-    def pool_counts(self, *, now: datetime, window_s: float) -> PoolCounts: ...
+    def pool_counts(self, *, now: datetime, window_s: float,
+                    ended_since: datetime) -> PoolCounts: ...
+
+    def ended_totals(self, *, since: datetime | None, until: datetime) -> Totals: ...
 
     def idle_jobs(self) -> dict[str, int]: ...
+
+
+class EndedTally:
+    """The totals of the jobs that ended before a watermark `SETTLE_S` behind the clock, kept
+    by one process so that a scrape reads only what is newer: the first scrape of a process
+    reads the whole history once, each later one adds the jobs that settled since (a range of
+    `ix_jobs_ended`), and `PoolReads.pool_counts` reads the live jobs and those ended after
+    the watermark in the same statement, so a job that ends between two reads is counted once.
+    A job's `ended_at` never changes once set, and is written with the clock of the process
+    that ended it; `SETTLE_S` is far beyond any clock skew the leases would survive."""
+
+    def __init__(self) -> None:
+        self._base = Totals()
+        self._until: datetime | None = None
+        self._lock = threading.Lock()
+
+    def settled(self, reads: PoolReads, now: datetime) -> tuple[Totals, datetime]:
+        """The settled totals and their watermark, brought up to `now - SETTLE_S`."""
+        with self._lock:
+            until = now - timedelta(seconds=SETTLE_S)
+            if self._until is None or until > self._until:
+                self._base = self._base + reads.ended_totals(since=self._until, until=until)
+                self._until = until
+            return self._base, self._until
+
+
+SETTLE_S = 600.0   # a job that ended this long ago is history: its end is never written later
 
 
 # -- the processes' health hash in Redis (keys.HEALTH) ------------------------------------
@@ -301,6 +343,7 @@ class PoolCollector(Collector):
                  window_s: float = WINDOW_DEFAULT_S, artifacts_dir: Path | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._reads = reads
+        self._ended = EndedTally()
         self._artifacts_dir = artifacts_dir
         self._redis = redis_client
         self._classes = tuple(classes)
@@ -314,10 +357,13 @@ class PoolCollector(Collector):
     def collect(self) -> Iterator[Any]:
         now = self._clock()
         counts: PoolCounts | None = None
+        settled = Totals()
         idle: dict[str, int] = {}
         view: PoolView | None = None
         try:
-            counts = self._reads.pool_counts(now=now, window_s=self._window_s)
+            settled, watermark = self._ended.settled(self._reads, now)
+            counts = self._reads.pool_counts(now=now, window_s=self._window_s,
+                                             ended_since=watermark)
             idle = self._reads.idle_jobs()
         except StoreError as exc:
             log.warning("metrics_store_unavailable: %s", exc)
@@ -328,7 +374,7 @@ class PoolCollector(Collector):
         yield _gauge(STORE_UP, [((), 1.0 if counts is not None else 0.0)])
         yield _gauge(BROKER_UP, [((), 1.0 if view is not None else 0.0)])
         if counts is not None:
-            yield from self._store_series(counts, idle, now)
+            yield from self._store_series(counts, counts.current + settled, idle, now)
         if view is not None:
             yield from _health_series(view.health)
             slots = pool.slots(view.workers, counts.holders if counts else (), view.draining)
@@ -337,24 +383,25 @@ class PoolCollector(Collector):
         if self._artifacts_dir is not None:
             yield from _disk_series(self._artifacts_dir)
 
-    def _store_series(self, c: PoolCounts, idle: Mapping[str, int],
+    def _store_series(self, c: PoolCounts, totals: Totals, idle: Mapping[str, int],
                       now: datetime) -> Iterator[Any]:
-        live = {(g.state, g.size_class, g.tenant): g.jobs for g in c.jobs
-                if g.state in LIVE_STATES}
-        pairs = sorted({(g.size_class, g.tenant) for g in c.jobs})
-        yield _gauge(JOBS, [((state, cls, tenant), float(live.get((state, cls, tenant), 0)))
+        def named(key: JobKey) -> tuple[str, str, str]:
+            state, cls, tenant_id = key
+            return state, cls, c.tenants.get(tenant_id, tenant_id)
+
+        jobs = _summed((named(k), float(n)) for k, n in totals.jobs.items())
+        pairs = sorted({labels[1:] for labels in jobs})
+        yield _gauge(JOBS, [((state, cls, tenant), jobs.get((state, cls, tenant), 0.0))
                             for cls, tenant in pairs for state in LIVE_STATES])
-        yield _counter(JOBS_ENDED, [((g.state, g.size_class, g.tenant), float(g.jobs))
-                                    for g in c.jobs if g.state not in LIVE_STATES])
-        billed: dict[tuple[str, str], float] = defaultdict(float)
-        for g in c.jobs:
-            billed[(g.tenant, g.size_class)] += g.gpu_seconds
-        yield _counter(GPU_SECONDS, sorted(billed.items()))
+        yield _counter(JOBS_ENDED, sorted((labels, n) for labels, n in jobs.items()
+                                          if labels[0] not in LIVE_STATES))
+        yield _counter(GPU_SECONDS, sorted(_summed(
+            ((named(k)[2], k[1]), v) for k, v in totals.gpu_seconds.items()).items()))
         yield _counter(ATTEMPTS_ENDED, [((cls, reason), float(n)) for (cls, reason), n
-                                        in sorted(c.attempts_ended.items())])
-        lost = Counter({cls: n for (cls, reason), n in c.attempts_ended.items()
+                                        in sorted(totals.attempts.items())])
+        lost = Counter({cls: n for (cls, reason), n in totals.attempts.items()
                         if reason == LOST})
-        classes = self._all_classes(c)
+        classes = self._all_classes(totals)
         yield _counter(LEASE_EXPIRIES, [((cls,), float(lost[cls])) for cls in classes])
         yield _gauge(OLDEST_QUEUED_AGE, [
             ((cls,), max(0.0, (now - c.oldest_queued_at[cls]).total_seconds())
@@ -370,10 +417,10 @@ class PoolCollector(Collector):
                 fam.add_metric([cls], [*buckets, ("+Inf", float(s.count))], s.sum_s)
             yield fam
 
-    def _all_classes(self, c: PoolCounts) -> list[str]:
+    def _all_classes(self, totals: Totals) -> list[str]:
         """The configured classes, and any other a stored job names (an old class)."""
         seen = dict.fromkeys(self._classes)
-        seen.update(dict.fromkeys(sorted({g.size_class for g in c.jobs})))
+        seen.update(dict.fromkeys(sorted({cls for _, cls, _ in totals.jobs})))
         return list(seen)
 
     def _slot_series(self, slots: Sequence[pool.Slot]) -> Iterator[Any]:
@@ -391,6 +438,15 @@ class PoolCollector(Collector):
 
 LIVE_STATES = ("queued", "running")
 LOST = "lost"
+
+
+def _summed(samples: Iterable[tuple[tuple[str, ...], float]]) -> dict[tuple[str, ...], float]:
+    """Samples with the same labels added (two tenant ids can carry one name only if one
+    tenant was renamed; their series are one)."""
+    out: dict[tuple[str, ...], float] = defaultdict(float)
+    for labels, v in samples:
+        out[labels] += v
+    return out
 
 
 def _le(bound_s: float) -> str:

@@ -350,3 +350,42 @@ def test_top_shows_a_tenant_its_own_jobs_and_the_others_merged(
     assert client.get("/v1/top").status_code == 401
     assert client.get("/v1/top", headers={"Authorization": f"Bearer {token_b}"}).json()[
         "running"][0]["id"] == running["b"]
+
+
+def test_history_is_read_once_per_process_and_no_end_is_counted_twice(
+        repo: Repo, redis_client: redis.Redis) -> None:
+    # Given a collector on a clock the test turns, a job that ended an hour ago and one running
+    clock = [utcnow()]
+    reg = metrics.registry(metrics.PoolCollector(reads=repo, redis_client=redis_client,
+                                                 classes=["cpu"], clock=lambda: clock[0]))
+    tenant, _ = repo.create_tenant("team-d", now=utcnow())
+
+    def ran(seconds: float, *, ended_ago_s: float) -> None:
+        job_id = submit(repo, tenant.id, command=["true"],
+                        resources={"gpus": 1, "gpu_mem_gb": 20})
+        t0 = clock[0] - timedelta(seconds=ended_ago_s + seconds)
+        claim = repo.claim(job_id, dispatch_token=publish(repo, job_id, t0), worker="gpu0@n",
+                           gpus="0", gpu_count=1, now=t0, lease_ttl_s=86400)
+        assert claim is not None
+        assert repo.record_outcome(job_id, claim.token, Outcome(AttemptReason.SUCCEEDED),
+                                   now=t0 + timedelta(seconds=seconds))
+
+    def billed() -> tuple[float | None, float | None]:
+        samples: Samples = {}
+        for family in text_string_to_metric_families(metrics.render(reg).decode()):
+            for s in family.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        g24 = {"class": "gpu24"}
+        return (value(samples, "e31_gpu_seconds_total", tenant="team-d", **g24),
+                value(samples, "e31_attempts_ended_total", reason="succeeded", **g24))
+
+    ran(100, ended_ago_s=3600)
+    assert billed() == (100, 1)          # the first scrape reads the history
+
+    # When a job ends now, and the clock then moves past the settling time, scraping as it goes
+    ran(10, ended_ago_s=0)
+    assert billed() == (110, 2)
+    for minutes in (5, 11, 30):
+        clock[0] += timedelta(minutes=minutes)
+        # Then each end is counted once: while it is recent, and once it has settled
+        assert billed() == (110, 2)

@@ -4,8 +4,9 @@
 Cost: the live counts, the oldest waits and the lease holders read ranges of the state
 indexes (bounded by the backlog and the pool); the histograms read the starts and ends of a
 recent window through `ix_attempts_started` and `ix_jobs_ended`; the counters (jobs ended,
-attempts ended, GPU-seconds) are one grouped pass each over jobs and attempts, as
-`e31 usage` does.
+attempts ended, GPU-seconds) read the jobs ended since a recent watermark through
+`ix_jobs_ended`, and their attempts by job: the history before it is read once per process
+(`e31.metrics.EndedTally`).
 """
 
 from __future__ import annotations
@@ -16,23 +17,25 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, func, or_, select
+from sqlalchemy import ColumnElement, and_, case, func, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from e31.metrics import (
     RUN_BUCKETS_S,
     WAIT_BUCKETS_S,
-    JobGroup,
     LeaseHolder,
     PoolCounts,
     Spread,
+    Totals,
 )
 from e31.states import JobState
+from e31.store.db import unindexed
 from e31.store.models import Attempt, Job, Tenant
 
 QUEUED = JobState.QUEUED.value
 RUNNING = JobState.RUNNING.value
 FINAL = [JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value]
+LIVE = [QUEUED, RUNNING]
 
 
 @dataclass(frozen=True)
@@ -60,33 +63,37 @@ class PoolQueries:
     def _session(self, *, write: bool = False) -> AbstractContextManager[Session]:
         raise NotImplementedError
 
-    def pool_counts(self, *, now: datetime, window_s: float) -> PoolCounts:
-        """Jobs by state, class and tenant with their GPU-seconds; attempts ended by class and
-        reason; each class's oldest runnable queued job; wait and run-time histograms of
-        the last `window_s`; the running jobs' lease holders."""
+    def pool_counts(self, *, now: datetime, window_s: float,
+                    ended_since: datetime) -> PoolCounts:
+        """The live jobs' totals with those of the jobs ended at or after `ended_since` (one
+        statement each, so a job that ends meanwhile is counted once); tenants' names; each
+        class's oldest runnable queued job; wait and run-time histograms of the last
+        `window_s`; the running jobs' lease holders."""
         since = now - timedelta(seconds=window_s)
         with self._session() as s:
-            jobs = tuple(JobGroup(state, cls, tenant, int(n), float(gpu_s or 0.0))
-                         for state, cls, tenant, n, gpu_s in s.execute(
-                select(Job.state, Job.size_class, Tenant.name, func.count(),
-                       func.sum(Job.gpu_seconds)).join(Tenant, Tenant.id == Job.tenant_id)
-                .group_by(Job.state, Job.size_class, Tenant.name)).tuples())
-            ended = {(str(cls), str(reason)): int(n) for cls, reason, n in s.execute(
-                select(Job.size_class, Attempt.reason, func.count())
-                .join(Job, Job.id == Attempt.job_id).where(Attempt.reason.is_not(None))
-                .group_by(Job.size_class, Attempt.reason)).tuples()}
+            ended = _ended_between(ended_since, None)
+            current = _totals(s, [Job.state.in_(LIVE), ended],
+                              [and_(Job.state.in_(LIVE), Job.attempts_used > 0), ended])
+            tenants = {str(i): str(n) for i, n in s.execute(select(Tenant.id, Tenant.name))}
             oldest = _oldest_runnable(s, now)
             wait = _spreads(s, Job.queued_seconds, WAIT_BUCKETS_S,
                             select().select_from(Attempt).join(Job, Job.id == Attempt.job_id)
                             .where(Attempt.started_at >= since))
             run = _spreads(s, Job.run_seconds, RUN_BUCKETS_S, select().select_from(Job).where(
-                Job.ended_at >= since, Job.state.in_(FINAL), Job.started_at.is_not(None)))
+                _ended_between(since, None), Job.started_at.is_not(None)))
             holders = tuple(LeaseHolder(str(node), cls, int(gpus), bool(exp and exp > now))
                             for node, cls, gpus, exp in s.execute(
                 select(Job.lease_owner, Job.size_class, Job.gpus, Job.lease_expires_at)
                 .where(Job.state == RUNNING, Job.lease_owner.is_not(None))).tuples())
-        return PoolCounts(jobs=jobs, attempts_ended=ended, oldest_queued_at=oldest,
+        return PoolCounts(current=current, tenants=tenants, oldest_queued_at=oldest,
                           queue_wait=wait, run_time=run, holders=holders)
+
+    def ended_totals(self, *, since: datetime | None, until: datetime) -> Totals:
+        """The totals of the jobs that ended in [`since`, `until`) (from the first end when
+        `since` is None): a range of `ix_jobs_ended`, and their attempts by `job_id`."""
+        ended = _ended_between(since, until)
+        with self._session() as s:
+            return _totals(s, [ended], [ended])
 
     def backlog(self, *, now: datetime) -> dict[str, tuple[int, datetime | None]]:
         """Per class: queued jobs, and when its oldest runnable one (no dependency pending, no
@@ -116,6 +123,41 @@ class PoolQueries:
                                progress_done=r[9], progress_total=r[10], lease_expires_at=r[11],
                                idle_since=r[12])
                     for r in rows]
+
+
+def _ended_between(since: datetime | None, until: datetime | None) -> ColumnElement[bool]:
+    """Jobs that ended in [`since`, `until`) (either open), read through `ix_jobs_ended` (the
+    state is checked on the rows found, not through a state index)."""
+    return and_(unindexed(Job.state).in_(FINAL),
+                *([Job.ended_at >= since] if since is not None else []),
+                *([Job.ended_at < until] if until is not None else
+                  [Job.ended_at.is_not(None)]))
+
+
+def _totals(s: Session, jobs_picks: Sequence[ColumnElement[bool]],
+            attempts_picks: Sequence[ColumnElement[bool]]) -> Totals:
+    """Jobs and GPU-seconds per (state, class, tenant id) of the jobs each of `jobs_picks`
+    selects, and the ended attempts per (class, reason) of the jobs each of `attempts_picks`
+    selects. The picks are disjoint, each an index range, read as one statement (one
+    snapshot) of `UNION ALL`s."""
+    def union(picks: Sequence[ColumnElement[bool]], *cols: Any) -> Any:
+        return union_all(*(select(*cols).where(p) for p in picks)).subquery()
+
+    j = union(jobs_picks, Job.state, Job.size_class, Job.tenant_id, Job.gpu_seconds)
+    jobs: dict[tuple[str, str, str], int] = {}
+    gpu_s: dict[tuple[str, str, str], float] = {}
+    for state, cls, tenant_id, n, billed in s.execute(
+            select(j.c.state, j.c.size_class, j.c.tenant_id, func.count(),
+                   func.sum(j.c.gpu_seconds))
+            .group_by(j.c.state, j.c.size_class, j.c.tenant_id)).tuples():
+        jobs[(state, cls, tenant_id)] = int(n)
+        gpu_s[(state, cls, tenant_id)] = float(billed or 0.0)
+    a = union(attempts_picks, Job.id, Job.size_class)
+    attempts = {(str(cls), str(reason)): int(n) for cls, reason, n in s.execute(
+        select(a.c.size_class, Attempt.reason, func.count())
+        .join(Attempt, Attempt.job_id == a.c.id).where(Attempt.reason.is_not(None))
+        .group_by(a.c.size_class, Attempt.reason)).tuples()}
+    return Totals(jobs, gpu_s, attempts)
 
 
 def _oldest_runnable(s: Session, now: datetime) -> dict[str, datetime]:
