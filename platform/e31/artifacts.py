@@ -384,12 +384,16 @@ def _parts(rel: str) -> list[str]:
     return [p for p in rel.split("/") if p and p != "."]
 
 
-def _open_dir_beneath(base: str, rel: str) -> int:
+def _open_dir_beneath(base: str, rel: str, *, make: bool = False) -> int:
     """A descriptor of the directory `base/rel`, each component below `base` opened with
-    NO_FOLLOW relative to its parent (`base` itself is the operator's, and trusted)."""
+    NO_FOLLOW relative to its parent (`base` itself is the operator's, and trusted); with
+    `make`, missing components are created on the way."""
     fd = os.open(base, _DIR_FLAGS)
     try:
         for part in _parts(rel):
+            if make:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
             try:
                 child = os.open(part, _DIR_FLAGS | NO_FOLLOW, dir_fd=fd)
             except OSError as exc:
@@ -432,18 +436,8 @@ def _create_beneath(base: str, rel: str) -> int:
     """A new file `base/rel` for writing (directories made as needed), created without
     following a link below `base`: an existing name is replaced, never written through."""
     parts = _parts(rel)
-    fd = os.open(base, _DIR_FLAGS)
+    fd = _open_dir_beneath(base, "/".join(parts[:-1]), make=True)
     try:
-        for part in parts[:-1]:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, dir_fd=fd)
-            try:
-                child = os.open(part, _DIR_FLAGS | NO_FOLLOW, dir_fd=fd)
-            except OSError as exc:
-                _raise_if_link(exc, fd, part, rel)
-                raise
-            os.close(fd)
-            fd = child
         with contextlib.suppress(FileNotFoundError):
             os.unlink(parts[-1], dir_fd=fd)
         return os.open(parts[-1], _CREATE_FLAGS | NO_FOLLOW, 0o666, dir_fd=fd)
