@@ -25,6 +25,7 @@ from e31.celeryapp import make_celery
 from e31.clock import utcnow
 from e31.heartbeat import GpuSample, WorkerInfo
 from e31.scheduling.leader import Scheduler
+from e31.scrape import PoolCollector, registry, render
 from e31.settings import Settings
 from e31.sizeclasses import route
 from e31.spec import JobSpec
@@ -356,7 +357,7 @@ def test_history_is_read_once_per_process_and_no_end_is_counted_twice(
         repo: Repo, redis_client: redis.Redis) -> None:
     # Given a collector on a clock the test turns, a job that ended an hour ago and one running
     clock = [utcnow()]
-    reg = metrics.registry(metrics.PoolCollector(reads=repo, redis_client=redis_client,
+    reg = registry(PoolCollector(reads=repo, redis_client=redis_client,
                                                  classes=["cpu"], clock=lambda: clock[0]))
     tenant, _ = repo.create_tenant("team-d", now=utcnow())
 
@@ -372,7 +373,7 @@ def test_history_is_read_once_per_process_and_no_end_is_counted_twice(
 
     def billed() -> tuple[float | None, float | None]:
         samples: Samples = {}
-        for family in text_string_to_metric_families(metrics.render(reg).decode()):
+        for family in text_string_to_metric_families(render(reg).decode()):
             for s in family.samples:
                 samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
         g24 = {"class": "gpu24"}

@@ -1,6 +1,6 @@
-"""`GET /metrics`: the pool's Prometheus series (`e31.metrics`), read from the store and
-Redis at each scrape, so every API replica answers the same (docs/operations.md,
-"Monitoring").
+"""`GET /metrics`: the pool's Prometheus series (`e31.metrics` names them, `e31.scrape` reads
+them from the store and Redis at each scrape, so every API replica answers the same;
+docs/operations.md, "Monitoring").
 
 Guarded apart from the tenants' tokens: with `metrics_token` set, a scrape must send it as
 `Authorization: Bearer <token>` (401 otherwise); without one, only a client on the loopback
@@ -19,27 +19,27 @@ import redis
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import PlainTextResponse
 
-from e31 import metrics
+from e31 import scrape
 from e31.settings import Settings
 
 PATH = "/metrics"
 
 
-def router(settings: Settings, reads: metrics.PoolReads, redis_client: redis.Redis) -> APIRouter:
+def router(settings: Settings, reads: scrape.PoolReads, redis_client: redis.Redis) -> APIRouter:
     """The `/metrics` route over the store reads and Redis of the API."""
     artifacts = urlsplit(settings.resolved_artifacts_url)
-    registry = metrics.registry(metrics.PoolCollector(
+    registry = scrape.registry(scrape.PoolCollector(
         reads=reads, redis_client=redis_client, classes=[c.name for c in settings.size_classes],
         window_s=settings.metrics_window_s,
         artifacts_dir=Path(artifacts.path) if artifacts.scheme == "file" else None))
     r = APIRouter()
 
     @r.get(PATH, include_in_schema=False)
-    def scrape(request: Request) -> Response:
+    def metrics_text(request: Request) -> Response:
         refused = refusal(request, settings.metrics_token)
         if refused is not None:
             return refused
-        return Response(metrics.render(registry), media_type=metrics.CONTENT_TYPE)
+        return Response(scrape.render(registry), media_type=scrape.CONTENT_TYPE)
 
     return r
 

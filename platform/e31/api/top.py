@@ -16,7 +16,8 @@ from typing import Any, Protocol
 import redis
 from fastapi import APIRouter, Depends
 
-from e31 import metrics, pool
+from e31 import metrics, pool, scrape
+from e31.api import errors
 from e31.clock import utcnow
 from e31.settings import Settings
 from e31.store.pool import RunningRow
@@ -41,14 +42,14 @@ def router(settings: Settings, reads: TopReads, redis_client: redis.Redis,
     """The `/v1/top` route; `caller` names the requesting tenant (401 without a token)."""
     r = APIRouter()
 
-    @r.get(PATH, tags=["queue"])
+    @r.get(PATH, tags=["queue"], responses=errors.responses(401, 503))
     def top(t: TenantRecord = Depends(caller)) -> dict[str, Any]:
         """The pool now: classes, GPUs, running jobs (yours, or all with an admin token)."""
         now = utcnow()
         backlog = reads.backlog(now=now)
         running = reads.running_jobs()
         try:
-            view: metrics.PoolView | None = metrics.read_pool_view(redis_client)
+            view: scrape.PoolView | None = scrape.read_pool_view(redis_client)
         except redis.RedisError as exc:
             log.warning("top_workers_unknown: %s", exc)
             view = None
@@ -59,10 +60,10 @@ def router(settings: Settings, reads: TopReads, redis_client: redis.Redis,
 
 
 def snapshot(*, classes: Sequence[str], backlog: dict[str, tuple[int, datetime | None]],
-             running: Sequence[RunningRow], view: metrics.PoolView | None,
+             running: Sequence[RunningRow], view: scrape.PoolView | None,
              viewer: TenantRecord, now: datetime) -> dict[str, Any]:
     """The answer of `/v1/top` (pure: the route reads, this shapes)."""
-    leases = [metrics.LeaseHolder(r.node or "", r.size_class, r.gpus,
+    leases = [scrape.LeaseHolder(r.node or "", r.size_class, r.gpus,
                                   bool(r.lease_expires_at and r.lease_expires_at > now))
               for r in running]
     workers = view.workers if view is not None else ()
