@@ -1,4 +1,5 @@
-"""`make_celery(settings)`: the Celery app every E31 process shares (docs/operations.md, "Celery settings that matter")."""
+"""`make_celery(settings)`: the Celery app every E31 process shares (docs/operations.md,
+"Celery settings that matter")."""
 
 from __future__ import annotations
 

@@ -67,11 +67,12 @@ class Settings(BaseModel):
     dispatch_timeout_s: float = Field(default=120.0, gt=0)
     # Fair share and admission (docs/scheduling.md).
     fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0)  # usage decay: a week
-    reserve_after_s: float = Field(default=600.0, ge=0)  # a blocked big job's wait before it reserves
-    big_job_min_gpus: int = Field(default=2, ge=1)       # jobs of this many GPUs or more can reserve
+    # how long a blocked big job waits before it reserves GPUs, and what counts as big
+    reserve_after_s: float = Field(default=600.0, ge=0)
+    big_job_min_gpus: int = Field(default=2, ge=1)
     spill_max_s: float | None = Field(default=None, gt=0)  # longest timeout_s a worker takes from
     #                                                        a smaller class's queue; None: any
-    heads_per_tenant: int = Field(default=16, ge=1)      # candidates read per queue, tenant and band
+    heads_per_tenant: int = Field(default=16, ge=1)  # candidates read per queue, tenant, band
 
     heartbeat_interval_s: float = Field(default=2.0, gt=0)
     lease_ttl_s: float = Field(default=10.0, gt=0)

@@ -1,10 +1,12 @@
-"""`Settings.load`: flag > `E31_*` environment > config file > default, and errors naming the variable."""
+"""`Settings.load`: flag > `E31_*` environment > config file > default, and errors naming the
+variable."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
 from e31.errors import ConfigError
 from e31.settings import DEFAULT_SIZE_CLASSES, Settings
 
@@ -169,7 +171,8 @@ def test_duplicate_size_class_names_are_a_config_error(tmp_path: Path, home: Pat
         Settings.load(environ={"E31_HOME": str(home), "E31_CONFIG": str(config)})
 
 
-def test_a_config_file_that_is_not_toml_is_a_config_error_naming_it(tmp_path: Path, home: Path) -> None:
+def test_a_config_file_that_is_not_toml_is_a_config_error_naming_it(
+        tmp_path: Path, home: Path) -> None:
     # Given a config file with a syntax error
     config = write_config(tmp_path, "[api\napi_port = 9000\n")
 
@@ -181,7 +184,8 @@ def test_a_config_file_that_is_not_toml_is_a_config_error_naming_it(tmp_path: Pa
     assert str(config) in caught.value.message
 
 
-def test_e31_config_pointing_at_no_file_is_a_config_error_naming_it(tmp_path: Path, home: Path) -> None:
+def test_e31_config_pointing_at_no_file_is_a_config_error_naming_it(
+        tmp_path: Path, home: Path) -> None:
     # Given E31_CONFIG naming a file that does not exist
     missing = tmp_path / "nope.toml"
 
