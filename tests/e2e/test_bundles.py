@@ -1,10 +1,14 @@
 """Jobs that bring their own code and data, through a real `e31 up` stack: the example project
-of examples/byo as an entrypoint, as a command and as a spec file, uploaded once."""
+of examples/byo as an entrypoint, as a command and as a spec file, uploaded once; and with its
+own environment, built from the project's requirements file (downloads from the package index:
+the one test here that builds an environment is the last, job-env.yaml's)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
+import tomllib
 from pathlib import Path
 
 from .conftest import Stack
@@ -13,6 +17,9 @@ WAIT_S = 90
 BYO = Path(__file__).parents[2] / "examples" / "byo"
 # What examples/byo computes: data/words.txt and inputs/extra.txt together.
 EXPECTED = {"words": 11, "top": [["pool", 3], ["the", 3], ["job", 2]]}
+# What examples/byo/report.py computes: the words of data/words.txt, in order.
+REPORT = {"job": 1, "owner": 1, "pool": 1, "runs": 1, "sent": 1, "the": 3}
+ENV_WAIT_S = 180     # a build resolves and downloads from the package index
 
 
 def copy_of_example(tmp_path: Path) -> Path:
@@ -84,7 +91,10 @@ def test_a_spec_file_names_its_workdir_and_inputs_relative_to_itself(stack: Stac
     done = stack.e31("submit", str(project / "job.yaml"), "--wait", "--json",
                      timeout_s=WAIT_S + 30)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["result"] == EXPECTED
+    status = json.loads(done.stdout)
+    assert status["result"] == EXPECTED
+    # job.yaml asks for no environment of its own, though its directory has a requirements file
+    assert "e31: environment " not in stack.client().get(status["id"]).logs()
 
 
 def test_a_file_url_input_is_read_by_the_worker(stack: Stack, tmp_path: Path) -> None:
@@ -109,3 +119,29 @@ def test_bad_inputs_are_refused_at_submit_with_exit_2(stack: Stack, tmp_path: Pa
         assert done.returncode == 2, done.stderr
         assert "inputs.extra" in done.stderr and why in done.stderr
     assert {j["id"] for j in stack.client().list(limit=1000)} == before
+
+
+def test_a_spec_file_with_a_requirements_file_runs_in_the_environment_it_asks_for(
+        stack: Stack, tmp_path: Path) -> None:
+    # Last in this file: it uploads the same tree as the first test, which expects to upload it.
+    # Given the example project, whose report.py needs a package the workers' environment lacks
+    assert importlib.util.find_spec("tomli_w") is None
+    project = copy_of_example(tmp_path)
+
+    # When its job-env.yaml is submitted as a user would
+    done = stack.e31("submit", str(project / "job-env.yaml"), "--wait", "--json",
+                     timeout_s=ENV_WAIT_S + 30)
+
+    # Then it ran in an environment built from requirements.txt and computed with the package
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert (status["state"], status["result"]) == ("succeeded", REPORT)
+    job = stack.client().get(status["id"])
+    assert any(line.startswith("e31: environment ") for line in job.logs().splitlines())
+    assert status["attempts"][0]["setup_s"] > 0
+
+    # And the TOML it wrote was stored as its output
+    assert [o["path"] for o in status["outputs"]] == ["counts.toml"]
+    [toml] = job.download(tmp_path / "out")
+    assert toml.name == "counts.toml"
+    assert tomllib.loads(toml.read_text()) == {"counts": REPORT}
