@@ -165,3 +165,18 @@ def test_e31_top_once_json_shows_a_running_job_with_its_gpu(stack: Stack) -> Non
     assert held["busy_gpus"] >= 1
     [g24] = [c for c in snap["classes"] if c["size_class"] == "gpu24"]
     assert g24["running"] >= 1
+
+
+def test_no_job_sees_the_metrics_token(stack: Stack) -> None:
+    # Given the token e31 up made for the metrics
+    token = metrics_token(stack)
+
+    # When a job prints its environment
+    job = stack.client().submit(command=["env"], resources={"gpus": 0})
+    wait_for(lambda: job.status()["state"] == "succeeded", timeout_s=WAIT_S,
+             what="the job to end")
+
+    # Then neither the token nor where it lies is in it
+    logs = job.logs()
+    assert "PATH=" in logs                       # the job did print its environment
+    assert token not in logs and "METRICS" not in logs
