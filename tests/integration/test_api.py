@@ -36,6 +36,66 @@ def test_a_request_without_a_valid_token_is_refused(api) -> None:
     assert client.get("/v1/health").status_code == 200
 
 
+def test_every_route_but_health_answers_401_to_a_missing_or_invalid_token(api) -> None:
+    # Given every operation of the OpenAPI document
+    client, _, _ = api
+    paths = client.get("/openapi.json").json()["paths"]
+    operations = [(m.upper(), p.replace("{job_id}", "j-" + "0" * 20).replace(
+                      "{array_id}", "a-" + "0" * 20).replace("{digest}", "sha256:" + "0" * 64)
+                   .replace("{path}", "x")) for p, ms in paths.items() for m in ms]
+    assert len(operations) > 10
+
+    # Then each answers 401 with the error body to no token and to a wrong one, health aside
+    for method, path in operations:
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic eDp5"}):
+            response = client.request(method, path, headers=headers)
+            if path == "/v1/health":
+                assert response.status_code == 200
+                continue
+            assert response.status_code == 401, (method, path, headers)
+            assert response.headers["WWW-Authenticate"] == "Bearer"
+            if method != "HEAD":
+                assert response.json()["error"] == "unauthorized"
+
+
+def test_a_tenant_asking_for_an_admins_view_gets_403_and_an_admin_gets_it(api, repo) -> None:
+    # Given a tenant's token and an admin's
+    client, _, h = api
+    _, admin_token = repo.create_tenant("ops", admin=True, now=utcnow())
+    admin = {"Authorization": f"Bearer {admin_token}"}
+    client.post("/v1/jobs", json={"entrypoint": "m:f"}, headers=h["a"])
+
+    # When each asks for every tenant's usage
+    refused = client.get("/v1/usage", params={"all_tenants": "true"}, headers=h["b"])
+    answered = client.get("/v1/usage", params={"all_tenants": "true"}, headers=admin)
+
+    # Then the tenant is refused as forbidden (its token is valid: not 401), the admin answered
+    assert refused.status_code == 403
+    assert refused.json() == {"error": "forbidden",
+                              "message": "usage of all tenants needs an admin token"}
+    assert answered.status_code == 200
+    assert [row["tenant"] for row in answered.json()["usage"]] == ["team-a"]
+
+
+def test_a_body_that_is_not_utf8_is_refused_with_422_like_any_body_that_is_not_json(api) -> None:
+    client, _, h = api
+    for path in ("/v1/jobs", "/v1/arrays"):
+        response = client.post(path, content=b"\xff\xfe{", headers={
+            **h["a"], "Content-Type": "application/json"})
+        assert response.status_code == 422, (path, response.text)
+        assert response.json()["errors"] == [{"field": "body",
+                                              "reason": "must be JSON text in UTF-8"}]
+
+
+def test_a_method_a_path_does_not_take_gets_405_naming_every_method_it_takes(api) -> None:
+    client, _, h = api
+    response = client.request("DELETE", "/v1/jobs", headers=h["a"])
+    assert response.status_code == 405
+    assert response.headers["Allow"] == "GET, POST"
+    assert response.json()["error"] == "method_not_allowed"
+    assert client.get("/v1/nowhere", headers=h["a"]).json()["error"] == "not_found"
+
+
 @pytest.mark.parametrize("body, field", [
     ({"entrypoint": "m:f", "colour": "red"}, "colour"),
     ({"entrypoint": "m:f", "command": ["ls"]}, "entrypoint"),

@@ -17,7 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from e31 import __version__, wiring
-from e31.api import errors, metrics, top
+from e31.api import errors, metrics, schema, top
 from e31.api.bundles import BUNDLES_PATH, add_bundle_routes
 from e31.api.limits import DIGITS, BodyLimit, QueryBool
 from e31.api.service import LIST_LIMIT_MAX, Service
@@ -76,6 +76,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
                   description="Batch GPU jobs on a shared pool. Authenticate with a tenant token.")
     app.state.service = service
     errors.install(app)
+    schema.install(app, settings)
 
     @app.get("/v1/health", tags=["ops"])
     def health() -> dict[str, Any]:

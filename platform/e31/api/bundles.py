@@ -29,7 +29,7 @@ from e31.bundles import (
     parse_bundle_input,
     tar_problems,
 )
-from e31.errors import SpecConflict, SpecError, SpecForbidden, TooLarge
+from e31.errors import NotFound, SpecConflict, SpecError, SpecForbidden, TooLarge
 from e31.settings import Settings
 from e31.spec import JobSpec
 from e31.store.records import TenantRecord
@@ -142,7 +142,7 @@ def add_bundle_routes(app: FastAPI, checks: BundleChecks,
         """200 when your tenant holds the bundle (its size in X-E31-Bundle-Bytes), else 404."""
         size = checks.size(t, digest)
         if size is None:
-            return Response(status_code=404)
+            raise NotFound(f"no bundle {_digest(digest)} of your tenant")
         return Response(status_code=200, headers={SIZE_HEADER: str(size)})
 
     @app.put(BUNDLES_PATH + "{digest}", status_code=201, tags=["bundles"], responses={

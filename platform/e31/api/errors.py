@@ -24,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from e31.errors import (
     AuthError,
@@ -57,9 +58,12 @@ RETRY_AFTER_S = 5
 # the same mistake as a body that is not JSON, which FastAPI answers 422.
 UNREADABLE_BODY = "must be JSON text in UTF-8"
 
+# Starlette's own refusals (no such route; a route without that method) in the same body.
+ROUTING = {404: ("not_found", "no such route"), 405: ("method_not_allowed", "")}
+
 ErrorCode = Literal["spec_conflict", "spec_forbidden", "spec_invalid", "too_large",
                     "request_too_large", "unauthorized", "forbidden", "not_found", "conflict",
-                    "store_unavailable"]
+                    "store_unavailable", "method_not_allowed"]
 
 
 class FieldError(BaseModel):
@@ -161,7 +165,27 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, exc: HTTPException) -> Response:
         if exc.status_code == 400:      # a body FastAPI could not decode
             return _answer(SpecError.one("body", UNREADABLE_BODY))
-        return await http_exception_handler(request, exc)
+        if exc.status_code not in ROUTING:
+            return await http_exception_handler(request, exc)
+        code, message = ROUTING[exc.status_code]
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:      # every method of the path, not only one route's
+            allowed = _allowed_methods(request)
+            headers["Allow"] = ", ".join(allowed)
+            message = f"{request.method} is not one of {', '.join(allowed)} on this path"
+        return JSONResponse({"error": code, "message": message}, status_code=exc.status_code,
+                            headers=headers)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods of every route whose path matches the request's (a path such as /v1/jobs has
+    a route per method, and Starlette's 405 names only the first one's)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)
 
 
 def _field_path(error: Mapping[str, Any]) -> list[Any]:
