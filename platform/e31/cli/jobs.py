@@ -57,7 +57,7 @@ def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     except JobFailed:
         raise
     except ClientError as exc:
-        code = EXIT_INPUT if exc.status_code in (400, 404, 409, 413, 422) else EXIT_UNAVAILABLE
+        code = EXIT_INPUT if exc.status_code in (400, 403, 404, 409, 413, 422) else EXIT_UNAVAILABLE
         fail(exc.message, code)
     except SpecError as exc:     # found before a request was sent: a workdir or input path
         fail(exc.message, EXIT_INPUT)
