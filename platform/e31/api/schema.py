@@ -59,7 +59,7 @@ NOT_A_RELATIVE_PATH = {"anyOf": [{"pattern": "^/"}, {"pattern": "\\\\"}, {"patte
                                  {"pattern": "(?:^|/)\\.\\.(?:/|$)"}]}
 # Item fields of an array with complete defaults: none changes what another field may be.
 OVERRIDES = ("name", "env", "after", "inputs", "priority", "timeout_s", "retries", "resources",
-             "network")
+             "network", "idle_timeout_s", "on_idle")
 
 
 def install(app: FastAPI, settings: Settings) -> None:
