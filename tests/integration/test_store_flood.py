@@ -324,7 +324,7 @@ def test_a_flood_of_the_worst_array_requests_locks_no_one_out_of_the_store(
     # Then A's attacks were refused naming an unknown id, its valid arrays were stored,
     assert flood.attacks and flood.valid, "the flood sent no request of one kind"
     for status, first in flood.attacks:
-        assert status == 422 and first["field"] == "items[0].after[0]", (status, first)
+        assert status == 409 and first["field"] == "items[0].after[0]", (status, first)
         assert first["reason"].startswith("no job j-") and first["reason"].endswith(
             " of this tenant")
     assert set(flood.valid) == {201}
