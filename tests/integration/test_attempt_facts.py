@@ -17,10 +17,12 @@ from e31.store.attempts import AttemptFacts
 CLASSES = Settings().size_classes
 
 
-def running_job(repo: Repo) -> tuple[str, str, int]:
-    """A claimed job: (tenant id, job id, attempt number)."""
-    tenant, _ = repo.create_tenant("team-a", now=utcnow())
-    spec = JobSpec.parse({"entrypoint": "pkg.mod:main"})
+def running_job(repo: Repo, tenant_name: str = "team-a", *,
+                gpus: int | None = None) -> tuple[str, str, int]:
+    """A claimed job (of `gpus` GPUs when given): (tenant id, job id, attempt number)."""
+    tenant, _ = repo.create_tenant(tenant_name, now=utcnow())
+    resources = {} if gpus is None else {"resources": {"gpus": gpus}}
+    spec = JobSpec.parse({"entrypoint": "pkg.mod:main", **resources})
     job = repo.insert_job(tenant.id, spec, route(spec, CLASSES), now=utcnow())
     token = repo.mark_dispatched([job.id], now=utcnow())[job.id]
     claim = repo.claim(job.id, dispatch_token=token, worker="gpu0@test", gpus="0", gpu_count=1,

@@ -8,24 +8,16 @@ from datetime import timedelta
 
 from e31.clock import utcnow
 from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
 from e31.store import Repo
 from tests.integration.test_api import api as api  # the fixture, reused
+from tests.integration.test_attempt_facts import running_job as claimed_job
 
 CLASSES = Settings().size_classes
 
 
 def running_job(repo: Repo, tenant_name: str = "team-a") -> tuple[str, str, int]:
     """A claimed gpu24 job: (tenant id, job id, attempt number)."""
-    tenant, _ = repo.create_tenant(tenant_name, now=utcnow())
-    spec = JobSpec.parse({"entrypoint": "pkg.mod:main", "resources": {"gpus": 1}})
-    job = repo.insert_job(tenant.id, spec, route(spec, CLASSES), now=utcnow())
-    token = repo.mark_dispatched([job.id], now=utcnow())[job.id]
-    claim = repo.claim(job.id, dispatch_token=token, worker="gpu0@test", gpus="0", gpu_count=1,
-                       now=utcnow(), lease_ttl_s=10)
-    assert claim is not None
-    return tenant.id, job.id, claim.attempt
+    return claimed_job(repo, tenant_name, gpus=1)
 
 
 def test_an_idle_flag_shows_on_the_job_and_counts_per_class_until_it_is_cleared(
