@@ -25,8 +25,9 @@ COPY pyproject.toml README.md ./
 COPY platform ./platform
 COPY workers ./workers
 # worker: torch (already there), numpy, nvidia-ml-py (GPU discovery through NVML);
-# postgres: the psycopg driver for E31_DATABASE_URL=postgresql://...
-RUN pip install ".[worker,postgres]"
+# postgres: the psycopg driver for E31_DATABASE_URL=postgresql://...; s3: s3fs for an
+# s3://bucket/prefix E31_ARTIFACTS_URL (docs/configuration.md, "Object store")
+RUN pip install ".[worker,postgres,s3]"
 
 # Run as an ordinary user (the workers alone run as root, to start each job as its tenant's
 # own user: docker-compose.yml). /data is where docker-compose.yml mounts the shared volume;

@@ -44,6 +44,7 @@ frame_classifier
 # PyAV: stream attributes the encoder and decoder read.
 _.pix_fmt
 _.thread_type
+_.thread_count
 
 # signal.signal calls a handler with (signum, frame), used or not.
 signum
@@ -64,3 +65,7 @@ _.last_xid
 # A scratch PostgreSQL database per test session: called by tests/conftest.py and
 # bench/scheduler_cost.py, which vulture does not read.
 scratch_database
+
+# The API's listener for job ends (e31.api.waits.JobEnds), kept on the app's state so that
+# whoever runs the app in-process (the tests) can stop its thread.
+_.job_ends

@@ -9,6 +9,13 @@ outside must not make a worker upload, or the API serve, the bytes of its target
 are therefore found with `lstat`, opened one directory at a time with `O_NOFOLLOW`, and only a
 regular file with a single link is stored or served; an opened file must also resolve beneath
 the directory it was looked up in. Object stores (`s3://`, ...) have no links.
+
+On an object store (`s3://bucket/prefix`, through `s3fs`) the same guarantees hold by other
+means: every key is built below `<prefix>/<tenant>/<job>/` from a path that `_safe` has
+normalised and refused when absolute or climbing out with `..`, so no request names another
+job's key, even to a server or proxy that would normalise it; files are read in ranged GETs
+of REMOTE_BLOCK_BYTES (the API streams a download, never holds it whole); and listings are
+not cached, so an API process sees what a worker on another node uploaded a moment ago.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import re
 import shutil
 import stat
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -37,6 +44,9 @@ log = logging.getLogger(__name__)
 _LOG_NAME = re.compile(r"^attempt-(\d+)\.log$")
 TMP_PREFIX = ".e31-upload-"  # an upload in progress; never listed, never downloaded
 COPY_CHUNK_BYTES = 1024 * 1024  # one read and one write per MiB of a copied file
+# An object store's file is fetched in ranged GETs of this many bytes (s3fs reads ahead one
+# block): a module attribute so that a test can show what a whole-file read looks like.
+REMOTE_BLOCK_BYTES = COPY_CHUNK_BYTES
 
 # Every local open passes NO_FOLLOW: a module attribute rather than a literal, so that a test
 # can switch the protection off and show that its attack then succeeds.
@@ -96,14 +106,25 @@ def scan_tree(local_dir: Path) -> TreeScan:
 class ArtifactStore:
     """A job-keyed file store; callers scope by tenant before they get here."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None) -> None:
+        """`storage_options`: the fsspec file system's arguments (for `s3://`: endpoint_url,
+        key, secret; see `e31.wiring.storage_options`)."""
         self._url = url
-        self._fs, self._root = fsspec.core.url_to_fs(url)
+        self._options = dict(storage_options or {})
+        opts = dict(self._options)
+        if not url.startswith("file:") and "://" in url:
+            opts.setdefault("use_listings_cache", False)  # another node's uploads show at once
+        self._fs, self._root = fsspec.core.url_to_fs(url, **opts)
         self._local = isinstance(self._fs, LocalFileSystem)
 
     @property
     def url(self) -> str:
         return self._url
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """The arguments this store was opened with, for the bundles kept beside it."""
+        return dict(self._options)
 
     def _path(self, tenant_id: str, job_id: str, *parts: str) -> str:
         return posixpath.join(self._root, tenant_id, job_id, *parts)
@@ -286,8 +307,11 @@ class ArtifactStore:
             rels: list[str] = list(scan.files)
         else:
             base = self._path(tenant_id, job_id, prefix)
-            rels = ([posixpath.relpath(p, base) for p in self._fs.find(base)]
-                    if self._fs.exists(base) else [])
+            # A key is a name, not a path: one holding `..` (put there by hand) is no file
+            # of the job's, and must not become a path that climbs out of `local_dir`.
+            rels = [r for r in ([posixpath.relpath(p, base) for p in self._fs.find(base)]
+                                if self._fs.exists(base) else [])
+                    if posixpath.normpath(r) == r and not r.startswith("../")]
         return (r for r in rels if not posixpath.basename(r).startswith(TMP_PREFIX))
 
     def _open_stored(self, tenant_id: str, job_id: str, rel: str) -> IO[bytes]:
@@ -298,7 +322,8 @@ class ArtifactStore:
         path = self._path(tenant_id, job_id, rel)
         if not self._fs.isfile(path):
             raise FileNotFoundError(path)
-        opened: IO[bytes] = self._fs.open(path, "rb")
+        opened: IO[bytes] = self._fs.open(path, "rb", block_size=REMOTE_BLOCK_BYTES,
+                                          cache_type="readahead")
         return opened
 
 

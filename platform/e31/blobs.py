@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import posixpath
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -48,8 +48,9 @@ class Upload:
 class BundleStore:
     """Tenants' bundles over the fsspec store at `url` (the artifact store's)."""
 
-    def __init__(self, url: str) -> None:
-        self._fs, root = fsspec.core.url_to_fs(url)
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        """`storage_options`: the artifact store's (`ArtifactStore.storage_options`)."""
+        self._fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
         self._root = posixpath.join(root, PREFIX)
 
     def _path(self, tenant_id: str, digest: str) -> str:

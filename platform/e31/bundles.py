@@ -32,6 +32,8 @@ MAX_SOURCE_CHARS = 4096    # one input's URL
 # leading dash (it would read as an option on a command line), printable ASCII.
 INPUT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _BUNDLE_INPUT = re.compile(r"^bundle:(sha256:[0-9a-f]{64})/(.+)$")
+# Every output of an array's items, staged as `<name>/<item index>/<path>` (a fan-out's merge).
+ARRAY_INPUT = re.compile(r"^array:(a-[0-9a-f]{20})/outputs$")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 TAR_MEMBER_KINDS = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.DIRTYPE: "dir",
                     tarfile.SYMTYPE: "symlink"}
@@ -61,6 +63,9 @@ def check_input_source(value: str) -> str:
     if value.startswith(f"{BUNDLE_SCHEME}:"):
         parse_bundle_input(value)
         return value
+    if value.startswith("array:"):
+        parse_array_input(value)
+        return value
     scheme = input_scheme(value)
     if scheme is None:
         raise ValueError(f"{value[:200]!r} is not a URL; a local path is uploaded by the client "
@@ -83,6 +88,14 @@ def parse_bundle_input(value: str) -> tuple[str, str]:
     if m is None or not _is_entry_name(m.group(2)):
         raise ValueError("an uploaded input must read bundle:sha256:<64 hex>/<file name>")
     return m.group(1), m.group(2)
+
+
+def parse_array_input(value: str) -> str:
+    """The array id of an input `array:<id>/outputs` (its items' outputs)."""
+    m = ARRAY_INPUT.fullmatch(value)
+    if m is None:
+        raise ValueError("an array's outputs read array:a-<20 hex>/outputs")
+    return m.group(1)
 
 
 def bundle_input(digest: str, entry: str) -> str:

@@ -29,6 +29,9 @@ def broker_transport_options(settings: Settings) -> dict[str, object]:
         "socket_connect_timeout": BROKER_CONNECT_TIMEOUT_S,
         "socket_keepalive": True,
         "health_check_interval": BROKER_HEALTH_CHECK_S,
+        # kombu's sentinel:// transport asks Sentinel for this primary (docs/operations.md)
+        **({"master_name": settings.redis_master_name}
+           if settings.redis_url.startswith("sentinel://") else {}),
     }
 
 

@@ -53,6 +53,18 @@ class TooLarge(E31Error):
         super().__init__(message)
 
 
+class LimitExceeded(E31Error):
+    """Raised when a tenant is past its submit rate or holds its most queued jobs; try later."""
+
+    def __init__(self, message: str | None = None, *, retry_after_s: int = 1) -> None:
+        self.retry_after_s = max(1, retry_after_s)
+        super().__init__(message)
+
+
+class SecretsUnavailable(E31Error):
+    """Raised when secrets are asked for and this pool has no secrets key (secrets_key)."""
+
+
 class SetupError(E31Error):
     """Raised when a job's code, environment or inputs cannot be prepared for it on a worker."""
 

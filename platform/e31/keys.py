@@ -14,6 +14,15 @@ BROKER_EPOCH = f"{PREFIX}:broker:epoch"
 # hash, no TTL: the scheduler's last tick (time, duration, jobs published) and every process's
 # store and broker error counts, read by the metrics (e31.metrics names the fields)
 HEALTH = f"{PREFIX}:health"
+# pub/sub channel: a job's id, published by its worker when it records the job's final state;
+# the API's long polls (GET /v1/jobs/{id}?wait_s=N, e31.api.waits) listen to it
+JOB_ENDED = f"{PREFIX}:jobs:ended"
+# hash per tenant, with a TTL: its submit-rate token bucket (tokens, at), shared by every API
+# process (e31.api.limits.SubmitRate)
+SUBMIT_RATE_PREFIX = f"{PREFIX}:rate:submit:"
+# hash, with a TTL of a day: worker node -> the shape its last heartbeat seen by an API showed
+# (host, GPUs, queues, when), the registered node shapes (e31.scheduling.placement)
+NODES = f"{PREFIX}:nodes"
 
 
 def worker(node: str) -> str:
@@ -32,3 +41,8 @@ def drain_pattern() -> str:
 def drain(node: str) -> str:
     """Drain request of one worker node (set by `e31 worker --drain`)."""
     return f"{DRAIN_PREFIX}{node}"
+
+
+def submit_rate(tenant_id: str) -> str:
+    """Submit-rate token bucket of one tenant."""
+    return f"{SUBMIT_RATE_PREFIX}{tenant_id}"

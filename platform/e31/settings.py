@@ -7,6 +7,7 @@ process entrypoints and the result is passed to everything else.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +17,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from e31.errors import ConfigError
+from e31.limits import TenantLimits
 from e31.spec import RetryPolicy
 
 
@@ -44,7 +46,16 @@ class Settings(BaseModel):
     home: Path = Field(default_factory=lambda: Path("~/.e31").expanduser())
     database_url: str = ""          # default: sqlite under home
     artifacts_url: str = ""         # default: file:// under home
-    redis_url: str = ""             # required except for `e31 up`, which starts one
+    # An `s3://bucket/prefix` artifacts_url (docs/configuration.md, "Object store"): the
+    # server (none: AWS's own) and the store's credentials (none: botocore's default chain).
+    # E31_* settings, unlike AWS_* variables, never reach a job's environment.
+    s3_endpoint_url: str = ""
+    s3_access_key_id: str = ""
+    s3_secret_access_key: str = ""
+    s3_secret_access_key_file: str = ""  # a file holding it (a compose secret)
+    redis_url: str = ""             # required except for `e31 up`, which starts one; or
+    #                                 Sentinel's: sentinel://h1:26379;sentinel://h2:26379/0
+    redis_master_name: str = "e31"  # the primary's name in Sentinel (sentinel:// URLs only)
     redis_password_file: str = ""   # a file holding Redis's password (a compose secret): it
     #                                 goes into redis_url when that has none (docs/security.md)
     work_dir: str = ""              # workers' scratch space; default: home/work
@@ -97,6 +108,20 @@ class Settings(BaseModel):
     max_after_per_request: int = Field(default=10_000, ge=0)    # dependencies, all jobs together
     max_spec_bytes_per_request: int = Field(default=32 * 1024 * 1024, ge=1024)  # names, env,
     #                                 argv and params of all the jobs of one request together
+    # Limits per tenant (docs/configuration.md, "Limits per tenant"): the pool's defaults; a
+    # tenant's own (`tenants.limits`, set by an admin) win. See e31.limits.
+    tenant_max_priority: int = Field(default=5, ge=0, le=9)   # above it: 422, so priority
+    #                                 cannot jump fair share unless an admin grants it
+    tenant_max_queued: int = Field(default=10_000, ge=0)      # queued jobs at once; past it: 429
+    tenant_max_array_items: int = Field(default=10_000, ge=1, le=10_000)  # one array's items
+    tenant_max_request_bytes: int | None = Field(default=None, ge=1024)  # one submit's body;
+    #                                 None: max_request_bytes (which bounds every body anyway)
+    tenant_submit_rate_per_s: float = Field(default=20.0, gt=0)  # submit requests a second, and
+    tenant_submit_burst: int = Field(default=200, ge=1)          # how many may come at once
+    # Secrets (docs/security.md): a Fernet key (or several, comma-separated: the first
+    # encrypts, all decrypt, for rotation); none: the secrets endpoints answer 503.
+    secrets_key: str = ""
+    secrets_key_file: str = ""      # a file holding it (`e31 up` writes E31_HOME/secrets.key)
 
     # What jobs leave behind (docs/security.md, "Limits and quotas").
     log_chunk_max_bytes: int = Field(default=1024 * 1024, ge=1024)   # one GET …/logs answer
@@ -113,6 +138,19 @@ class Settings(BaseModel):
     #                                 bundles, least recently used evicted first
     input_file_roots: tuple[str, ...] = ()  # directories file:// inputs may read (workers read
     #                                 them with their own rights); none: file:// is refused
+    # s3:// inputs (docs/security.md): never read with the artifact store's credentials, and
+    # never from its bucket/prefix (403 at submit, refused by the worker too). Anonymous
+    # unless the operator gives inputs credentials of their own; anonymous off and none given:
+    # botocore's default chain (AWS_* variables of the worker, ~/.aws, an instance role).
+    inputs_s3_anonymous: bool = True
+    inputs_s3_endpoint_url: str = ""   # none: AWS's own
+    inputs_s3_access_key_id: str = ""
+    inputs_s3_secret_access_key: str = ""
+    inputs_s3_secret_access_key_file: str = ""  # a file holding it (a compose secret)
+    # What a job inherits of its worker's environment beyond the allowlist of
+    # e31_worker.attempt.jobenv (PATH, locale, proxies, NVIDIA_*/CUDA_*, ...): names or globs,
+    # comma-separated in E31_JOB_ENV_PASSTHROUGH; "*" inherits all. E31_* never passes.
+    job_env_passthrough: tuple[str, ...] = ()
 
     # Where each attempt runs (docs/security.md): `sandbox` (its own uid, namespaces and files;
     # a worker refuses to start where it cannot set one up) or `process` (the worker's user).
@@ -121,8 +159,20 @@ class Settings(BaseModel):
     sandbox_uid_count: int = Field(default=65_536, ge=1)     # ... modulo this; no user owns them
     sandbox_read_only_dirs: tuple[str, ...] = ()  # host directories every sandboxed job may read
     sandbox_writable_dirs: tuple[str, ...] = ()   # ... and write: shared by all tenants' jobs
+    # The warm start (docs/architecture.md, "The warm start"): entrypoint jobs in the worker's
+    # environment are forked from a warm process that imported torch, numpy and `preload`.
+    warm_start: bool = True
+    preload: tuple[str, ...] = ()  # more modules the warm process imports (e31 worker --preload)
+    # Jobs with their own environment (`python:`) get a warm process per environment, started
+    # on its first attempt; the least recently used are stopped while they hold more than this
+    # together (PSS). The worker's own environment's warm process is outside this budget.
+    warm_memory_budget_mb: int = Field(default=2048, ge=0)
 
     retries: RetryPolicy = RetryPolicy()  # the pool's default; a spec's own fields win
+    # What an attempt that ran out of memory (reason oom) leads to when its spec sets no
+    # resources.on_oom (docs/scheduling.md, "Out of memory: the next size"): `fail` retries it
+    # in its own class like any failure; `next_class` queues it in the next bigger class.
+    on_oom_default: Literal["fail", "next_class"] = "fail"
     size_classes: tuple[SizeClass, ...] = DEFAULT_SIZE_CLASSES
 
     @field_validator("input_file_roots", "sandbox_read_only_dirs", "sandbox_writable_dirs",
@@ -133,6 +183,24 @@ class Settings(BaseModel):
         `E31_SANDBOX_WRITABLE_DIRS`, ...) is separated by `:`, as PATH is."""
         if isinstance(v, str):
             return tuple(p for p in v.split(os.pathsep) if p)
+        return v
+
+    @field_validator("preload", "job_env_passthrough", mode="before")
+    @classmethod
+    def _modules_list(cls, v: Any) -> Any:
+        """Modules in one variable (`E31_PRELOAD=transformers,mypkg.model`): comma-separated;
+        so are the names of `E31_JOB_ENV_PASSTHROUGH=HF_HOME,WANDB_*`."""
+        if isinstance(v, str):
+            return tuple(m.strip() for m in v.split(",") if m.strip())
+        return v
+
+    @field_validator("job_env_passthrough")
+    @classmethod
+    def _env_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [p for p in v if not re.fullmatch(r"[A-Za-z0-9_*?\[\]!-]+", p)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a variable name or glob (letters, digits, _ "
+                             "and the glob characters * ? [ ] !)")
         return v
 
     @field_validator("input_file_roots", "sandbox_read_only_dirs", "sandbox_writable_dirs")
@@ -167,6 +235,17 @@ class Settings(BaseModel):
     @property
     def resolved_work_dir(self) -> Path:
         return Path(self.work_dir).expanduser() if self.work_dir else self.home / "work"
+
+    @property
+    def tenant_limits(self) -> TenantLimits:
+        """The pool's default limits per tenant (a tenant's own override them)."""
+        return TenantLimits(max_priority=self.tenant_max_priority,
+                            max_queued=self.tenant_max_queued,
+                            max_array_items=self.tenant_max_array_items,
+                            max_request_bytes=(self.tenant_max_request_bytes
+                                               or self.max_request_bytes),
+                            submit_rate_per_s=self.tenant_submit_rate_per_s,
+                            submit_burst=self.tenant_submit_burst)
 
     @property
     def profile_path(self) -> Path:
@@ -205,11 +284,23 @@ class Settings(BaseModel):
         if settings.metrics_token_file and not settings.metrics_token:
             settings = settings.model_copy(update={"metrics_token": _read_secret(
                 Path(settings.metrics_token_file).expanduser(), "E31_METRICS_TOKEN_FILE")})
+        if settings.secrets_key_file and not settings.secrets_key:
+            settings = settings.model_copy(update={"secrets_key": _read_secret(
+                Path(settings.secrets_key_file).expanduser(), "E31_SECRETS_KEY_FILE")})
         if settings.redis_password_file and settings.redis_url:
             password = _read_secret(Path(settings.redis_password_file).expanduser(),
                                     "E31_REDIS_PASSWORD_FILE")
             settings = settings.model_copy(
                 update={"redis_url": with_redis_password(settings.redis_url, password)})
+        if settings.s3_secret_access_key_file and not settings.s3_secret_access_key:
+            settings = settings.model_copy(update={"s3_secret_access_key": _read_secret(
+                Path(settings.s3_secret_access_key_file).expanduser(),
+                "E31_S3_SECRET_ACCESS_KEY_FILE")})
+        if (settings.inputs_s3_secret_access_key_file
+                and not settings.inputs_s3_secret_access_key):
+            settings = settings.model_copy(update={"inputs_s3_secret_access_key": _read_secret(
+                Path(settings.inputs_s3_secret_access_key_file).expanduser(),
+                "E31_INPUTS_S3_SECRET_ACCESS_KEY_FILE")})
         return settings
 
 

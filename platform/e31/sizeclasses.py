@@ -102,3 +102,34 @@ def redis_priority(size_class: str, classes: Sequence[SizeClass]) -> int:
     ordered = sorted(classes, key=lambda c: -c.gpu_mem_gb)
     names = [c.name for c in ordered]
     return min(names.index(size_class), 9) if size_class in names else 9
+
+
+def next_class(size_class: str, classes: Sequence[SizeClass]) -> SizeClass | None:
+    """The next bigger GPU class after `size_class`, or None at the biggest (or for cpu)."""
+    ladder = gpu_classes(classes)
+    names = [c.name for c in ladder]
+    if size_class not in names or names.index(size_class) + 1 == len(names):
+        return None
+    return ladder[names.index(size_class) + 1]
+
+
+@dataclass(frozen=True)
+class OomRule:
+    """Where a job goes after an attempt that ran out of memory (docs/scheduling.md, "Out of
+    memory: the next size"): with `resources.on_oom: next_class` (or, when the spec sets none,
+    the pool's `on_oom_default`), to the next bigger class's queue; `fail`, or at the biggest
+    class: nowhere, the attempt ends as any `oom` does."""
+
+    ladder: tuple[SizeClass, ...]
+    default: str = "fail"
+
+    @classmethod
+    def of(cls, classes: Sequence[SizeClass], default: str) -> OomRule:
+        return cls(tuple(gpu_classes(classes)), default)
+
+    def target(self, on_oom: str | None, size_class: str, gpus: int) -> Route | None:
+        """The route of the job's next attempt after an `oom`, or None when it stays put."""
+        if (on_oom or self.default) != "next_class":
+            return None
+        bigger = next_class(size_class, self.ladder)
+        return Route(bigger.name, queue_name(bigger.name, gpus), gpus) if bigger else None

@@ -46,11 +46,13 @@ MAX_HOST_MEM_GB = 16384       # host memory per job: more than any node has, so 
 MAX_AFTER = 64                # dependencies per job: a wider fan-in belongs in one array
 MAX_PIP = 64                  # pip requirements per job: more belong in a requirements file
 MAX_REQUIREMENT_CHARS = 1000  # one pip requirement; a URL requirement fits in it
+MAX_SECRETS = 64              # secrets per job: as many as any job's credentials
+SECRET_NAME_MAX = 100         # a secret's name (the store's secrets.name)
 
 # Names are ASCII; the API's OpenAPI schema (e31.api.schema) states these same patterns.
 ENTRYPOINT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_ITEM_REASON = re.compile(r"^((?:after|pip)\[\d+\]): (.*)$", re.DOTALL)
+_ITEM_REASON = re.compile(r"^((?:after|pip|secrets)\[\d+\]): (.*)$", re.DOTALL)
 _FIELD_REASON = re.compile(r"^([a-z_]+(?:\.[a-z_]+)+): (.*)$", re.DOTALL)  # a nested field
 DEP_ID = re.compile(r"^[ja]-[0-9a-f]{20}$")   # a job id j-… or an array id a-…
 NAME_MAX = 200
@@ -98,6 +100,11 @@ def printable(text: str) -> str:
                    if unicodedata.category(c) in _NOT_TEXT else c for c in text)
 
 
+def reserved_env(name: str) -> bool:
+    """Whether the worker sets the variable `name` itself (so a spec's env or secrets may not)."""
+    return name.startswith("E31_") or name == "CUDA_VISIBLE_DEVICES"
+
+
 def _whole(value: Any) -> Any:
     """A float without a fraction (`2.0`) as the integer it is; anything else as it came."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
@@ -128,6 +135,11 @@ class Resources(_Strict):
         default=None, gt=0, le=MAX_HOST_MEM_GB,
         description="host memory the job may use; past it the kernel OOM-kills the job "
                     "(reason oom) where workers have cgroups")
+    on_oom: Literal["fail", "next_class"] | None = Field(
+        default=None,
+        description="after an attempt that ran out of memory (reason oom): 'next_class' queues "
+                    "the job again in the next bigger size class, 'fail' retries it in its own "
+                    "class like any failure; default: the pool's on_oom_default")
 
     @model_validator(mode="after")
     def _consistent(self) -> Resources:
@@ -230,6 +242,17 @@ class JobSpec(_Strict):
     on_idle: Literal["flag", "kill"] = Field(
         default="flag", description="'flag': show an idle job in its status and the metrics; "
                                     "'kill': also stop it, with reason idle")
+    secrets: list[str] = Field(
+        default_factory=list, max_length=MAX_SECRETS,
+        description="names of the tenant's secrets (e31 secret set NAME), each given to the job "
+                    "as the environment variable of that name when an attempt starts; the "
+                    "values never travel with the spec")
+
+    allow_pending: bool = Field(
+        default=False,
+        description="store the job even when no registered node has the GPUs it asks for "
+                    "(otherwise refused with 422); it waits, and its pending reason says what "
+                    "is missing, until such a node joins the pool")
 
     @model_validator(mode="before")
     @classmethod
@@ -279,6 +302,22 @@ class JobSpec(_Strict):
                                  "array id (a-…)")
         return list(dict.fromkeys(v))   # a dependency named twice counts once
 
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        env = info.data.get("env") or {}
+        for i, name in enumerate(v):
+            if not ENV_NAME.fullmatch(name) or len(name) > SECRET_NAME_MAX:
+                raise ValueError(f"secrets[{i}]: {name[:64]!r} is not a secret's name (an "
+                                 f"environment variable's: letters, digits, _; at most "
+                                 f"{SECRET_NAME_MAX} characters)")
+            if reserved_env(name):
+                raise ValueError(f"secrets[{i}]: {name} is set by the worker and cannot be "
+                                 "overridden")
+            if name in env:
+                raise ValueError(f"secrets[{i}]: {name} is also in env; give it one way")
+        return list(dict.fromkeys(v))   # a secret named twice is given once
+
     @field_validator("name")
     @classmethod
     def _name_text(cls, v: str | None) -> str | None:
@@ -301,7 +340,7 @@ class JobSpec(_Strict):
         for key, value in v.items():
             if not ENV_NAME.fullmatch(key):
                 raise ValueError(f"{key!r} is not a variable name (letters, digits, _)")
-            if key.startswith("E31_") or key == "CUDA_VISIBLE_DEVICES":
+            if reserved_env(key):
                 raise ValueError(f"{key} is set by the worker and cannot be overridden")
             _no_nul(value, f"the value of {key}")
         return v
@@ -329,6 +368,8 @@ class JobSpec(_Strict):
     def display_name(self) -> str:
         if self.name:
             return self.name
+        if self.workload:    # a built-in workload is named for itself, not for its function
+            return self.workload
         if self.entrypoint:
             return self.entrypoint.rsplit(":", 1)[1][:NAME_MAX]
         return Path((self.command or ["job"])[0]).name[:NAME_MAX] or "job"
@@ -438,7 +479,7 @@ def describe_error(error: Any) -> dict[str, str]:
         reason = "required"
     else:
         reason = str(error.get("msg", "invalid")).removeprefix("Value error, ")
-    if loc and loc[-1] in ("after", "pip") and (m := _ITEM_REASON.match(reason)):
+    if loc and loc[-1] in ("after", "pip", "secrets") and (m := _ITEM_REASON.match(reason)):
         field, reason = ".".join([*loc[:-1], m.group(1)]), m.group(2)   # python.pip[2]: why
     elif not loc and "entrypoint or command" in reason:
         field = "entrypoint"

@@ -92,3 +92,4 @@ class Start(str, Enum):
     (forked from a process that imported torch already) joins it with the warm start."""
 
     COLD = "cold"
+    WARM = "warm"

@@ -7,28 +7,87 @@ call these; nothing else constructs them from settings by hand.
 
 from __future__ import annotations
 
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
 import redis
 from celery import Celery
+from redis.sentinel import Sentinel
 
 from e31.artifacts import ArtifactStore
 from e31.celeryapp import make_celery
 from e31.settings import Settings
 from e31.store import Repo, make_engine
+from e31.store.db import end_abandoned_transactions
 
 
-def repo(settings: Settings) -> Repo:
-    """The store, with the pool's fair-share half-life (the same in every process)."""
-    return Repo(make_engine(settings.resolved_database_url),
-                half_life_s=settings.fair_share_half_life_s)
+def repo(settings: Settings, *, node: str | None = None) -> Repo:
+    """The store, with the pool's fair-share half-life (the same in every process). A worker
+    process passes its `node` (`gpu0@host`): it keeps one connection (store/db.py) and names
+    itself `e31 worker <node>` to PostgreSQL, so pg_stat_activity counts a node's."""
+    engine = (make_engine(settings.resolved_database_url) if node is None else
+              end_abandoned_transactions(make_engine(settings.resolved_database_url,
+                                                     application_name=f"e31 worker {node}",
+                                                     worker=True)))
+    return Repo(engine, half_life_s=settings.fair_share_half_life_s)
 
 
 def artifacts(settings: Settings) -> ArtifactStore:
-    return ArtifactStore(settings.resolved_artifacts_url)
+    return ArtifactStore(settings.resolved_artifacts_url,
+                         storage_options=storage_options(settings))
+
+
+def storage_options(settings: Settings) -> dict[str, Any]:
+    """s3fs's arguments for an `s3://` artifact store: the endpoint and the credentials of
+    the E31_S3_* settings; what is unset is left to botocore (AWS_* variables, ~/.aws, an
+    instance role). Nothing for any other store."""
+    if not settings.resolved_artifacts_url.startswith("s3://"):
+        return {}
+    options: dict[str, Any] = {}
+    if settings.s3_endpoint_url:
+        options["endpoint_url"] = settings.s3_endpoint_url
+    if settings.s3_access_key_id:
+        options["key"] = settings.s3_access_key_id
+    if settings.s3_secret_access_key:
+        options["secret"] = settings.s3_secret_access_key
+    return options
 
 
 def redis_client(settings: Settings, *, socket_timeout_s: float | None = None) -> redis.Redis:
-    """A client of the broker's Redis (the heartbeats, the wake-up list, drain requests)."""
-    return redis.Redis.from_url(settings.redis_url, socket_timeout=socket_timeout_s)
+    """A client of the broker's Redis (the heartbeats, the wake-up list, drain requests). With
+    a `sentinel://` URL, a client of the primary that Sentinel names: after a failover its
+    next connection goes to the new primary."""
+    if not is_sentinel(settings.redis_url):
+        return redis.Redis.from_url(settings.redis_url, socket_timeout=socket_timeout_s)
+    hosts, db, password = sentinel_parts(settings.redis_url)
+    sentinel = Sentinel(hosts, socket_timeout=SENTINEL_TIMEOUT_S)
+    client: redis.Redis = sentinel.master_for(settings.redis_master_name, db=db,
+                                              password=password,
+                                              socket_timeout=socket_timeout_s)
+    return client
+
+
+SENTINEL_TIMEOUT_S = 2.0   # one question to one sentinel
+
+
+def is_sentinel(url: str) -> bool:
+    return url.startswith("sentinel://")
+
+
+def sentinel_parts(url: str) -> tuple[list[tuple[str, int]], int, str | None]:
+    """The sentinels of `sentinel://[:pw@]h1:p1;sentinel://h2:p2/db` (kombu's form), the
+    database number (the last part's path) and the primary's password (the first given)."""
+    hosts: list[tuple[str, int]] = []
+    db, password = 0, None
+    for part in url.split(";"):
+        p = urlsplit(part.strip())
+        if p.scheme != "sentinel" or not p.hostname:
+            raise ValueError(f"not a sentinel URL: {part!r}")
+        hosts.append((p.hostname, p.port or 26379))
+        if p.path.strip("/"):
+            db = int(p.path.strip("/"))
+        password = password or (unquote(p.password) if p.password else None)
+    return hosts, db, password
 
 
 def celery(settings: Settings, *, queues: list[str] | None = None) -> Celery:

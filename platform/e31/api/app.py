@@ -15,15 +15,17 @@ from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from e31 import __version__, wiring
-from e31.api import errors, metrics, schema, top
+from e31.api import errors, metrics, schema, secrets, tenancy, top
 from e31.api.bundles import BUNDLES_PATH, add_bundle_routes
-from e31.api.limits import DIGITS, BodyLimit, QueryBool
+from e31.api.limits import DIGITS, BodyLimit, QueryBool, body_bytes
 from e31.api.service import LIST_LIMIT_MAX, Service
+from e31.api.waits import WAIT_MAX_S, JobEnds
 from e31.settings import Settings
 from e31.spec import JobSpec
-from e31.states import JobState
+from e31.states import FINAL_STATES, JobState
 from e31.store.records import TenantRecord
 from e31.sweep import MAX_ARRAY_ITEMS
 
@@ -87,6 +89,8 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
     _add_pool_routes(app, service)
     add_bundle_routes(app, service.bundles, _caller)   # bounded by bundle_max_bytes itself
     app.include_router(top.router(settings, service.repo, service.redis, _caller))
+    app.include_router(tenancy.router(settings, service.repo, _caller))   # tokens, admin
+    app.include_router(secrets.router(settings, service.repo, _caller))
     app.include_router(metrics.router(settings, service.repo, service.redis))   # own guard
     # Added before the header middleware, so it runs inside it: a 413 carries the header too.
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, exempt=(BUNDLES_PATH,))
@@ -105,16 +109,16 @@ def _add_job_routes(app: FastAPI, svc: Service) -> None:
 
     @app.post("/v1/jobs", status_code=201, tags=["jobs"], responses={
         200: {"description": "a dry run: what would be stored"},
-        **errors.responses(401, 403, 409, 413, 422, 503)})
-    def submit(spec: JobSpec, t: Caller, response: Response, dry_run: Annotated[
+        **errors.responses(401, 403, 409, 413, 422, 429, 503)})
+    def submit(spec: JobSpec, t: Caller, request: Request, response: Response, dry_run: Annotated[
             QueryBool, Query(description="check the spec and answer what would be stored "
                                          "(200); store nothing")] = False) -> dict[str, Any]:
         # FastAPI validates the body as a JobSpec, its one validation (a refusal is a 422
         # worded by errors.install); the service takes the typed spec as it is.
         if dry_run:
             response.status_code = 200
-            return svc.dry_run(t, spec)
-        return svc.submit(t, spec).to_status()
+            return svc.dry_run(t, spec, body_bytes=body_bytes(request))
+        return svc.submit(t, spec, body_bytes=body_bytes(request)).to_status()
 
     @app.get("/v1/jobs", tags=["jobs"], responses=errors.responses(401, 422, 503))
     def list_jobs(t: Caller, state: JobState | None = None,
@@ -123,9 +127,19 @@ def _add_job_routes(app: FastAPI, svc: Service) -> None:
         jobs = svc.list(t, state=state.value if state else None, limit=limit)
         return {"jobs": [j.to_status() for j in jobs]}
 
-    @app.get("/v1/jobs/{job_id}", tags=["jobs"], responses=errors.responses(401, 404, 503))
-    def get_job(job_id: str, t: Caller) -> dict[str, Any]:
-        return svc.get(t, job_id).to_status()
+    ends = app.state.job_ends = JobEnds(svc.redis)
+
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"], responses=errors.responses(401, 404, 422, 503))
+    async def get_job(job_id: str, t: Caller, wait_s: Annotated[int, Query(
+            ge=0, le=WAIT_MAX_S, description=(
+                "a long poll: answer when the job is final or after this many seconds, "
+                "whichever comes first (0: at once)")), DIGITS] = 0) -> dict[str, Any]:
+        if wait_s:   # e31.api.waits: woken by the worker's announcement, else a store read
+            async def is_final() -> bool:
+                return await run_in_threadpool(svc.repo.job_state, t.id, job_id) in FINAL_STATES
+
+            await ends.wait_until_final(job_id, is_final, wait_s)
+        return (await run_in_threadpool(svc.get, t, job_id)).to_status()
 
     @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"],
               responses=errors.responses(401, 404, 503))
@@ -174,10 +188,11 @@ def _add_array_routes(app: FastAPI, svc: Service) -> None:
     """`/v1/arrays`: submit N jobs as one; read, cancel and list the results of the whole."""
 
     @app.post("/v1/arrays", status_code=201, tags=["arrays"],
-              responses=errors.responses(401, 403, 409, 413, 422, 503))
-    def submit_array(body: ArraySubmission, t: Caller) -> dict[str, Any]:
+              responses=errors.responses(401, 403, 409, 413, 422, 429, 503))
+    def submit_array(body: ArraySubmission, t: Caller, request: Request) -> dict[str, Any]:
         # The envelope is typed here; each item is validated once, by the service.
-        status = svc.submit_many(t, body.items, name=body.name, defaults=body.defaults).to_status()
+        status = svc.submit_many(t, body.items, name=body.name, defaults=body.defaults,
+                                 body_bytes=body_bytes(request)).to_status()
         status["jobs"] = [item["id"] for item in status.pop("items")]
         return status
 
@@ -192,6 +207,14 @@ def _add_array_routes(app: FastAPI, svc: Service) -> None:
               responses=errors.responses(401, 404, 503))
     def cancel_array(array_id: str, t: Caller) -> dict[str, Any]:
         return svc.cancel_array(t, array_id).to_status()
+
+    @app.post("/v1/arrays/{array_id}/retry", tags=["arrays"],
+              responses=errors.responses(401, 404, 503))
+    def retry_array(array_id: str, t: Caller) -> dict[str, Any]:
+        """Queue the failed and cancelled items again, as their next attempt, and the jobs
+        that their failure had cancelled (a merge after the array); `resubmitted` and
+        `rearmed` name them."""
+        return svc.retry_array(t, array_id).to_status()
 
     @app.get("/v1/arrays/{array_id}/manifest", tags=["arrays"],
              responses=errors.responses(401, 404, 503))

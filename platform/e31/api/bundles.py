@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from e31.api import errors
 from e31.blobs import BundleStore, Upload
 from e31.bundles import (
+    ARRAY_INPUT,
     check_digest,
     file_input_path,
     input_scheme,
@@ -30,6 +31,7 @@ from e31.bundles import (
     tar_problems,
 )
 from e31.errors import NotFound, SpecConflict, SpecError, SpecForbidden, TooLarge
+from e31.s3inputs import artifact_store_input
 from e31.settings import Settings
 from e31.spec import JobSpec
 from e31.store.records import TenantRecord
@@ -93,8 +95,9 @@ class BundleChecks:
 
     def check_spec(self, tenant_id: str, spec: JobSpec, *, dry_run: bool = False) -> list[str]:
         """Check the bundles and inputs `spec` names for the tenant: a `file://` input outside
-        `input_file_roots` is forbidden (`SpecForbidden` naming `inputs.<name>`), and a bundle
-        the tenant never uploaded conflicts with what the store holds (`SpecConflict` naming
+        `input_file_roots` or an `s3://` one in the artifact store (e31.s3inputs) is forbidden
+        (`SpecForbidden` naming `inputs.<name>`), and a bundle the tenant never uploaded
+        conflicts with what the store holds (`SpecConflict` naming
         `code` or `inputs.<name>`), unless `dry_run`, which returns the fields that name one
         instead."""
         errors: list[dict[str, str]] = []
@@ -104,6 +107,8 @@ class BundleChecks:
         for name, source in spec.inputs.items():
             field = f"inputs.{name}"
             scheme = input_scheme(source)
+            if ARRAY_INPUT.fullmatch(source):
+                continue   # the store checks the array is the tenant's (Service.submit)
             if scheme is None:
                 digest, _ = parse_bundle_input(source)
                 if not self._store.exists(tenant_id, digest):
@@ -113,6 +118,10 @@ class BundleChecks:
                     file_input_path(source, self._settings.input_file_roots)
                 except ValueError as exc:
                     errors.append({"field": field, "reason": str(exc)})
+            elif scheme == "s3":   # never the artifact store's objects (e31.s3inputs)
+                refused = artifact_store_input(source, self._settings.resolved_artifacts_url)
+                if refused is not None:
+                    errors.append({"field": field, "reason": refused})
         if errors:
             raise SpecForbidden(errors)
         if missing and not dry_run:

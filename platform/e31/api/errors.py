@@ -10,7 +10,9 @@ means what (docs/jobs.md, "Status codes"):
 - 409: a well-formed request that conflicts with what the store holds (a dependency or bundle
   the tenant lacks, a dependency that failed, a bundle body whose hash is not its name).
 - 413: a body over its limit. 422: a request that breaks the OpenAPI schema (a body that is
-  not JSON included). 503: the results store cannot be reached; try again.
+  not JSON included), or a priority or array over the tenant's limit. 429: the tenant is past
+  its submit rate or holds its most queued jobs (`Retry-After`). 503: the results store cannot
+  be reached, or secrets are asked of a pool without a secrets key.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from e31.errors import (
     Conflict,
     E31Error,
     Forbidden,
+    LimitExceeded,
     NotFound,
+    SecretsUnavailable,
     SpecConflict,
     SpecError,
     SpecForbidden,
@@ -51,6 +55,8 @@ STATUS: list[tuple[type[E31Error], int, str]] = [   # the first class that match
     (NotFound, 404, "not_found"),
     (Conflict, 409, "conflict"),
     (StoreUnavailable, 503, "store_unavailable"),
+    (LimitExceeded, 429, "limit_exceeded"),
+    (SecretsUnavailable, 503, "secrets_unavailable"),
 ]
 REQUEST_TOO_LARGE = "request_too_large"
 RETRY_AFTER_S = 5
@@ -63,7 +69,8 @@ ROUTING = {404: ("not_found", "no such route"), 405: ("method_not_allowed", "")}
 
 ErrorCode = Literal["spec_conflict", "spec_forbidden", "spec_invalid", "too_large",
                     "request_too_large", "unauthorized", "forbidden", "not_found", "conflict",
-                    "store_unavailable", "method_not_allowed"]
+                    "store_unavailable", "method_not_allowed", "limit_exceeded",
+                    "secrets_unavailable"]
 
 
 class FieldError(BaseModel):
@@ -93,7 +100,10 @@ DESCRIPTIONS = {
          "tenant lacks, a dependency that failed, a body whose sha256 is not its name.",
     413: "The body is larger than its limit (limit_bytes).",
     422: "The request breaks this schema: each refused field is named in errors.",
-    503: "The results store cannot be reached; try again after Retry-After seconds.",
+    429: "The tenant is past its submit rate or holds its most queued jobs (a limit per "
+         "tenant, named in message); try again after Retry-After seconds.",
+    503: "The results store cannot be reached (or, for secrets, the pool has no secrets key); "
+         "try again after Retry-After seconds.",
 }
 
 
@@ -104,7 +114,7 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         out[code] = {"model": ErrorBody, "description": DESCRIPTIONS[code]}
         if code == 401:
             out[code]["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
-        if code == 503:
+        if code in (429, 503):
             out[code]["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
     return out
 
@@ -140,6 +150,8 @@ def _answer(exc: E31Error) -> JSONResponse:
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
             if status == 503:
                 headers = {"Retry-After": str(RETRY_AFTER_S)}
+            if isinstance(exc, LimitExceeded):
+                headers = {"Retry-After": str(exc.retry_after_s)}
             return JSONResponse(body, status_code=status, headers=headers)
     return JSONResponse({"error": "internal", "message": exc.message}, status_code=500)
 

@@ -27,7 +27,14 @@ from fastapi.openapi.utils import get_openapi
 from e31.bundles import DIGEST, INPUT_NAME, MAX_SOURCE_CHARS
 from e31.settings import Settings
 from e31.sizeclasses import cpu_class, gpu_classes
-from e31.spec import DEP_ID, ENTRYPOINT, ENV_NAME, MAX_REQUIREMENT_CHARS, NAME_MAX
+from e31.spec import (
+    DEP_ID,
+    ENTRYPOINT,
+    ENV_NAME,
+    MAX_REQUIREMENT_CHARS,
+    NAME_MAX,
+    SECRET_NAME_MAX,
+)
 from e31.sweep import MAX_ARRAY_ITEMS
 from e31.workloads import WORKLOADS
 
@@ -59,7 +66,26 @@ NOT_A_RELATIVE_PATH = {"anyOf": [{"pattern": "^/"}, {"pattern": "\\\\"}, {"patte
                                  {"pattern": "(?:^|/)\\.\\.(?:/|$)"}]}
 # Item fields of an array with complete defaults: none changes what another field may be.
 OVERRIDES = ("name", "env", "after", "inputs", "priority", "timeout_s", "retries", "resources",
-             "network", "idle_timeout_s", "on_idle")
+             "network", "idle_timeout_s", "on_idle", "allow_pending")
+
+# A dry run's answer (e31.api.service.Service.dry_run): a footage source's answers only
+# `dry_run`, `name` and `fanout`; a job's also where and when it could start.
+_TEXT_OR_NULL = {"type": ["string", "null"]}
+DRY_RUN: Schema = {"type": "object", "required": ["dry_run"], "properties": {
+    "dry_run": {"const": True},
+    "size_class": {"type": "string"}, "queue": {"type": "string"}, "gpus": {"type": "integer"},
+    "could_run_now": {"type": "boolean",
+                      "description": "a live idle worker serves its queue and nothing goes first"},
+    "where": {"anyOf": [{"type": "null"}, {
+        "type": "object", "required": ["worker", "host"],
+        "properties": {"worker": {"type": "string"}, "host": {"type": "string"}}}]},
+    "estimated_start": {**_TEXT_OR_NULL, "description": "ISO 8601; null: no estimate"},
+    "pending": {"anyOf": [{"type": "null"}, {
+        "type": "object", "required": ["reason", "text"],
+        "description": "why it would wait, as a queued job's status says it",
+        "properties": {"reason": {"type": "string"}, "text": {"type": "string"},
+                       "no_estimate": _TEXT_OR_NULL}}]},
+}}
 
 
 def install(app: FastAPI, settings: Settings) -> None:
@@ -107,7 +133,7 @@ def tighten(doc: dict[str, Any], settings: Settings) -> None:
                   ("/v1/arrays/{array_id}/manifest", "get"),
                   ("/v1/arrays/{array_id}/cancel", "post"))
     doc["paths"]["/v1/jobs"]["post"]["responses"]["200"]["content"] = {"application/json": {
-        "schema": {"type": "object", "required": ["dry_run"]}}}
+        "schema": DRY_RUN}}
 
 
 def _link_created(doc: dict[str, Any], path: str, param: str,
@@ -157,6 +183,8 @@ def job_spec(generated: Schema, settings: Settings) -> Schema:
                 "additionalProperties": {"type": "string", "not": {"pattern": NUL}}},
         "workload": _nullable({"enum": sorted(WORKLOADS)}, p["workload"]),
         "after": {**p["after"], "items": {"type": "string", "pattern": DEP_ID.pattern}},
+        "secrets": {**p["secrets"], "items": {"type": "string", "pattern": ENV_NAME.pattern,
+                                              "maxLength": SECRET_NAME_MAX, "not": RESERVED_ENV}},
         "code": _nullable({"type": "string", "pattern": DIGEST.pattern}, p["code"]),
         "inputs": {**p["inputs"], "propertyNames": {"pattern": INPUT_NAME.pattern},
                    "additionalProperties": {

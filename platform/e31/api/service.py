@@ -18,26 +18,41 @@ import redis
 from pydantic import ValidationError
 
 from e31.api.bundles import BundleChecks
-from e31.api.limits import spec_limits
+from e31.api.limits import SubmitRate, spec_limits
 from e31.artifacts import ArtifactStore
 from e31.blobs import BundleStore
+from e31.bundles import ARRAY_INPUT, parse_array_input
 from e31.clock import utcnow
-from e31.errors import AuthError, Forbidden, NotFound, SpecConflict, SpecError, SpecForbidden
-from e31.heartbeat import read_workers, wake
-from e31.scheduling import explain
+from e31.errors import (
+    AuthError,
+    Forbidden,
+    NotFound,
+    SpecConflict,
+    SpecError,
+    SpecForbidden,
+    TooLarge,
+)
+from e31.fanout import CHUNKS_INPUT, MERGE_ENTRYPOINT, is_fanout
+from e31.fanout import plan as plan_fanout
+from e31.heartbeat import WorkerInfo, read_workers, wake
+from e31.limits import TenantLimits
+from e31.scheduling import explain, placement
 from e31.scheduling import inputs as policy
-from e31.scheduling.fairshare import Tenant
+from e31.scheduling.fairshare import Reason, Tenant
 from e31.settings import Settings
 from e31.sizeclasses import Route, all_queues, route
 from e31.spec import NAME_MAX, JobSpec, RequestTally, check_name, describe_error
 from e31.store import Repo
+from e31.store.arrays import RetryRecord
 from e31.store.records import (
     ArrayManifest,
     ArrayRecord,
     JobRecord,
     QueueLoad,
+    QueuePosition,
     SchedulingView,
     TenantRecord,
+    iso,
 )
 from e31.store.scheduling import running_gpus
 from e31.sweep import MAX_ARRAY_ITEMS, merge_item
@@ -46,6 +61,8 @@ log = logging.getLogger(__name__)
 
 LIST_LIMIT_MAX = 1000
 LOAD_CACHE_S = 5.0        # a queue's backlog counts behind `pending`, reused this long
+NODES_REMEMBER_S = 60.0   # an API process writes the live node shapes to e31:nodes at most
+#                           this often: every status poll reads them, and they count for a day
 ITEM_ERRORS_MAX = 20      # bad items named in one answer; a bad default would name them all
 DEFAULT_ARRAY_NAME = "array"
 
@@ -70,8 +87,11 @@ class Service:
         self._artifacts = artifacts
         self._redis = redis_client
         self._limits = spec_limits(settings)
-        self.bundles = BundleChecks(settings=settings, store=BundleStore(artifacts.url))
+        self._rate = SubmitRate(redis_client)
+        self.bundles = BundleChecks(settings=settings, store=BundleStore(
+            artifacts.url, artifacts.storage_options))
         self._loads: dict[str, tuple[float, QueueLoad]] = {}   # queue -> (monotonic s, load)
+        self._nodes_written = float("-inf")    # monotonic s of the last write to e31:nodes
 
     @property
     def repo(self) -> Repo:
@@ -83,38 +103,177 @@ class Service:
         return self._redis
 
     def authenticate(self, token: str | None) -> TenantRecord:
+        """The tenant of a live token, read from the store at every request (nothing cached:
+        a revoked or expired token is refused on the very next one). 401 for no, an unknown,
+        a revoked or an expired token (one answer: it tells a guesser nothing); 403 for the
+        token of a disabled tenant, which only its holder can learn."""
         if not token:
             raise AuthError("missing API token: send 'Authorization: Bearer <token>'")
-        tenant = self._repo.tenant_for_token(token)
+        tenant = self._repo.tenant_for_token(token, now=utcnow())
         if tenant is None:
-            raise AuthError("invalid API token")
+            raise AuthError("invalid API token (unknown, revoked or expired)")
+        if tenant.disabled_at is not None:
+            raise Forbidden(f"tenant {tenant.name} is disabled (since "
+                            f"{tenant.disabled_at.isoformat()}); ask an admin to enable it")
         return tenant
 
-    def submit(self, tenant: TenantRecord, spec: JobSpec) -> JobRecord:
-        """Check a validated spec against the installation's caps, route it, store the job as
-        queued, then wake the scheduler."""
-        RequestTally(self._limits).add(self._within_limits(spec))
+    def submit(self, tenant: TenantRecord, spec: JobSpec, *, body_bytes: int = 0) -> JobRecord:
+        """Check a validated spec against the installation's caps and the tenant's limits
+        (`e31.limits`: its submit rate, body size and priority here; its most queued jobs in the
+        transaction that stores the job), route it, store the job as queued, then wake the
+        scheduler. A refusal stores nothing."""
+        limits = self._tenant_limits(tenant, body_bytes=body_bytes, rate=True)
+        if is_fanout(spec.entrypoint, spec.params):
+            return self._submit_fanout(tenant, spec, limits)
+        RequestTally(self._limits).add(self._within_limits(spec, tenant, limits))
         self.bundles.check_spec(tenant.id, spec)
-        spec, where = self._admit(spec)
+        self._check_secrets(tenant, spec)
+        self._check_array_inputs(tenant, spec)
+        spec, where = self._admit(spec, self._shapes(self._workers()))
         with _dependencies_conflict():
-            record = self._repo.insert_job(tenant.id, spec, where, now=utcnow())
+            record = self._repo.insert_job(tenant.id, spec, where, now=utcnow(),
+                                           max_queued=limits.max_queued)
         log.info("job_submitted job=%s tenant=%s queue=%s", record.id, tenant.name, record.queue)
         self._wake(record.id)
         return record
 
-    def dry_run(self, tenant: TenantRecord, spec: JobSpec) -> dict[str, Any]:
+    def _submit_fanout(self, tenant: TenantRecord, spec: JobSpec,
+                       limits: TenantLimits) -> JobRecord:
+        """A footage `source`: its chunk jobs as one array and a merge job after it, planned
+        here (the files listed, the videos' durations probed: `e31.fanout.plan`) and stored
+        in one transaction; the merge job's record is the answer (docs/workloads.md)."""
+        items, merge = self._fanout_specs(tenant, spec, limits)
+        name = _array_name(spec.name or "footage")
+
+        def merge_spec(array_id: str) -> tuple[JobSpec, Route]:
+            data = {**merge, "after": [array_id],
+                    "inputs": {CHUNKS_INPUT: f"array:{array_id}/outputs"}}
+            return self._admit(self._within_limits(JobSpec.parse(data), tenant, limits))
+
+        with _dependencies_conflict():
+            array, record = self._repo.insert_fanout(tenant.id, name, items, merge_spec,
+                                                     now=utcnow(), max_queued=limits.max_queued)
+        log.info("fanout_submitted job=%s array=%s tenant=%s items=%d", record.id, array.id,
+                 tenant.name, array.size)
+        self._wake(record.id)
+        return record
+
+    def _fanout_specs(self, tenant: TenantRecord, spec: JobSpec, limits: TenantLimits
+                      ) -> tuple[list[tuple[JobSpec, Route]], dict[str, Any]]:
+        """The chunk jobs (validated, checked, routed, within the caps on one request) and the
+        merge job's spec fields, but for its `after` and input (the array's id)."""
+        if spec.after:
+            raise SpecError.one("after", "a footage source's fan-out takes no after: submit "
+                                         "it once what it needs has succeeded")
+        planned = plan_fanout(spec.params, roots=self._settings.input_file_roots)
+        most = min(MAX_ARRAY_ITEMS, limits.max_array_items)
+        if len(planned.items) > most:
+            raise SpecError.one("params.chunk_s", f"{len(planned.items)} chunks; at most {most} "
+                                                  "in one array: a longer chunk_s")
+        base = spec.model_dump(mode="json", exclude_defaults=True)
+        name = spec.name or "footage"
+        tally = RequestTally(self._limits, field="params.source")
+        nodes = self._shapes(self._workers())
+        items: list[tuple[JobSpec, Route]] = []
+        for i, item in enumerate(planned.items):
+            data = {**base, "name": f"{name[:NAME_MAX - 8]}[{i}]", "params": item["params"],
+                    "inputs": {**spec.inputs, **item["inputs"]}}
+            chunk = self._within_limits(JobSpec.parse(data), tenant, limits)
+            self.bundles.check_spec(tenant.id, chunk)
+            self._check_secrets(tenant, chunk)
+            tally.add(chunk)
+            items.append(self._admit(chunk, nodes))
+        merge = {**{k: v for k, v in base.items() if k not in ("params", "inputs", "after")},
+                 "name": name, "entrypoint": MERGE_ENTRYPOINT, "params": planned.merge["params"],
+                 "resources": {"gpus": 0}}
+        return items, merge
+
+    def _check_array_inputs(self, tenant: TenantRecord, spec: JobSpec) -> None:
+        """An `array:<id>/outputs` input names an array of the tenant (409 otherwise)."""
+        for name, source in spec.inputs.items():
+            if ARRAY_INPUT.fullmatch(source):
+                try:
+                    self._repo.get_array(tenant.id, parse_array_input(source), items=False)
+                except NotFound:
+                    raise SpecConflict.one(f"inputs.{name}", "names no array of this "
+                                                             "tenant") from None
+
+    def retry_array(self, tenant: TenantRecord, array_id: str) -> RetryRecord:
+        """Queue the array's failed and cancelled items again, and what they had stopped."""
+        record = self._repo.retry_array(tenant.id, array_id, now=utcnow())
+        log.info("array_retried array=%s items=%d rearmed=%d", array_id,
+                 len(record.resubmitted), len(record.rearmed))
+        if record.resubmitted:
+            self._wake(array_id)
+        return record
+
+    def dry_run(self, tenant: TenantRecord, spec: JobSpec, *,
+                body_bytes: int = 0) -> dict[str, Any]:
         """What `submit` would store for `spec` (the spec as the pool runs it, its class and
         queue, its code bundle), after the same checks; nothing is stored. A bundle the tenant
-        has not uploaded yet is listed in `missing_bundles` instead of refused."""
-        RequestTally(self._limits).add(self._within_limits(spec))
+        has not uploaded yet is listed in `missing_bundles` instead of refused, a secret it has
+        not set in `missing_secrets`. The tenant's body size and priority limits apply; its
+        submit rate and most queued jobs do not (they depend on the moment of the submit).
+        Also whether it could start now and on which worker (`could_run_now`, `where`), when
+        it should start (`estimated_start`), and why it would wait (`pending`, as a queued
+        job's status says it)."""
+        limits = self._tenant_limits(tenant, body_bytes=body_bytes, rate=False)
+        if is_fanout(spec.entrypoint, spec.params):
+            items, merge = self._fanout_specs(tenant, spec, limits)
+            return {"dry_run": True, "name": merge["name"], "fanout": {
+                "items": len(items), "files": merge["params"]["files"],
+                "total_frames": merge["params"]["total_frames"]}}
+        RequestTally(self._limits).add(self._within_limits(spec, tenant, limits))
         missing = self.bundles.check_spec(tenant.id, spec, dry_run=True)
-        spec, where = self._admit(spec)
+        workers = self._workers()
+        nodes = self._shapes(workers)
+        spec, where = self._admit(spec, nodes)
         return {"dry_run": True, "name": spec.display_name, "size_class": where.size_class,
                 "queue": where.queue, "gpus": where.gpus, "code": spec.code,
-                "missing_bundles": missing, "spec": spec.model_dump(mode="json")}
+                "missing_bundles": missing,
+                "missing_secrets": self._repo.missing_secrets(tenant.id, spec.secrets),
+                **self._placement(tenant, spec, where, workers, nodes),
+                "spec": spec.model_dump(mode="json")}
+
+    def _placement(self, tenant: TenantRecord, spec: JobSpec, where: Route,
+                   workers: builtins.list[WorkerInfo] | None,
+                   nodes: placement.Shapes | None) -> dict[str, Any]:
+        """A dry run's answer to "could it start now, where, when, and if not why": the
+        explanation a queued job's status gives (`explain.pending`), for a job not stored.
+        It could start now when a live idle worker serves its queue and nothing of the
+        queue's backlog, the tenant's quota or a dependency goes first."""
+        now = utcnow()
+        draft = JobRecord(
+            id="dry-run", tenant=tenant.name, name=spec.display_name,
+            spec=spec.model_dump(mode="json"), state="queued", size_class=where.size_class,
+            queue=where.queue, gpus=where.gpus, priority=spec.priority, reason=None,
+            error=None, result=None, submitted_at=now, started_at=None, ended_at=None,
+            not_before=None, gpu_seconds=0.0, run_seconds=0.0, queued_seconds=0.0,
+            progress_done=None, progress_total=None, outputs=[])
+        load = self._queue_load(where.queue, now)
+        own = sum(n for (t, band), n in load.backlog.items()
+                  if t == tenant.id and band == spec.priority)
+        pos = QueuePosition(tenant_id=tenant.id, older_own=own,
+                            first_dependency=spec.after[0] if spec.after else None,
+                            published=False, stored_reason=None, stored_detail=None)
+        pending = explain.pending(
+            draft, pos, load, self._tenant_views(self._view(now)), now=now,
+            half_life_s=self._settings.fair_share_half_life_s,
+            owns=lambda other: self._owns(tenant, other), workers=workers, nodes=nodes)
+        idle = sorted((w for w in workers or () if where.queue in w.queues
+                       and w.busy_job is None), key=lambda w: (w.queues[0] != where.queue,
+                                                               w.node))
+        if idle and pending["reason"] == Reason.NO_CAPACITY.value \
+                and pending["position"] == 0:
+            return {"could_run_now": True, "where": {"worker": idle[0].node,
+                                                     "host": idle[0].host},
+                    "estimated_start": iso(now), "pending": None}
+        return {"could_run_now": False, "where": None,
+                "estimated_start": pending["estimated_start"], "pending": pending}
 
     def submit_many(self, tenant: TenantRecord, items: Sequence[Any], *, name: str | None = None,
-                    defaults: Mapping[str, Any] | None = None) -> ArrayRecord:
+                    defaults: Mapping[str, Any] | None = None,
+                    body_bytes: int = 0) -> ArrayRecord:
         """Validate and route every item (`defaults` merged under each), then store them all as
         one array in one transaction and wake the scheduler once. One bad item refuses the
         whole array with a `SpecError` naming it (`items[3].resources.gpus`); nothing is stored.
@@ -123,25 +282,34 @@ class Service:
         checked against the caps on one job; the caps on the request's jobs together refuse
         the whole array as soon as a total passes one. Each field of `defaults` must be valid
         on its own, even where every item sets it over. The answer is the strongest refusal of any
-        item: an invalid one (422) before a forbidden input (403) before a missing bundle or
-        dependency (409)."""
+        item: an invalid one (422) before a forbidden input (403) before a missing bundle,
+        secret or dependency (409). The tenant's limits apply as in `submit`; an array is one
+        request of its submit rate, and each item one of its queued jobs."""
+        limits = self._tenant_limits(tenant, body_bytes=body_bytes, rate=True)
         array_name = _array_name(name)
         if not items:
             raise SpecError.one("items", "must be a non-empty list of job specs")
         if len(items) > MAX_ARRAY_ITEMS:
             raise SpecError.one("items", f"{len(items)} items; at most {MAX_ARRAY_ITEMS} per array "
                                          "(submit several arrays)")
+        if len(items) > limits.max_array_items:
+            raise SpecError.one("items", f"{len(items)} items; at most {limits.max_array_items} "
+                                         f"per array for tenant {tenant.name} "
+                                         "(limits.max_array_items): submit several arrays, or "
+                                         "ask an admin")
         admitted: list[tuple[JobSpec, Route]] = []
         errors: list[dict[str, str]] = []
         kinds: set[type[SpecError]] = set()
         bad, named = 0, 0
         tally = RequestTally(self._limits, field="items")
+        nodes = self._shapes(self._workers())
         for i, item in enumerate(items):
             data = merge_item(defaults or {}, _named(item, array_name, i, given=name is not None))
             try:
-                spec = self._within_limits(JobSpec.parse(data))
+                spec = self._within_limits(JobSpec.parse(data), tenant, limits)
                 self.bundles.check_spec(tenant.id, spec)
-                admitted.append(self._admit(spec))
+                self._check_secrets(tenant, spec)
+                admitted.append(self._admit(spec, nodes))
             except SpecError as exc:
                 bad += 1
                 kinds.add(type(exc))
@@ -160,23 +328,77 @@ class Service:
         if errors:
             raise (SpecForbidden if SpecForbidden in kinds else SpecConflict)(errors)
         with _dependencies_conflict():
-            record = self._repo.insert_array(tenant.id, array_name, admitted, now=utcnow())
+            record = self._repo.insert_array(tenant.id, array_name, admitted, now=utcnow(),
+                                             max_queued=limits.max_queued)
         log.info("array_submitted array=%s tenant=%s size=%d", record.id, tenant.name, record.size)
         self._wake(record.id)
         return record
 
-    def _within_limits(self, spec: JobSpec) -> JobSpec:
-        """`spec`, or `SpecError` naming each cap on one job that it passes (`max_env_vars` …)."""
+    def _within_limits(self, spec: JobSpec, tenant: TenantRecord,
+                       limits: TenantLimits) -> JobSpec:
+        """`spec`, or `SpecError` naming each cap on one job that it passes (`max_env_vars` …)
+        and the tenant's highest priority (`limits.max_priority`)."""
         errors = self._limits.check(spec)
+        if spec.priority > limits.max_priority:
+            errors.append({"field": "priority", "reason": (
+                f"at most {limits.max_priority} for tenant {tenant.name} "
+                "(limits.max_priority); ask an admin")})
         if errors:
             raise SpecError(errors)
         return spec
 
-    def _admit(self, spec: JobSpec) -> tuple[JobSpec, Route]:
+    def _tenant_limits(self, tenant: TenantRecord, *, body_bytes: int,
+                       rate: bool) -> TenantLimits:
+        """The tenant's limits (the pool's defaults under its own); refuses a body over its
+        `max_request_bytes` (413) and, with `rate`, a submit past its rate (429)."""
+        limits = TenantLimits.of(self._settings.tenant_limits, tenant.limits)
+        if rate:
+            self._rate.take(tenant.id, tenant.name, limits)
+        if body_bytes > limits.max_request_bytes:
+            raise TooLarge(f"the request body is larger than {limits.max_request_bytes} bytes, "
+                           f"the most for tenant {tenant.name} (limits.max_request_bytes)",
+                           limit_bytes=limits.max_request_bytes)
+        return limits
+
+    def _check_secrets(self, tenant: TenantRecord, spec: JobSpec) -> None:
+        """`SpecConflict` (409) naming each secret of `spec` that the tenant has not set (as a
+        bundle or dependency it lacks): another tenant's of the same name does not count."""
+        missing = self._repo.missing_secrets(tenant.id, spec.secrets)
+        if missing:
+            raise SpecConflict([{"field": f"secrets[{spec.secrets.index(n)}]", "reason": (
+                f"{n}: tenant {tenant.name} has no secret of that name (e31 secret set {n})")}
+                for n in missing])
+
+    def _admit(self, spec: JobSpec,
+               nodes: placement.Shapes | None = None) -> tuple[JobSpec, Route]:
         """The spec as this pool runs it (the pool's `[retries]` under the spec's own) and its
-        size class and queue; `SpecError` naming the field when no class takes it."""
+        size class and queue; `SpecError` naming the field when no class takes it, or when no
+        registered node (`nodes`, `placement.shapes`) has the GPUs it asks for and the spec
+        does not say `allow_pending`."""
         spec = spec.with_retry_defaults(self._settings.retries)
-        return spec, route(spec, self._settings.size_classes)
+        where = route(spec, self._settings.size_classes)
+        if not spec.allow_pending and (
+                why := placement.missing(where.size_class, where.gpus, nodes or {})):
+            raise SpecError.one("resources.gpus", f"{why}; set allow_pending "
+                                                  "(e31 submit --allow-pending) to hold the "
+                                                  "job until such a node joins")
+        return spec, where
+
+    def _shapes(self, workers: builtins.list[WorkerInfo] | None) -> placement.Shapes | None:
+        """The registered node shapes (`placement.registered`: the live `workers` and those
+        seen in the last day); None when Redis cannot be read, and then nothing is refused."""
+        if workers is None:
+            return None
+        remember = bool(workers) and \
+            time.monotonic() - self._nodes_written >= NODES_REMEMBER_S
+        try:
+            nodes = placement.registered(self._redis, workers, remember=remember)
+            if remember:
+                self._nodes_written = time.monotonic()
+            return placement.shapes(nodes)
+        except redis.RedisError as exc:
+            log.warning("pool_unreadable: %s", exc)
+            return None
 
     def get_array(self, tenant: TenantRecord, array_id: str, *, items: bool = True) -> ArrayRecord:
         return self._repo.get_array(tenant.id, array_id, items=items)
@@ -198,16 +420,42 @@ class Service:
 
     def get(self, tenant: TenantRecord, job_id: str) -> JobRecord:
         """A job; a queued one with its `pending` reason, position and estimated start."""
-        record = self._repo.get_job(tenant.id, job_id)
+        record = self._with_fanout_progress(tenant, self._repo.get_job(tenant.id, job_id))
         if record.state != "queued":
             return record
         now = utcnow()
         pos = self._repo.queue_position(tenant.id, job_id)
         tenants = self._tenant_views(self._view(now))
+        workers = self._workers()
         return dataclasses.replace(record, pending=explain.pending(
             record, pos, self._queue_load(record.queue, now), tenants, now=now,
             half_life_s=self._settings.fair_share_half_life_s,
-            owns=lambda other: self._owns(tenant, other)))
+            owns=lambda other: self._owns(tenant, other), workers=workers,
+            nodes=self._shapes(workers)))
+
+    def _workers(self) -> builtins.list[WorkerInfo] | None:
+        """The live workers from their heartbeats; None when Redis cannot be read (which is
+        not the same as no workers: a pending reason and the queue view say which)."""
+        try:
+            return read_workers(self._redis)
+        except redis.RedisError as exc:
+            log.warning("pool_unreadable: %s", exc)
+            return None
+
+    def _with_fanout_progress(self, tenant: TenantRecord, record: JobRecord) -> JobRecord:
+        """A live fan-out merge job's progress is its array's: frames done of those planned,
+        summed over the items (a succeeded item counts whole). So is an ended one's when its
+        own last progress was never relayed (a merge that ends within one heartbeat)."""
+        if record.spec.get("entrypoint") != MERGE_ENTRYPOINT:
+            return record
+        if record.state not in ("queued", "running") and record.progress_total is not None:
+            return record
+        arrays = [a for a in record.spec.get("after") or [] if a.startswith("a-")]
+        total = (record.spec.get("params") or {}).get("total_frames") or 0
+        if not arrays or not total:
+            return record
+        done = sum(self._repo.array_progress(tenant.id, a) for a in arrays)
+        return dataclasses.replace(record, progress_done=min(done, total), progress_total=total)
 
     def _owns(self, tenant: TenantRecord, job_id: str) -> bool:
         """Whether `job_id` is a job of `tenant` (what a pending reason may name)."""
@@ -231,13 +479,8 @@ class Service:
         """Per size class: GPUs, busy GPUs, queued jobs and running GPUs per tenant, share used
         against weight. Only an admin token sees other tenants by name."""
         view = self._view(utcnow())
-        try:
-            workers = read_workers(self._redis)
-        except redis.RedisError as exc:
-            log.warning("queue_workers_unknown: %s", exc)
-            workers = []
         overview = explain.queue_overview(
-            classes=self._settings.size_classes, workers=workers, view=view,
+            classes=self._settings.size_classes, workers=self._workers(), view=view,
             tenants=self._tenant_views(view), queued=self._repo.queued_by_tenant(),
             viewer=None if tenant.admin else tenant.id)
         # Nodes out of service until their worker starts again: an operator's drain, or a

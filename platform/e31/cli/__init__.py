@@ -1,7 +1,8 @@
 """The `e31` command: the root app, built from one module per command group, and `main()`.
 
 Groups: `jobs` (submit, status, ls, logs, result, cancel, wait, usage, queue), `top`, `demo`,
-`ops` (worker, api, scheduler, flower, `db`), `stack` (up, down), `gc` and `tenants` (`tenant`);
+`ops` (worker, api, scheduler, flower, `db`), `stack` (up, down), `gc`, `audit`, `tenants`
+(`tenant`) and `tokens` (`token`);
 the pieces they share are in `common`, which imports none of them, and no group imports another.
 May import: everything; `e31_worker` only lazily, inside the commands that need it.
 `pyproject.toml`'s `e31 = "e31.cli:main"` and `python -m e31.cli` both start `main()`.
@@ -13,9 +14,18 @@ import logging
 import sys
 
 import typer
+from rich.markup import escape
+from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-from e31.cli import demo, gc, jobs, ops, stack, tenants, top
-from e31.cli.common import EXIT_INPUT, EXIT_UNAVAILABLE, LOG_FORMAT, err
+from e31.cli import audit, demo, gc, jobs, ops, retry, secrets, stack, tenants, tokens, top
+from e31.cli.common import (
+    EXIT_CODES,
+    EXIT_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_UNAVAILABLE,
+    LOG_FORMAT,
+    err,
+)
 from e31.errors import ConfigError, E31Error, SpecError
 
 __all__ = ["app", "main"]
@@ -26,22 +36,62 @@ def build_app() -> typer.Typer:
     # Help texts say "[env E31_…]": plain text, not Rich markup (which would swallow them).
     root = typer.Typer(help="E31 Batch: batch GPU jobs on a shared pool.", no_args_is_help=True,
                        add_completion=False, pretty_exceptions_enable=False,
-                       rich_markup_mode=None)
-    for group in (jobs.app, top.app, demo.app, ops.app, stack.app, gc.app):
+                       rich_markup_mode=None, epilog=exit_codes_epilog())
+    root.callback()(_root)
+    for group in (jobs.app, retry.app, top.app, demo.app, ops.app, stack.app, gc.app, audit.app):
         root.add_typer(group)       # no name: their commands sit at the top level
     root.add_typer(ops.db_app, name="db")
     root.add_typer(tenants.app, name="tenant")
+    root.add_typer(tokens.app, name="token")
+    root.add_typer(secrets.app, name="secret")
     return root
+
+
+def exit_codes_epilog() -> str:
+    """The exit codes as `e31 --help` ends with them (`\\b`: Click keeps the lines as they are)."""
+    rows = "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES)
+    return ("\b\nThe job commands reach the API at [env E31_URL] with [env E31_TOKEN], else "
+            "through the\nprofile `e31 up` wrote in E31_HOME.\n\n\b\nExit codes (every command; "
+            f"an error is one line on stderr):\n{rows}")
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        from e31 import __version__
+        print(f"e31 {__version__}")
+        raise typer.Exit(0)
+
+
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version (e31 X.Y.Z) and exit")) -> None:
+    """E31 Batch: batch GPU jobs on a shared pool."""
 
 
 app = build_app()
 
 
 def main() -> None:
-    """Run `e31`: an `E31Error` that escapes a command becomes `error: …` and an exit code."""
+    """Run `e31`: an `E31Error` that escapes a command, and a flag or argument Click refuses,
+    become one line `error: …` on stderr and an exit code (docs/operations.md, "Exit codes")."""
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
     try:
-        app()
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as exc:    # `e31` alone, or a group alone: its help
+        print(exc.format_message(), file=sys.stderr)
+        code = EXIT_INPUT
+    except UsageError as exc:
+        where = f" (see {exc.ctx.command_path} --help)" if exc.ctx else ""
+        code = _one_line(exc.format_message() + where, EXIT_INPUT)
     except E31Error as exc:
-        err.print(f"[red]error:[/red] {exc.message}")
-        sys.exit(EXIT_INPUT if isinstance(exc, (SpecError, ConfigError)) else EXIT_UNAVAILABLE)
+        code = _one_line(exc.message, EXIT_INPUT if isinstance(exc, (SpecError, ConfigError))
+                         else EXIT_UNAVAILABLE)
+    except typer.Abort:
+        code = EXIT_INTERRUPTED
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_line(message: str, code: int) -> int:
+    """Print `error: message` as one line on stderr (never wrapped at the terminal's width,
+    never read as markup); returns `code`."""
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    return code

@@ -22,9 +22,22 @@ if TYPE_CHECKING:
     from e31.settings import Settings
 
 # Exit codes: 0 done; 1 the job failed (wait, result); 2 bad input (a refused spec, a bad
-# flag); 3 the API or a service could not be reached or answered with another error.
-EXIT_FAILED, EXIT_INPUT, EXIT_UNAVAILABLE = 1, 2, 3
+# flag); 3 the API or a service could not be reached or answered with another error; 4 the
+# job was still running (or queued) when `--timeout` passed: neither a failure nor an outage,
+# so a script can wait again (as timeout(1) has its own 124).
+EXIT_FAILED, EXIT_INPUT, EXIT_UNAVAILABLE, EXIT_TIMEOUT = 1, 2, 3, 4
 EXIT_INTERRUPTED = 130      # 128 + SIGINT, as a shell reports Ctrl-C
+
+# The table `e31 --help` ends with, and docs/operations.md ("Exit codes") shows the same
+# (tests/unit/test_cli_flags.py holds the two together).
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (0, "done"),
+    (EXIT_FAILED, "the job failed, timed out or was cancelled (wait, result)"),
+    (EXIT_INPUT, "bad input: a bad flag, a refused spec, an unknown job, a 403"),
+    (EXIT_UNAVAILABLE, "a service is unavailable: the API, Redis or the store"),
+    (EXIT_TIMEOUT, "not finished yet when the wait's --timeout passed (wait)"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
+)
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 

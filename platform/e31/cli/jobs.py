@@ -11,17 +11,20 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import json
+import math
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from e31.cli.common import (
     EXIT_FAILED,
     EXIT_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_TIMEOUT,
     EXIT_UNAVAILABLE,
     JsonOpt,
     err,
@@ -29,13 +32,12 @@ from e31.cli.common import (
     out,
     print_json,
 )
-from e31.errors import ClientError, JobFailed, SpecError
+from e31.errors import ClientError, JobFailed, JobTimeout, SpecError
 from e31.states import JobState
 
 if TYPE_CHECKING:
     from e31.sweep import Sweep
 
-FOLLOW_POLL_S = 1.0
 ARRAY_PREFIX = "a-"        # array ids; job ids start with "j-"
 ITEMS_SHOWN = 50           # items `e31 status a-…` lists in a table (--json lists all)
 
@@ -56,6 +58,8 @@ def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     except JobFailed:
         raise
+    except JobTimeout as exc:    # still running: neither failed nor unavailable
+        fail(exc.message, EXIT_TIMEOUT)
     except ClientError as exc:
         code = EXIT_INPUT if exc.status_code in (400, 403, 404, 409, 413, 422) else EXIT_UNAVAILABLE
         fail(exc.message, code)
@@ -123,18 +127,58 @@ def submit(
     spec_file: Path | None = typer.Argument(None, help="a job spec in YAML or JSON"),
     entrypoint: str | None = typer.Option(None, "--entrypoint", "-e", help="module:function"),
     workload: str | None = typer.Option(
-        None, "--workload", "-w", help="a built-in workload: batch-inference, train, footage"),
+        None, "--workload", "-w", help="a built-in workload: batch-inference, train, footage "
+                                       "(the job is named after it unless --name)"),
     param: list[str] = typer.Option([], "--param", "-p",
                                     help="KEY=VALUE (VALUE parsed as JSON if it can be)"),
     env: list[str] = typer.Option([], "--env", help="KEY=VALUE for the job's environment"),
     gpus: int | None = typer.Option(None, "--gpus", help="GPUs (0: the cpu class)"),
     gpu_mem_gb: float | None = typer.Option(None, "--gpu-mem", help="GB of GPU memory needed"),
     size_class: str | None = typer.Option(None, "--size-class", help="e.g. gpu80"),
+    mem_gb: float | None = typer.Option(
+        None, "--mem-gb", help="GB of host memory the job may use (past it: reason oom)"),
+    on_oom: str | None = typer.Option(
+        None, "--on-oom", help="after an attempt that ran out of memory: next_class (queue it "
+                               "in the next bigger size class) or fail (retry it in its own); "
+                               "default: the pool's on_oom_default"),
+    allow_pending: bool = typer.Option(
+        False, "--allow-pending", help="store the job even when no registered node has the "
+                                       "GPUs it asks for (refused otherwise); it waits until "
+                                       "such a node joins"),
     timeout_s: float | None = typer.Option(None, "--timeout", help="seconds per attempt"),
     retries: int | None = typer.Option(None, "--retries", help="retries after a failed attempt"),
     backoff_s: float | None = typer.Option(None, "--backoff", help="first retry delay, seconds"),
+    backoff_max_s: float | None = typer.Option(
+        None, "--backoff-max", help="longest retry delay, seconds (the delay doubles up to it)"),
+    max_lost: int | None = typer.Option(
+        None, "--max-lost", help="attempts lost with their worker before the job fails as a "
+                                 "poison job"),
     priority: int | None = typer.Option(None, "--priority", help="0..9, higher first"),
-    name: str | None = typer.Option(None, "--name"),
+    name: str | None = typer.Option(None, "--name", help="a name for people (default: the "
+                                                          "workload, function or command)"),
+    after: list[str] = typer.Option(
+        [], "--after", help="a job id (j-…) or array id (a-…) that must succeed first "
+                            "(repeatable)"),
+    pip: list[str] = typer.Option([], "--pip", help="a pip requirement to install for the "
+                                                     "job, e.g. 'tqdm==4.66' (repeatable)"),
+    requirements: str | None = typer.Option(
+        None, "--requirements", help="a requirements file in the job's code (--workdir), "
+                                     "relative to it"),
+    inputs: list[str] = typer.Option(
+        [], "--input", help="NAME=SOURCE staged into $E31_INPUT_DIR/NAME: a local path, "
+                            "file://, s3://, http(s):// or bundle:… (repeatable)"),
+    network: str | None = typer.Option(
+        None, "--network", help="none: the job gets no network at all (sandboxed workers)"),
+    secrets: list[str] = typer.Option(
+        [], "--secret", help="a secret of your tenant (e31 secret set NAME) given to the job "
+                             "as the variable NAME (repeatable)"),
+    idle_timeout_s: int | None = typer.Option(
+        None, "--idle-timeout", help="seconds without log output, progress or GPU use after "
+                                     "which the job counts as idle"),
+    on_idle: str | None = typer.Option(None, "--on-idle",
+                                       help="flag (show it) or kill (stop it, reason idle)"),
+    code: str | None = typer.Option(
+        None, "--code", help="sha256:<hex> of a bundle already uploaded (instead of --workdir)"),
     sweep_file: Path | None = typer.Option(
         None, "--sweep", help="a sweep file (grid: or list: of params): one job per item, "
                               "submitted as one array over the spec file and flags"),
@@ -148,50 +192,78 @@ def submit(
     as_json: bool = JsonOpt,
 ) -> None:
     """Submit a job: a spec file, or flags, or `-- argv...` for a command job; with a sweep
-    file (--sweep, or as the spec file), an array of jobs."""
+    file (--sweep, or as the spec file), an array of jobs. Every spec field has a flag, and
+    a flag wins over the spec file."""
     argv = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
     if argv and spec_file is not None and str(spec_file) == argv[0]:
         spec_file = None  # Click hands the first word after `--` to the positional argument
     body, sweep, sweep_file = _read_spec(spec_file, sweep_file)
-    if workdir is not None:
-        body["workdir"] = str(workdir)
-    if argv:
-        body["command"] = argv
-    if entrypoint:
-        body["entrypoint"] = entrypoint
-    if workload:
-        body["workload"] = workload
-    if param:
-        body["params"] = {**body.get("params", {}), **_pairs(param, "--param")}
-    if env:
-        body["env"] = {**body.get("env", {}), **_pairs(env, "--env")}
-    _set_given(body, "resources", gpus=gpus, gpu_mem_gb=gpu_mem_gb, size_class=size_class)
-    _set_given(body, "retries", max=retries, backoff_s=backoff_s)
-    _set_given(body, None, timeout_s=timeout_s, priority=priority, name=name)
+    scalars = {"workdir": str(workdir) if workdir is not None else None,
+               "command": argv or None, "entrypoint": entrypoint, "workload": workload}
+    _set_given(body, None, **scalars)
+    for key, given in (("params", _pairs(param, "--param")), ("env", _pairs(env, "--env")),
+                       ("inputs", _pairs(inputs, "--input"))):
+        if given:
+            body[key] = {**body.get(key, {}), **given}
+    for key, values in (("after", after), ("secrets", secrets)):
+        if values:
+            body[key] = [*body.get(key, []), *values]
+    if pip:
+        body["python"] = {**(body.get("python") or {}),
+                          "pip": [*(body.get("python") or {}).get("pip", []), *pip]}
+    _set_given(body, "python", requirements=requirements)
+    _set_given(body, "resources", gpus=gpus, gpu_mem_gb=gpu_mem_gb, size_class=size_class,
+               mem_gb=mem_gb, on_oom=on_oom)
+    _set_given(body, "retries", max=retries, backoff_s=backoff_s, backoff_max_s=backoff_max_s,
+               max_lost=max_lost)
+    _set_given(body, None, timeout_s=timeout_s, priority=priority, name=name, network=network,
+               idle_timeout_s=idle_timeout_s, on_idle=on_idle, code=code,
+               allow_pending=allow_pending or None)
+    # A sweep's --name (or name:) names the array; the spec's name, each job.
+    array_name = None if sweep is None else body.pop("name", None) or Path(str(sweep_file)).stem
+    if isinstance(body.get("workload"), str) and not body.get("name"):
+        body["name"] = body["workload"]    # `-w train` is named train, not after its function
+    _check_finite(body)
     client = _client()
     if dry_run:
         _dry_run(client, body, sweep, as_json=as_json)
-        return
-    if sweep is not None:
-        array_name = body.pop("name", None) or Path(str(sweep_file)).stem
-        array = _call(client.submit_many, sweep.items(), name=array_name, **body)
+    elif sweep is not None:
+        _submit_array(client, body, sweep, str(array_name), wait=wait, as_json=as_json)
+    else:
+        job = _call(client.submit, body)
         _say_bundles(client)
         if wait:
-            _wait_array(array, as_json=as_json, timeout=None)
+            _wait(job, as_json=as_json, timeout=None)
         elif as_json:
-            print_json(_call(array.status))
+            print_json(job.status())
         else:
-            out.print(array.id)
-        return
-    job = _call(client.submit, body)
+            out.print(job.id)
+
+
+def _submit_array(client: Any, body: dict[str, Any], sweep: Sweep, name: str, *, wait: bool,
+                  as_json: bool) -> None:
+    array = _call(client.submit_many, sweep.items(), name=name, **body)
     _say_bundles(client)
     if wait:
-        _wait(job, as_json=as_json, timeout=None)
-        return
-    if as_json:
-        print_json(job.status())
+        _wait_array(array, as_json=as_json, timeout=None)
+    elif as_json:
+        print_json(_call(array.status))
     else:
-        out.print(job.id)
+        out.print(array.id)
+
+
+def _check_finite(value: Any, where: str = "") -> None:
+    """Exit 2 naming the first number JSON cannot carry (NaN, Infinity: YAML's `.nan`, `.inf`,
+    or `-p a=NaN`), before anything is sent: the API would refuse it, but it cannot even be
+    written as JSON to send."""
+    if isinstance(value, float) and not math.isfinite(value):
+        fail(f"{where or 'spec'}: {value} is not a number JSON can carry (no NaN or Infinity)",
+             EXIT_INPUT)
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        _check_finite(item, f"{where}[{key}]" if isinstance(key, int) else
+                      f"{where}.{key}" if where else str(key))
 
 
 def _say_bundles(client: Any) -> None:
@@ -215,6 +287,14 @@ def _dry_run(client: Any, body: dict[str, Any], sweep: Sweep | None, *, as_json:
     for key in ("name", "size_class", "queue", "gpus", "code"):
         if answer.get(key) is not None:
             table.add_row(f"[bold]{key}[/bold]", str(answer[key]))
+    if answer.get("could_run_now"):
+        where = answer["where"]
+        table.add_row("[bold]could start[/bold]", f"now, on {where['worker']} ({where['host']})")
+    elif answer.get("pending"):
+        pending = answer["pending"]
+        table.add_row("[bold]would wait[/bold]", f"{pending['text']} ({pending['reason']})")
+        table.add_row("[bold]estimated start[/bold]", answer.get("estimated_start") or
+                      f"none: {pending.get('no_estimate') or 'no recent starts in its queue'}")
     for up in answer["uploads"]:
         table.add_row("[bold]upload[/bold]", f"{up['field']}: {up['digest']} ({up['files']} "
                                                f"files, {up['size_bytes']} bytes)")
@@ -254,8 +334,8 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
         if pending.get("position") is not None:
             table.add_row("[bold]position[/bold]",
                           f"{pending['position']} jobs before it in {st['queue']}")
-        table.add_row("[bold]estimated start[/bold]",
-                      pending.get("estimated_start") or "unknown (no recent starts in its queue)")
+        table.add_row("[bold]estimated start[/bold]", pending.get("estimated_start") or
+                      f"none: {pending.get('no_estimate') or 'no recent starts in its queue'}")
     out.print(table)
     if st["attempts"]:
         at = Table("attempt", "worker", "gpus", "started", "setup", "ended", "reason",
@@ -263,9 +343,18 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
         for a in st["attempts"]:
             setup = f"{a['setup_s']:.1f} s" if a.get("setup_s") is not None else "-"
             at.add_row(str(a["n"]), a["worker"], a["gpus"] or "-", a["started_at"] or "", setup,
-                       a["ended_at"] or "", a["reason"] or _running(a), *_gpu_use(a),
+                       a["ended_at"] or "", _reason(a), *_gpu_use(a),
                        (a["error"] or "")[:80])
         out.print(at)
+
+
+def _reason(attempt: dict[str, Any]) -> str:
+    """An attempt's reason cell: why it ended ("oom: moved to gpu48" when it sent its job on
+    to a bigger class), or how it runs."""
+    if not attempt["reason"]:
+        return _running(attempt)
+    moved = attempt.get("moved_to")
+    return f"{attempt['reason']}: moved to {moved}" if moved else str(attempt["reason"])
 
 
 def _running(attempt: dict[str, Any]) -> str:
@@ -282,66 +371,99 @@ def _gpu_use(attempt: dict[str, Any]) -> tuple[str, str]:
 
 
 @app.command("ls")
-def list_jobs(state: str | None = typer.Option(None, "--state"),
-              limit: int = typer.Option(50, "--limit"), as_json: bool = JsonOpt) -> None:
-    """Your jobs, newest first."""
+def list_jobs(state: str | None = typer.Option(
+                  None, "--state", help="only jobs in this state: queued, running, succeeded, "
+                                        "failed or cancelled"),
+              limit: int = typer.Option(50, "--limit", help="at most this many jobs"),
+              wide: bool = typer.Option(False, "--wide",
+                                        help="more columns (GPUs, priority, reason), none cut"),
+              as_json: bool = JsonOpt) -> None:
+    """Your jobs, newest first. Ids are never cut: the other columns give way."""
     jobs = _call(_client().list, state=state, limit=limit)
     if as_json:
         print_json(jobs)
         return
-    table = Table("id", "name", "state", "class", "submitted", "gpu_s")
+    _print_fitted(_job_rows(jobs, wide=wide), shrink=None if wide else ("name", "submitted"))
+
+
+LS_NAME_MIN = 8     # `e31 ls`: a name narrower than this is dropped to its first characters
+
+
+def _job_rows(jobs: list[dict[str, Any]], *, wide: bool) -> list[dict[str, str]]:
+    rows = []
     for j in jobs:
-        table.add_row(j["id"], j["name"], j["state"], j["size_class"], j["submitted_at"][:19],
-                      f"{j['gpu_seconds']:.1f}")
-    out.print(table)
+        row = {"id": j["id"], "name": j["name"], "state": j["state"], "class": j["size_class"],
+               "submitted": j["submitted_at"][:19].replace("T", " "),
+               "gpu_s": f"{j['gpu_seconds']:.1f}"}
+        if wide:
+            row.update(gpus=str(j["gpus"]), priority=str(j["priority"]), reason=j["reason"] or "")
+        rows.append(row)
+    return rows
+
+
+def _print_fitted(rows: list[dict[str, str]], *, shrink: tuple[str, str] | None) -> None:
+    """Print `rows` as a table whose cells are never cut but the name's: in a narrow terminal
+    the name gives way first (down to LS_NAME_MIN, with …), then the submitted column goes;
+    what still does not fit runs past the edge rather than cutting an id. `shrink` None: every
+    column at its full width, however wide (`--wide`)."""
+    if not rows:
+        out.print("no jobs")
+        return
+    gap = 2
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in rows[0]}
+    total = sum(widths.values()) + gap * (len(widths) - 1)
+    if shrink is not None and total > out.width:
+        name, dropped = shrink
+        cut = min(total - out.width, max(0, widths[name] - LS_NAME_MIN))
+        widths[name] -= cut
+        total -= cut
+        if total > out.width:
+            total -= widths.pop(dropped) + gap
+    table = Table(box=None, pad_edge=False, padding=(0, gap // 2), show_edge=False)
+    for column, width in widths.items():
+        table.add_column(column, width=width, no_wrap=True, overflow="ellipsis",
+                         header_style="bold")
+    for r in rows:
+        table.add_row(*(r[c] for c in widths))
+    console = out if total <= out.width else Console(width=total, highlight=False)
+    console.print(table, highlight=False)
 
 
 @app.command()
 def logs(job_id: str,
          follow: bool = typer.Option(False, "--follow", "-f",
-                                     help="keep printing until the job ends"),
-         attempt: int | None = typer.Option(None, "--attempt", help="one attempt only"),
+                                     help="keep printing as the log grows, attempt after "
+                                          "attempt, until the job ends"),
+         attempt: int | None = typer.Option(None, "--attempt", help="one attempt only (1, 2, …)"),
          as_json: bool = JsonOpt) -> None:
-    """A job's log (every attempt, or one)."""
+    """A job's log: every attempt's, each under `=== attempt N ===`, or one attempt's."""
     job = _call(_client().get, job_id)
+    st = _call(job.status)
+    count = len(st["attempts"])
+    if attempt is not None and not (1 <= attempt <= count) \
+            and not (follow and attempt > count and not JobState(st["state"]).is_final):
+        fail(f"job {job_id} has {count} attempt{'' if count == 1 else 's'}"
+             + (f"; --attempt takes 1 to {count}" if count else " yet"), EXIT_INPUT)
     if as_json:
-        numbers = [attempt] if attempt else [a["n"] for a in _call(job.status)["attempts"]]
+        numbers = [attempt] if attempt else [a["n"] for a in st["attempts"]]
         print_json({"id": job_id, "logs": {str(n): _call(job.logs, attempt=n) for n in numbers}})
         return
-    if not follow:
-        decoder = _decoder()
-        _print_log(job, attempt, 0, decoder)
-        sys.stdout.write(decoder.decode(b"", final=True))
-        return
-    offsets: dict[int, int] = {}     # bytes printed so far, per attempt
-    decoders: dict[int, codecs.IncrementalDecoder] = {}
-    while True:
-        st = _call(job.status)
-        numbers = [a["n"] for a in st["attempts"]] if attempt is None else [attempt]
-        for n in numbers:
-            offsets[n] = _print_log(job, n, offsets.get(n, 0), decoders.setdefault(n, _decoder()))
-        if JobState(st["state"]).is_final:
-            sys.stdout.write("".join(d.decode(b"", final=True) for d in decoders.values()))
-            return
-        time.sleep(FOLLOW_POLL_S)
+    decoder = _decoder()
+    chunks = iter(_call(job.follow_logs, attempt) if follow
+                  else _call(job.log_chunks, attempt=attempt))
+    try:
+        while (chunk := _call(next, chunks, None)) is not None:
+            sys.stdout.write(decoder.decode(chunk))
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    sys.stdout.write(decoder.decode(b"", final=True))
 
 
 def _decoder() -> codecs.IncrementalDecoder:
     """UTF-8 text from log bytes that arrive in chunks: a character cut between two chunks
     is printed whole, with the second."""
     return codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-
-def _print_log(job: Any, attempt: int | None, offset: int,
-               decoder: codecs.IncrementalDecoder) -> int:
-    """Print the log from byte `offset` to its current end, chunk by chunk as the API answers
-    them (never the whole log in memory); returns the offset after what was printed."""
-    chunks = iter(_call(job.log_chunks, attempt=attempt, offset=offset))
-    while (chunk := _call(next, chunks, None)) is not None:
-        sys.stdout.write(decoder.decode(chunk))
-        sys.stdout.flush()
-        offset += len(chunk)
-    return offset
 
 
 @app.command()
@@ -354,9 +476,15 @@ def result(job_id: str,
         _array_result(job_id, download=download, as_json=as_json)
         return
     job = _call(_client().get, job_id)
+    state = _call(job.status)["state"]
+    if not JobState(state).is_final:    # nothing to fetch yet: the caller asked too early
+        fail(f"job {job_id} is {state}: no result yet (e31 wait {job_id} waits for it)",
+             EXIT_INPUT)
     try:
         value = _call(job.result)
     except JobFailed as exc:
+        if as_json:     # a script reads why: the status, with its reason and error
+            print_json(exc.status)
         fail(exc.message, EXIT_FAILED)
     files = _call(job.download, download) if download else []
     if as_json:
@@ -397,10 +525,11 @@ def _wait(job: Any, *, as_json: bool, timeout: float | None) -> None:
 
 
 @app.command("wait")
-def wait_cmd(job_id: str, timeout: float | None = typer.Option(None, "--timeout", help="seconds"),
+def wait_cmd(job_id: str, timeout: float | None = typer.Option(
+                 None, "--timeout", help="seconds; exit 4 if it has not ended by then"),
              as_json: bool = JsonOpt) -> None:
     """Wait for a job (or every item of an array) with a progress bar; exit 1 unless it
-    (every item) succeeded."""
+    (every item) succeeded, 4 if it is still running when --timeout passes."""
     if _is_array(job_id):
         _wait_array(_call(_client().get_array, job_id), as_json=as_json, timeout=timeout)
         return
@@ -509,13 +638,17 @@ def queue(as_json: bool = JsonOpt) -> None:
     if as_json:
         print_json(view)
         return
+    unread = view.get("broker") == "unreachable"   # the heartbeats could not be read
+    if unread:
+        err.print("the broker (Redis) is unreachable: the pool's GPUs are unknown (shown ?), "
+                  "and nothing is published until it is back", highlight=False)
     table = Table("class", "GPUs", "busy", "queued", "tenant", "queued", "running GPUs",
                   "used share", "weight share", "quota")
     for c in view["classes"]:
         first = True
         for t in c["tenants"] or [None]:
-            head = [c["size_class"], str(c["gpus"]), str(c["busy_gpus"]), str(c["queued"])] \
-                if first else ["", "", "", ""]
+            gpus, busy = ("?", "?") if unread else (str(c["gpus"]), str(c["busy_gpus"]))
+            head = [c["size_class"], gpus, busy, str(c["queued"])] if first else ["", "", "", ""]
             first = False
             if t is None:
                 table.add_row(*head, "-", "", "", "", "", "")

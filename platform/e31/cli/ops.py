@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,8 +37,10 @@ from e31.errors import E31Error
 
 if TYPE_CHECKING:
     from e31.settings import Settings
+    from e31.store import Repo
 
 DRAIN_EXTRA_S = 60.0        # beyond the kill grace: a job's checkpoint upload and the record
+DRAIN_POLL_S = 0.5          # how often --drain asks the store whether the jobs were requeued
 
 app = typer.Typer()
 db_app = typer.Typer(help="The results store.", no_args_is_help=True, rich_markup_mode=None)
@@ -51,24 +54,43 @@ def worker(gpus: str = GpusOpt,
            group: int = GroupOpt,
            hostname: str | None = typer.Option(None, "--hostname", help="node-name suffix "
                                                "(default: this host's name)"),
-           home: Path | None = HomeOpt, loglevel: str = typer.Option("INFO", "--loglevel"),
+           home: Path | None = HomeOpt,
+           loglevel: str = typer.Option("INFO", "--loglevel", help="DEBUG, INFO, WARNING, ERROR"),
            drain: bool = typer.Option(False, "--drain", help="drain the live workers of this "
                                       "host (or --hostname, or --node) instead of starting any"),
            node: list[str] = typer.Option([], "--node",
                                           help="with --drain: a node name, e.g. gpu0@host"),
            wait: bool = typer.Option(True, "--wait/--no-wait",
                                      help="with --drain: wait until they stopped"),
+           undrain: bool = typer.Option(False, "--undrain", help="put drained nodes of this "
+                                        "host (or --hostname, or --node) back in service: a "
+                                        "launcher started with --keep-drains (`e31 up`'s) "
+                                        "starts them again"),
+           keep_drains: bool = typer.Option(False, "--keep-drains", help="leave nodes drained "
+                                            "in the store stopped, also across restarts, "
+                                            "until --undrain (default: starting clears the "
+                                            "drains of its nodes)"),
            isolation: str | None = IsolationOpt,
+           preload: str | None = typer.Option(None, "--preload", help="more modules the warm "
+                                              "process imports, comma-separated (it always "
+                                              "imports torch and numpy) [env E31_PRELOAD]"),
            as_json: bool = JsonOpt) -> None:
     """One pinned Celery worker per GPU (or group, or CPU slot); SIGTERM or --drain drains them."""
     from e31_worker.node.gpus import discover, parse_simulated, select
     from e31_worker.node.launcher import Launcher, default_host, plan_slots
     setup_logging(loglevel)
-    settings = load_settings(home=home, isolation=isolation)
+    settings = load_settings(home=home, isolation=isolation, preload=preload)
+    if (drain or undrain) and not settings.redis_url:
+        settings = _with_stack_redis(settings)
     if not settings.redis_url:
         fail("E31_REDIS_URL is not set: a worker needs the shared Redis", EXIT_INPUT)
+    if drain and undrain:
+        fail("--drain and --undrain: choose one", EXIT_INPUT)
     if drain:
         _drain(settings, nodes=node, host=hostname or default_host(), wait=wait, as_json=as_json)
+        return
+    if undrain:
+        _undrain(settings, nodes=node, host=hostname or default_host(), as_json=as_json)
         return
     if settings.isolation == "sandbox":
         from e31_worker.attempt.sandbox import sandbox_unavailable
@@ -82,7 +104,16 @@ def worker(gpus: str = GpusOpt,
                            classes=settings.size_classes, host=hostname or default_host())
     except E31Error as exc:
         fail(exc.message, EXIT_INPUT)
-    raise typer.Exit(Launcher(settings=settings, slots=slots, loglevel=loglevel).run())
+    raise typer.Exit(Launcher(settings=settings, slots=slots, loglevel=loglevel,
+                              keep_drains=keep_drains).run())
+
+
+def _with_stack_redis(settings: Settings) -> Settings:
+    """Without E31_REDIS_URL: the Redis of the `e31 up` running from this E31_HOME (its
+    profile has the URL, which changes at every start), if one runs."""
+    from e31.local.stack import stack_redis_url
+    url = stack_redis_url(settings.home)
+    return settings.model_copy(update={"redis_url": url}) if url else settings
 
 
 def _drain(settings: Settings, *, nodes: list[str], host: str, wait: bool, as_json: bool) -> None:
@@ -98,21 +129,77 @@ def _drain(settings: Settings, *, nodes: list[str], host: str, wait: bool, as_js
              EXIT_INPUT)
     repo = wiring.repo(settings)
     try:
-        request_drain(r, repo, targets)
-    except E31Error as exc:
-        fail(f"cannot record the drain request in the store: {exc.message}", EXIT_UNAVAILABLE)
+        try:
+            request_drain(r, repo, targets)
+        except E31Error as exc:
+            fail(f"cannot record the drain request in the store: {exc.message}",
+                 EXIT_UNAVAILABLE)
+        left: list[str] = []
+        running: list[str] = []
+        if wait:
+            deadline = time.monotonic() + settings.kill_grace_s + DRAIN_EXTRA_S
+            left = wait_drained(r, targets, timeout_s=settings.kill_grace_s + DRAIN_EXTRA_S)
+            # A worker drops its heartbeat at once, and records its job `drained` (queued
+            # again) only after the job stopped: "all drained" waits for the store to say so.
+            running = _wait_jobs_off(repo, targets, deadline)
     finally:
         repo.engine.dispose()
-    left = (wait_drained(r, targets, timeout_s=settings.kill_grace_s + DRAIN_EXTRA_S)
-            if wait else [])
     if as_json:
-        print_json({"draining": targets, "still_live": left, "waited": wait})
+        print_json({"draining": targets, "still_live": left, "still_running": running,
+                    "waited": wait})
     else:
         out.print(f"drain requested: {', '.join(targets)}")
-        if wait:
-            out.print("all drained" if not left else f"still live: {', '.join(left)}")
-    if left:
+        if left:
+            out.print(f"still live: {', '.join(left)}")
+        if running:
+            out.print(f"still running there: {', '.join(running)}")
+        if wait and not left and not running:
+            out.print("all drained: no worker process and no running job left on them")
+    if left or running:
         raise typer.Exit(1)
+
+
+def _wait_jobs_off(repo: Repo, nodes: list[str], deadline: float) -> list[str]:
+    """Wait until the store shows no `running` job leased by `nodes` (each recorded and queued
+    again, or recovered), at most until `deadline`; returns those still running then."""
+    while True:
+        try:
+            running = repo.jobs_running_on(nodes)
+        except E31Error as exc:
+            fail(f"cannot read the store: {exc.message}", EXIT_UNAVAILABLE)
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(DRAIN_POLL_S)
+
+
+def _undrain(settings: Settings, *, nodes: list[str], host: str, as_json: bool) -> None:
+    """`e31 worker --undrain`: forget the drain requests of `nodes` (or of every drained node
+    of `host`), in Redis and in the store; a launcher that keeps drains starts them again."""
+    import redis
+
+    from e31 import wiring
+    from e31.drain import clear_drain
+    repo = wiring.repo(settings)
+    try:
+        drained = [d.node for d in repo.drained_nodes()]
+        targets = nodes or [n for n in drained if n.rpartition("@")[2] == host]
+        if not targets:
+            fail(f"no drained node on host {host!r}: nothing to undrain (`e31 queue` lists the "
+                 "drained nodes; or pass --node)", EXIT_INPUT)
+        try:
+            clear_drain(wiring.redis_client(settings), targets)
+        except redis.RedisError as exc:
+            fail(f"cannot reach Redis: {exc}", EXIT_UNAVAILABLE)
+        repo.clear_drain(targets)
+    except E31Error as exc:
+        fail(f"cannot clear the drain request in the store: {exc.message}", EXIT_UNAVAILABLE)
+    finally:
+        repo.engine.dispose()
+    if as_json:
+        print_json({"undrained": targets})
+    else:
+        out.print(f"undrained: {', '.join(targets)} (a launcher started with --keep-drains, as "
+                  "`e31 up`'s is, starts them within seconds; otherwise start `e31 worker` again)")
 
 
 @app.command()
@@ -164,13 +251,21 @@ def flower(home: Path | None = HomeOpt) -> None:
 
 
 @db_app.command("upgrade")
-def db_upgrade(home: Path | None = HomeOpt) -> None:
+def db_upgrade(home: Path | None = HomeOpt, as_json: bool = JsonOpt) -> None:
     """Create or migrate the store's schema to the newest revision."""
     from e31 import wiring
     from e31.store.migrate import upgrade
     settings = load_settings(home=home)
-    upgrade(wiring.repo(settings).engine)
-    out.print(f"store at newest revision: {_redact(settings.resolved_database_url)}")
+    engine = wiring.repo(settings).engine
+    upgrade(engine)
+    if not as_json:
+        out.print(f"store at newest revision: {_redact(settings.resolved_database_url)}",
+                  soft_wrap=True, highlight=False)   # a URL is never cut at the width
+        return
+    from alembic.runtime.migration import MigrationContext
+    with engine.connect() as conn:
+        revision = MigrationContext.configure(conn).get_current_revision()
+    print_json({"database_url": _redact(settings.resolved_database_url), "revision": revision})
 
 
 def _redact(url: str) -> str:

@@ -8,13 +8,14 @@ May import: `e31.cli.common`, the `e31` core, `e31.local` lazily inside the comm
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -25,11 +26,13 @@ from e31.cli.common import (
     GroupOpt,
     HomeOpt,
     IsolationOpt,
+    JsonOpt,
     SimulateGpusOpt,
     SpillOpt,
     err,
     load_settings,
     out,
+    print_json,
 )
 from e31.errors import ConfigError, E31Error
 
@@ -49,17 +52,18 @@ def up(gpus: str = GpusOpt,
        simulate_gpus: str | None = SimulateGpusOpt, spill: bool = SpillOpt,
        group: int = GroupOpt, home: Path | None = HomeOpt,
        port: int | None = typer.Option(None, "--port", help="API port [env E31_API_PORT]"),
-       flower_port: int | None = typer.Option(None, "--flower-port"),
-       no_flower: bool = typer.Option(False, "--no-flower"),
+       flower_port: int | None = typer.Option(None, "--flower-port",
+                                              help="Flower's port [env E31_FLOWER_PORT]"),
+       no_flower: bool = typer.Option(False, "--no-flower", help="start no Flower"),
        detach: bool = typer.Option(False, "--detach", "-d",
                                    help="return once ready; `e31 down` stops it"),
-       isolation: str | None = IsolationOpt) -> None:
+       isolation: str | None = IsolationOpt, as_json: bool = JsonOpt) -> None:
     """Start the whole stack on this machine: Redis, store, API, scheduler, workers, Flower."""
     from e31.local.stack import LocalStack
     settings = load_settings(home=home, api_port=port, flower_port=flower_port,
                              isolation=isolation)
     if detach:
-        _detach(settings.home)
+        _detach(settings, as_json=as_json)
         return
     from e31_worker.node.gpus import discover
     real = [] if simulate_gpus else discover()
@@ -76,7 +80,8 @@ def up(gpus: str = GpusOpt,
         profile = stack.start()
         flower_line = (f"Flower {profile['flower_url']} (user {profile['flower_user']}, "
                        f"password in {settings.profile_path})") if not no_flower else "Flower off"
-        print(f"E31 Batch is ready: API {profile['url']}, {flower_line}, "
+        print(json.dumps(_ready(settings, profile)) if as_json else
+              f"E31 Batch is ready: API {profile['url']}, {flower_line}, "
               f"{_metrics_line(settings, profile['url'])}. Ctrl-C or `e31 down` stops it.")
         sys.stdout.flush()
         stack.supervise()
@@ -86,15 +91,21 @@ def up(gpus: str = GpusOpt,
         raise typer.Exit(EXIT_INPUT if isinstance(exc, ConfigError) else EXIT_UNAVAILABLE) \
             from None
     stack.stop()
-    out.print("E31 Batch stopped.")
+    if as_json:     # JSON lines: the ready line, then this one
+        print(json.dumps({"state": "stopped", "home": str(settings.home)}))
+    else:
+        out.print("E31 Batch stopped.")
 
 
 @app.command()
-def down(home: Path | None = HomeOpt) -> None:
+def down(home: Path | None = HomeOpt, as_json: bool = JsonOpt) -> None:
     """Stop the stack `e31 up` started from this home (running jobs are drained)."""
     from e31.local.stack import stop_stack
     settings = load_settings(home=home)
-    if stop_stack(settings.home):
+    stopped = stop_stack(settings.home)
+    if as_json:
+        print_json({"stopped": stopped, "home": str(settings.home)})
+    elif stopped:
         out.print("E31 Batch stopped.")
     else:
         out.print(f"no running stack in {settings.home}")
@@ -135,9 +146,18 @@ def _isolation(settings: Settings, *, chosen: bool) -> str:
     return "process"
 
 
-def _detach(home: Path) -> None:
+def _ready(settings: Settings, profile: dict[str, Any]) -> dict[str, Any]:
+    """`e31 up --json`'s ready line (one JSON object a line, then `{"state": "stopped"}` at
+    the end): where the stack listens, never a token or password."""
+    return {"state": "ready", "url": profile["url"], "flower_url": profile.get("flower_url"),
+            "metrics_url": f"{profile['url']}/metrics", "home": str(settings.home),
+            "profile": str(settings.profile_path)}
+
+
+def _detach(settings: Settings, *, as_json: bool) -> None:
     """Run `e31 up` (without -d) in the background and return when it is ready."""
     from e31.local.stack import STATE_FILE, stack_ready
+    home = settings.home
     argv = [a for a in sys.argv[1:] if a not in ("-d", "--detach")]
     home.mkdir(parents=True, exist_ok=True)
     (home / "logs").mkdir(exist_ok=True)
@@ -153,6 +173,9 @@ def _detach(home: Path) -> None:
         if proc.poll() is not None:
             err.print(f"error: e31 up exited with code {proc.returncode}; see {log_path}")
             raise typer.Exit(proc.returncode or EXIT_UNAVAILABLE)
+        if stack_ready(home) and as_json:
+            print(json.dumps(_ready(settings, json.loads(settings.profile_path.read_text()))))
+            return
         if stack_ready(home):
             lines = log_path.read_text().strip().splitlines()
             print(next((line for line in reversed(lines) if "is ready" in line),

@@ -141,6 +141,18 @@ class Client:
         against weight (`e31 queue --json` prints the same)."""
         return dict(self.request("GET", "/v1/queue").json())
 
+    def set_secret(self, name: str, value: str) -> dict[str, Any]:
+        """Set the tenant's secret `name` (created or replaced); a job names it in `secrets`
+        and sees it as the environment variable `name`. The answer holds its name and dates."""
+        return dict(self.request("PUT", f"/v1/secrets/{name}", json={"value": value}).json())
+
+    def list_secrets(self) -> builtins.list[dict[str, Any]]:
+        """The tenant's secrets: names and dates, never values."""
+        return list(self.request("GET", "/v1/secrets").json()["secrets"])
+
+    def delete_secret(self, name: str) -> None:
+        self.request("DELETE", f"/v1/secrets/{name}")
+
 
 def _error(response: httpx.Response) -> ClientError:
     try:

@@ -4,8 +4,8 @@ fetch or cancel the work. Every call goes through the `Client` that made the han
 from __future__ import annotations
 
 import builtins
+import itertools
 import time
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,8 +17,15 @@ from e31.states import FINAL_STATES
 if TYPE_CHECKING:
     from e31.client.client import Client
 
-POLL_S = 0.5                 # status poll while waiting
+POLL_S = 0.5                 # status poll while waiting for an array
+WAIT_POLL_FIRST_S = 0.05     # a job's status: first poll, then each wait 1.5 times the last,
+WAIT_POLL_GROWTH = 1.5
+WAIT_POLL_MAX_S = 1.0        # up to this: a tiny job is seen ended within ~50 ms, a long one
+                             # costs one request a second
+FOLLOW_POLL_S = 1.0          # status and log poll while following a log (`e31 logs -f`)
 LOG_SIZE_HEADER = "X-E31-Log-Size"   # GET …/logs: the log's size (e31.api.app says the same)
+WAIT_LONG_POLL_S = 8         # wait(): one long poll (GET /v1/jobs/{id}?wait_s=…); the API's cap
+LONG_POLL_SLACK_S = 30.0     # its HTTP timeout beyond the wait
 
 
 class JobHandle:
@@ -32,22 +39,35 @@ class JobHandle:
     def __repr__(self) -> str:
         return f"JobHandle({self.id!r}, state={self._last.get('state')!r})"
 
-    def status(self) -> dict[str, Any]:
-        self._last = self._client.request("GET", f"/v1/jobs/{self.id}").json()
+    def status(self, wait_s: int = 0) -> dict[str, Any]:
+        """The job's status; with `wait_s`, the API holds the answer until the job is final or
+        `wait_s` seconds passed (a long poll, at most 8 s)."""
+        if not wait_s:
+            self._last = self._client.request("GET", f"/v1/jobs/{self.id}").json()
+        else:
+            self._last = self._client.request(
+                "GET", f"/v1/jobs/{self.id}", params={"wait_s": wait_s},
+                timeout=wait_s + LONG_POLL_SLACK_S).json()
         return self._last
 
     def watch(self, timeout: float | None = None,
-              poll_s: float = POLL_S) -> Iterator[dict[str, Any]]:
-        """Yield the status at each poll until the job is final; `JobTimeout` after `timeout` s."""
+              poll_s: float | None = None) -> Iterator[dict[str, Any]]:
+        """Yield the status at each poll until the job is final; `JobTimeout` after `timeout` s.
+        Polls every `poll_s` seconds when given; by default the first poll follows 50 ms after
+        the first status and each wait grows 1.5 times up to 1 s (`poll_delays`), so a short
+        job is seen ended soon after it ends and a long one is asked about once a second."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        delays = poll_delays() if poll_s is None else itertools.repeat(poll_s)
         while True:
             status = self.status()
             yield status
             if status["state"] in FINAL_STATES:
                 return
-            if deadline is not None and time.monotonic() >= deadline:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
                 raise JobTimeout(f"job {self.id} still {status['state']} after {timeout:g} s")
-            time.sleep(poll_s)
+            delay = next(delays)
+            time.sleep(delay if deadline is None else min(delay, deadline - now))
 
     def wait(self, timeout: float | None = None, progress: bool = False) -> dict[str, Any]:
         """Block until the job ends; return its status, or raise `JobFailed` unless it succeeded."""
@@ -55,10 +75,30 @@ class JobHandle:
             from e31.client.progress import follow
             status = follow(self, timeout=timeout)
         else:
-            status = deque(self.watch(timeout), maxlen=1)[0]   # the last one: the job ended
+            status = self._until_final(timeout)
         if status["state"] != "succeeded":
             raise JobFailed(status)
         return status
+
+    def _until_final(self, timeout: float | None) -> dict[str, Any]:
+        """The final status, by long polls of up to WAIT_LONG_POLL_S each: one request for a
+        job that ends within one, answered as soon as it ends. An API that answers a long poll
+        at once (one from before it) is polled instead, every `poll_delays()`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delays = poll_delays()
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            ask = WAIT_LONG_POLL_S if left is None else max(0, min(WAIT_LONG_POLL_S, int(left)))
+            asked_at = time.monotonic()
+            status = self.status(wait_s=ask)
+            if status["state"] in FINAL_STATES:
+                return status
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise JobTimeout(f"job {self.id} still {status['state']} after {timeout:g} s")
+            if ask == 0 or now - asked_at < ask / 2:   # not held: poll with back-off
+                delay = next(delays)
+                time.sleep(delay if deadline is None else min(delay, deadline - now))
 
     def result(self) -> Any:
         """The job's JSON result; `JobFailed` if it ended otherwise, `ClientError` if still live."""
@@ -107,9 +147,48 @@ class JobHandle:
             if not chunk or params["offset"] >= size:
                 return
 
+    def follow_logs(self, attempt: int | None = None, *,
+                    poll_s: float = FOLLOW_POLL_S) -> Iterator[bytes]:
+        """The log as it grows, until the job ends: one attempt's, or every attempt's in turn,
+        each under its `=== attempt N ===` line as `logs()` has them. An attempt's log is read
+        to its end once the attempt has ended (the worker stores the last of it before it
+        records the end), and only then does the next attempt's header come."""
+        offsets: dict[int, int] = {}     # bytes yielded so far, per attempt
+        done: set[int] = set()           # attempts ended and read to their end
+        while True:
+            st = self.status()
+            final = st["state"] in FINAL_STATES
+            for a in st["attempts"]:
+                n = a["n"]
+                if n in done or attempt not in (None, n):
+                    continue
+                if n not in offsets:
+                    offsets[n] = 0
+                    if attempt is None:
+                        yield f"=== attempt {n} ===\n".encode()
+                for chunk in self.log_chunks(n, offsets[n]):
+                    offsets[n] += len(chunk)
+                    yield chunk
+                if a["ended_at"] is None and not final:
+                    break          # it still runs: no later attempt exists yet
+                done.add(n)
+            if final:
+                return
+            time.sleep(poll_s)
+
     def cancel(self) -> dict[str, Any]:
         self._last = self._client.request("POST", f"/v1/jobs/{self.id}/cancel").json()
         return self._last
+
+
+def poll_delays(first_s: float = WAIT_POLL_FIRST_S, growth: float = WAIT_POLL_GROWTH,
+                max_s: float = WAIT_POLL_MAX_S) -> Iterator[float]:
+    """The waits between a job's status polls: `first_s`, then each `growth` times the last,
+    never more than `max_s`."""
+    delay = first_s
+    while True:
+        yield delay
+        delay = min(delay * growth, max_s)
 
 
 class ArrayHandle:
@@ -161,6 +240,12 @@ class ArrayHandle:
     def cancel(self) -> dict[str, Any]:
         """Cancel every item: queued ones at once, running ones within seconds; ended ones stay."""
         return dict(self._client.request("POST", f"/v1/arrays/{self.id}/cancel").json())
+
+    def retry_failed(self) -> dict[str, Any]:
+        """Queue the failed and cancelled items again, as their next attempt (the same jobs, in
+        the same slots), and the jobs their failure had cancelled, such as a merge job after
+        the array; returns the array's status with `resubmitted` and `rearmed` ids."""
+        return dict(self._client.request("POST", f"/v1/arrays/{self.id}/retry").json())
 
     def manifest(self) -> dict[str, Any]:
         """The status and, per item in index order: index, id, state, params, result, outputs,

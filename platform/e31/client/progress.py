@@ -10,14 +10,34 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.text import Text
 
 if TYPE_CHECKING:
     from e31.client.handles import ArrayHandle, JobHandle
 
 ARRAY_COUNTS = ("running", "succeeded", "failed", "cancelled")   # shown beside the bar when > 0
+
+
+class RateColumn(ProgressColumn):
+    """How fast `done` grows, per second, with the job's unit: frames/s for a footage fan-out
+    (its progress counts frames), /s otherwise."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        unit = task.fields.get("unit", "")
+        return Text(f"{speed:,.1f} {unit}/s".replace(" /s", "/s") if speed else "")
+
+
+def progress_unit(status: dict[str, Any]) -> str:
+    """The unit a job's progress counts: frames for a footage fan-out's merge job (it waits
+    on the array whose chunks count frames), none otherwise."""
+    return "frames" if any(str(a).startswith("a-") for a in status.get("after") or []) \
+        and (status.get("progress") or {}).get("total") else ""
 
 
 def follow(job: JobHandle, *, timeout: float | None = None,
@@ -26,14 +46,14 @@ def follow(job: JobHandle, *, timeout: float | None = None,
     the last status, which is final unless `timeout` ran out (`JobTimeout`)."""
     status: dict[str, Any] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"),
-                  TimeElapsedColumn(), console=console or Console(stderr=True),
+                  RateColumn(), TimeElapsedColumn(), console=console or Console(stderr=True),
                   transient=False) as bar:
-        task = bar.add_task(job.id, total=None, state="")
+        task = bar.add_task(job.id, total=None, state="", unit="")
         for status in job.watch(timeout):
             prog = status.get("progress") or {}
             total = prog.get("total")
             bar.update(task, total=total or None, completed=prog.get("done") or 0,
-                       state=status["state"],
+                       state=status["state"], unit=progress_unit(status),
                        description=f"{status.get('name') or job.id} ({job.id})")
         if status.get("state") == "succeeded":
             done = bar.tasks[0].total or 1

@@ -51,7 +51,8 @@ DEMO_TIMEOUT_S = 900.0       # the whole pipeline; it takes well under a minute 
 JOB_TIMEOUT_S = 600          # per attempt
 POLL_S = 0.5
 HEALTH_TIMEOUT_S = 2.0
-FIRST = 9                    # priority of the critical path (train, then inference)
+FIRST = 5                    # priority of the critical path (train, then inference): a
+#                              tenant's highest by default (tenant_max_priority)
 WORKER_MODULES = ("torch", "sklearn", "av", "safetensors", "e31_worker")
 
 MLP = "e31_worker.workloads.models:digits_mlp"

@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import httpx
 import redis
@@ -35,6 +36,7 @@ from e31.client.profile import read_profile, write_profile
 from e31.clock import utcnow
 from e31.errors import ConfigError, Conflict
 from e31.local.redisserver import start_redis
+from e31.secrets import generate_key
 from e31.settings import Settings
 from e31.store import Repo, make_engine
 from e31.store.migrate import upgrade
@@ -48,6 +50,7 @@ STATE_FILE = "stack.json"     # under home: the up process, its children, ready 
 REDIS_PASSWORD_FILE = "redis.password"  # under home, 0600: the private Redis's password
 REDIS_PASSWORD_BYTES = 32     # of randomness, URL-safe base64: 43 characters
 METRICS_TOKEN_FILE = "metrics.token"    # under home, 0600: what a scrape of /metrics sends
+SECRETS_KEY_FILE = "secrets.key"        # under home, 0600: the Fernet key of tenants' secrets
 PRIVATE_DIR_MODE = 0o700      # E31_HOME: the store, artifacts, logs and secrets are inside
 PRIVATE_FILE_MODE = 0o600     # the store file, the profile, the Redis password
 
@@ -66,6 +69,8 @@ class LocalStack:
     flower: bool = True
     children: list[Child] = field(default_factory=list)
     _redis_proc: subprocess.Popen[bytes] | None = None
+    _redis_url: str = ""          # the private Redis's (with its password); "" for the user's
+    _redis_pid: int | None = None  # the live private redis-server, ours or restarted by hand
     _stop: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -83,6 +88,7 @@ class LocalStack:
             self._redis_proc, redis_url = start_redis(
                 home / "redis", log_path=home / "logs" / "redis.log",
                 password=new_redis_password(home))
+            self._redis_url, self._redis_pid = redis_url, self._redis_proc.pid
         make_private_sqlite(self.settings.resolved_database_url)
         engine = make_engine(self.settings.resolved_database_url)
         upgrade(engine)
@@ -96,9 +102,13 @@ class LocalStack:
                    E31_FLOWER_PORT=str(self.settings.flower_port),
                    E31_FLOWER_USER=self.settings.flower_user,
                    E31_FLOWER_PASSWORD=profile["flower_password"])
+        if not (self.settings.secrets_key or self.settings.secrets_key_file):
+            env["E31_SECRETS_KEY_FILE"] = str(secrets_key_path(home))   # the API's, the worker's
         me = [sys.executable, "-m", "e31.cli"]
         self.children = [Child("api", me + ["api"]), Child("scheduler", me + ["scheduler"]),
-                         Child("worker", me + ["worker", *self.worker_args])]
+                         # --keep-drains: a drained node stays drained when `supervise`
+                         # restarts the launcher, until `e31 worker --undrain`
+                         Child("worker", me + ["worker", "--keep-drains", *self.worker_args])]
         if self.flower:
             self.children.append(Child("flower", me + ["flower"]))
         api_env = dict(env)
@@ -110,6 +120,7 @@ class LocalStack:
         self._wait_ready(profile["url"], redis_url)
         self._write_state(ready=True, profile=profile)
         self._env = env
+        self._profile = profile
         return profile
 
     def _spawn(self, child: Child, env: dict[str, str]) -> None:
@@ -137,8 +148,8 @@ class LocalStack:
 
     def _write_state(self, *, ready: bool, profile: dict[str, str]) -> None:
         children = {c.name: c.proc.pid for c in self.children if c.proc}
-        if self._redis_proc:
-            children["redis"] = self._redis_proc.pid
+        if self._redis_pid:
+            children["redis"] = self._redis_pid
         state = {"pid": os.getpid(), "ready": ready, "url": profile["url"],
                  "flower": profile.get("flower_url"), "children": children}
         tmp = self.state_path.with_suffix(".tmp")
@@ -146,13 +157,51 @@ class LocalStack:
         os.replace(tmp, self.state_path)
 
     def supervise(self) -> None:
-        """Until asked to stop: restart a child that died (the API, the scheduler, Flower)."""
+        """Until asked to stop: restart a child that died (the API, the scheduler, the worker
+        launcher, Flower) and the private Redis, and keep stack.json's pids the live ones."""
         while not self._stop.wait(1.0):
+            changed = self._keep_redis()
             for child in self.children:
                 if child.proc and child.proc.poll() is not None:
                     log.warning("%s exited with code %s; restarting", child.name,
                                 child.proc.returncode)
                     self._spawn(child, self._env)
+                    changed = True
+            if changed:
+                self._write_state(ready=True, profile=self._profile)
+
+    def _keep_redis(self) -> bool:
+        """Restart the private Redis if it died, on the same port with the same password (so
+        every process's E31_REDIS_URL stays good; they reconnect, and the scheduler publishes
+        again what the empty Redis lost). One restarted by hand there first is adopted.
+        Returns whether its pid changed."""
+        if not self._redis_url or self._redis_running():
+            return False
+        code = self._redis_proc.poll() if self._redis_proc else None
+        adopted = _redis_server_pid(self._redis_url)
+        if adopted is not None:
+            log.warning("redis exited with code %s; another redis-server (pid %d) serves its "
+                        "port with its password: adopted", code, adopted)
+            self._redis_proc, self._redis_pid = None, adopted
+            return True
+        log.warning("redis exited with code %s; restarting on the same port", code)
+        where = urlsplit(self._redis_url)
+        try:
+            self._redis_proc, _ = start_redis(
+                self.settings.home / "redis", port=where.port,
+                log_path=self.settings.home / "logs" / "redis.log",
+                password=unquote(where.password) if where.password else None)
+        except ConfigError as exc:
+            log.warning("redis_restart_failed: %s; trying again", exc)
+            self._redis_proc, self._redis_pid = None, None
+            return True
+        self._redis_pid = self._redis_proc.pid
+        return True
+
+    def _redis_running(self) -> bool:
+        if self._redis_proc is not None:
+            return self._redis_proc.poll() is None
+        return self._redis_pid is not None and pid_alive(self._redis_pid)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -169,7 +218,38 @@ class LocalStack:
         if self._redis_proc is not None:
             self._redis_proc.terminate()
             _wait_or_kill(self._redis_proc, STOP_TIMEOUT_S)
+        if self._redis_url:
+            _shutdown_redis(self._redis_url)   # one restarted by hand on its port, if any
         self.state_path.unlink(missing_ok=True)
+
+
+def _redis_server_pid(url: str) -> int | None:
+    """The pid of the redis-server that answers `url` (with its password), or None."""
+    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        return int(client.info("server")["process_id"])
+    except (redis.RedisError, KeyError, ValueError):
+        return None
+    finally:
+        client.close()
+
+
+def _shutdown_redis(url: str) -> None:
+    """Stop the redis-server answering `url`, if one does: only one that knows the private
+    password can, so it is the stack's (restarted by hand, say), never someone else's."""
+    pid = _redis_server_pid(url)
+    if pid is None:
+        return
+    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        client.shutdown(nosave=True)
+    except redis.RedisError:
+        pass   # it closes the connection as it exits
+    finally:
+        client.close()
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def stack_ready(home: Path) -> bool:
@@ -178,6 +258,18 @@ def stack_ready(home: Path) -> bool:
         return bool(json.loads((home / STATE_FILE).read_text()).get("ready"))
     except (OSError, ValueError):
         return False
+
+
+def stack_redis_url(home: Path) -> str | None:
+    """The Redis URL of the running `e31 up` of `home` (its profile records it; it changes at
+    every start), or None when no stack runs from `home`: how `e31 worker --drain` finds the
+    stack's Redis without E31_REDIS_URL."""
+    try:
+        pid = int(json.loads((home / STATE_FILE).read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+    url = read_profile(home).get("redis_url")
+    return str(url) if url and pid_alive(pid) else None
 
 
 def _wait_or_kill(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -199,14 +291,19 @@ def _refuse_second_stack(state_path: Path) -> None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (ours or not)."""
+    """Whether a process with this pid runs (ours or not); a zombie, exited but not yet
+    reaped by its parent, does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True    # no /proc: it exists
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def make_private_home(home: Path) -> None:
@@ -233,6 +330,19 @@ def metrics_token_path(home: Path) -> Path:
     except FileNotFoundError:
         pass
     _write_secret(path, secrets.token_urlsafe(REDIS_PASSWORD_BYTES))
+    return path
+
+
+def secrets_key_path(home: Path) -> Path:
+    """E31_HOME/secrets.key, holding the Fernet key of tenants' secrets: made (mode 0600) on
+    the first start, kept afterwards (a new key would leave every stored secret unreadable)."""
+    path = home / SECRETS_KEY_FILE
+    try:
+        if path.read_text().strip():
+            return path
+    except FileNotFoundError:
+        pass
+    _write_secret(path, generate_key())
     return path
 
 

@@ -32,6 +32,7 @@ from e31.scheduling.fairshare import (
     Pending,
     Reason,
     Tenant,
+    quota_pending,
 )
 from e31.store.records import Candidate
 from e31.usage import DEFAULT_HALF_LIFE_S
@@ -218,7 +219,7 @@ def decide(*, now_s: float, slots: Sequence[Slot], tenants: Mapping[str, Tenant]
         if j.id in t.placed:
             continue
         if not t.fits_quota(j):
-            pending[j.id] = Pending(Reason.QUOTA, j.size_class, j.gpus)
+            pending[j.id] = quota_pending(t._tenant(j.tenant_id), j.size_class, j.gpus)
         elif j.id in t.reserved_blocked and t.reservation is not None:
             pending[j.id] = Pending(Reason.RESERVED_FOR, t.reservation.job_id, j.gpus)
         else:

@@ -1,10 +1,16 @@
 """Why a job waits and how the queues stand: `e31 status JOB` (its `pending` object) and
 `e31 queue`. Pure: the service reads the store and the heartbeats, this shapes the answer.
 
-A queued job's reason, strongest first: a dependency not finished; retry back-off; published
-and waiting for its worker to claim it; else what the scheduler last wrote for it
-(no_capacity, quota, reserved_for); else, for a job beyond the heads the scheduler reads,
-`quota` if its tenant is at quota for the class, otherwise `no_capacity`.
+A queued job's reason, strongest first: a dependency not finished; retry back-off; the broker
+(Redis, where the pool's heartbeats live) could not be read (`broker_unreachable`); no
+registered node has as many GPUs of its class as it asks for (`no_node`, a job stored with
+`allow_pending`: e31.scheduling.placement); no live worker consumes its queue at all
+(`no_workers`); published and waiting for its worker to claim
+it; a tenant quota below what the job needs (`quota`, which no amount of waiting ends); else what
+the scheduler last wrote for it (no_capacity, quota, reserved_for); else, for a job beyond the
+heads the scheduler reads, `quota` if its tenant is at quota for the class, otherwise
+`no_capacity`. Where nothing but a change by a person (a worker started, a quota raised, Redis
+back) will start the job, there is no estimated start, and `no_estimate` says why.
 
 No answer names another tenant's job or tenant (docs/security.md, "What one tenant can see of
 another"): a reservation held for another tenant's job reads `others`, and so does every other
@@ -19,30 +25,63 @@ from datetime import UTC, datetime
 from typing import Any
 
 from e31.heartbeat import WorkerInfo
+from e31.scheduling import placement
 from e31.scheduling.fairshare import Pending, Reason, Tenant, estimated_start_s, position_in_queue
 from e31.settings import SizeClass
 from e31.store.records import JobRecord, QueueLoad, QueuePosition, SchedulingView, iso
 
 PUBLISHED = "published"     # not a policy reason: the job's message waits for a worker
+NO_WORKERS = "no_workers"   # read live from the heartbeats: no worker consumes the job's queue
+BROKER_DOWN = "broker_unreachable"   # the heartbeats could not be read: nothing is published
+NO_NODE = "no_node"         # no registered node has the GPUs it asks for (allow_pending)
 OTHERS = "others"           # how a non-admin sees every tenant but its own
 FOREIGN_RESERVATION = "GPUs reserved for another tenant's waiting multi-GPU job"
 
 
 def pending(job: JobRecord, pos: QueuePosition, load: QueueLoad, tenants: Mapping[str, Tenant], *,
-            now: datetime, half_life_s: float, owns: Callable[[str], bool]) -> dict[str, Any]:
+            now: datetime, half_life_s: float, owns: Callable[[str], bool],
+            workers: Sequence[WorkerInfo] | None,
+            nodes: placement.Shapes | None = None) -> dict[str, Any]:
     """The `pending` object of a queued job's status, as its tenant may read it: `owns` says
-    whether a job id is that tenant's."""
+    whether a job id is that tenant's; `workers` are the live heartbeats, None when they could
+    not be read (the broker is down), which is not the same as none; `nodes` the registered
+    node shapes (`placement.shapes`), None when not known."""
     place: int | None = None
     start: datetime | None = None
+    no_estimate: str | None = None
+    quota = tenants.get(pos.tenant_id, Tenant(pos.tenant_id)).quotas.get(job.size_class)
     if pos.first_dependency is not None:
         reason, detail = Reason.DEPENDENCY.value, pos.first_dependency
         text = Pending(Reason.DEPENDENCY, detail).text()
+        no_estimate = "it starts once its dependency has succeeded"
     elif job.not_before is not None and job.not_before > now:
         reason, detail = Reason.BACKOFF.value, job.not_before.isoformat()
         text, start = Pending(Reason.BACKOFF, detail).text(), job.not_before
+    elif tenants.get(pos.tenant_id, Tenant(pos.tenant_id)).disabled:
+        reason, detail = Reason.TENANT_DISABLED.value, ""
+        text = Pending(Reason.TENANT_DISABLED, detail).text()
+        no_estimate = "the tenant is disabled; it starts only after an admin enables it"
+    elif workers is None:
+        reason, detail = BROKER_DOWN, job.queue
+        text = "the broker (Redis) is unreachable: nothing is published until it is back"
+        no_estimate = "the broker is unreachable"
+    elif (impossible := placement.missing(job.size_class, job.gpus, nodes or {})) is not None:
+        reason, detail, text = NO_NODE, f"{job.gpus} × {job.size_class}", impossible
+        no_estimate = (f"no registered node has {job.gpus} {job.size_class} GPUs; it starts "
+                       "only once such a node joins the pool")
+    elif not any(job.queue in w.queues for w in workers):
+        reason, detail = NO_WORKERS, job.queue
+        text = f"no worker serves {job.queue}: {_no_worker_of(job)}"
+        no_estimate = "no worker of its class is running; one must be started"
     elif pos.published:
         reason, detail, place = PUBLISHED, job.queue, 0
         text = f"published to {job.queue}; waiting for a worker to claim it"
+        no_estimate = "published; a worker claims it within seconds"
+    elif quota is not None and quota < job.gpus:
+        reason, detail = Reason.QUOTA.value, job.size_class
+        text = (f"tenant quota for {job.size_class} is {quota} GPUs and the job needs "
+                f"{job.gpus}: it starts only after an admin raises the quota")
+        no_estimate = f"the tenant's {job.size_class} quota ({quota} GPUs) is below what it needs"
     else:
         if pos.stored_reason in {r.value for r in Reason}:
             p = Pending(Reason(pos.stored_reason), pos.stored_detail or "", job.gpus)
@@ -58,8 +97,15 @@ def pending(job: JobRecord, pos: QueuePosition, load: QueueLoad, tenants: Mappin
         per_min = load.starts_recent * 60.0 / load.window_s
         at_s = estimated_start_s(now.timestamp(), place, per_min)
         start = datetime.fromtimestamp(at_s, UTC) if at_s is not None else None
+        no_estimate = None if start else "no recent starts in its queue"
     return {"reason": reason, "detail": detail, "text": text, "position": place,
-            "estimated_start": iso(start)}
+            "estimated_start": iso(start), "no_estimate": None if start else no_estimate}
+
+
+def _no_worker_of(job: JobRecord) -> str:
+    if job.gpus > 1:
+        return f"no worker with {job.gpus} {job.size_class} GPUs is running"
+    return f"no {job.size_class} worker is running"
 
 
 def as_seen_by_owner(p: Pending, owns: Callable[[str], bool]) -> tuple[str, str, str]:
@@ -70,12 +116,16 @@ def as_seen_by_owner(p: Pending, owns: Callable[[str], bool]) -> tuple[str, str,
     return p.reason.value, p.detail, p.text()
 
 
-def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo],
+def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo] | None,
                    view: SchedulingView, tenants: Mapping[str, Tenant],
                    queued: Mapping[tuple[str, str], int], viewer: str | None) -> dict[str, Any]:
     """Per size class: GPUs and busy GPUs (heartbeats), queued jobs and GPUs running per
     tenant with each one's share of the class's running GPUs against its share of weight.
-    `viewer` (a tenant id) sees other tenants as one `others` row; None sees every name."""
+    `viewer` (a tenant id) sees other tenants as one `others` row; None sees every name.
+    `workers` None: the heartbeats could not be read; `broker` says so ("unreachable", else
+    "ok"), and the GPU counts (0 then) mean unknown, not none."""
+    broker = "ok" if workers is not None else "unreachable"
+    workers = workers or []
     names = {t.id: t.name for t in view.tenants}
     busy = {r.node for r in view.running if r.lease_live and r.node}
 
@@ -118,7 +168,8 @@ def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo
                     # how its workers run jobs (docs/security.md); "unknown": an older worker
                     "isolation": sorted({w.isolation or "unknown" for w in mine}),
                     "tenants": sorted(merged.values(), key=lambda m: m["tenant"])})
-    return {"classes": out, "tenants": _standing(tenants, who, set(queued_tenants(queued)))}
+    return {"classes": out, "tenants": _standing(tenants, who, set(queued_tenants(queued))),
+            "broker": broker}
 
 
 def queued_tenants(queued: Mapping[tuple[str, str], int]) -> list[str]:

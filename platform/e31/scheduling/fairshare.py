@@ -45,6 +45,7 @@ class Tenant:
     usage_gpu_s: float = 0.0                                       # UsageState.at(now_s, …)
     running_gpus: Mapping[str, int] = field(default_factory=dict)  # size class -> GPUs running
     #                                                                or published, not yet claimed
+    disabled: bool = False    # an admin disabled the tenant: none of its jobs starts
 
     def __post_init__(self) -> None:
         if self.weight <= 0:
@@ -58,6 +59,8 @@ class Tenant:
 
     def fits_quota(self, size_class: str, gpus: int) -> bool:
         """Whether `gpus` more GPUs of `size_class` keep the tenant within its quota."""
+        if self.disabled:      # held as by a quota of 0 of every class (reserving nothing)
+            return False
         quota = self.quotas.get(size_class)
         return quota is None or self.running_gpus.get(size_class, 0) + gpus <= quota
 
@@ -76,6 +79,7 @@ class Reason(StrEnum):
     RESERVED_FOR = "reserved_for"  # detail: the big job holding the reservation
     DEPENDENCY = "dependency"      # detail: the job not finished (the caller sets it)
     BACKOFF = "backoff"            # detail: ISO time of not_before (the caller sets it)
+    TENANT_DISABLED = "tenant_disabled"   # detail: empty; an admin disabled the tenant
 
 
 @dataclass(frozen=True)
@@ -95,9 +99,18 @@ class Pending:
             return f"tenant quota for {self.detail} reached"
         if self.reason is Reason.RESERVED_FOR:
             return f"GPUs reserved for the waiting multi-GPU job {self.detail}"
+        if self.reason is Reason.TENANT_DISABLED:
+            return "the tenant is disabled; an admin's `e31 tenant enable` resumes its jobs"
         if self.reason is Reason.DEPENDENCY:
             return f"dependency {self.detail} not finished"
         return f"retry back-off until {self.detail}"
+
+
+def quota_pending(tenant: Tenant, size_class: str, gpus: int) -> Pending:
+    """Why a job that its tenant's quota holds back waits: the quota, or the tenant disabled."""
+    if tenant.disabled:
+        return Pending(Reason.TENANT_DISABLED, "", gpus)
+    return Pending(Reason.QUOTA, size_class, gpus)
 
 
 def position_in_queue(*, tenant: str, priority: int, older_own: int,

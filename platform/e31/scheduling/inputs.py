@@ -92,5 +92,5 @@ def tenant_views(shares: Iterable[TenantShare], running: Mapping[str, Mapping[st
         at_s = t.usage_at.timestamp() if t.usage_at else now.timestamp()
         usage = UsageState(t.usage_gpu_s, at_s).at(now.timestamp(), half_life_s)
         out[t.id] = Tenant(name=t.id, weight=t.weight, quotas=dict(t.quotas), usage_gpu_s=usage,
-                           running_gpus=dict(running.get(t.id, {})))
+                           running_gpus=dict(running.get(t.id, {})), disabled=t.disabled)
     return out

@@ -93,16 +93,22 @@ class Scheduler:
 
     # -- one pass ------------------------------------------------------------------------
 
-    def tick(self, now: datetime | None = None) -> int:
-        """Publish what the free capacity can take, by policy; returns the messages sent."""
+    def tick(self, now: datetime | None = None, *, recover: bool = True) -> int:
+        """Publish what the free capacity can take, by policy; returns the messages sent.
+        `recover=False` leaves out the recovery of what died (expired leases, lost and stale
+        publications: two write transactions); the loop recovers at most once a tick
+        interval, so a burst of wake-ups (a job ending every few milliseconds) does not
+        repeat it at each."""
         now = now or utcnow()
-        self.reconcile(now)
+        if recover:
+            self.reconcile(now)
         workers = read_workers(self._redis)
         view = self._repo.scheduling_view(now=now, queues=self._queues)
         busy = {r.node for r in view.running if r.lease_live and r.node}
         idle_queues = {q for w in inputs.idle_workers(workers, busy) for q in w.queues}
-        expired = self._repo.expire_dispatches(sorted(idle_queues), now=now,
-                                               timeout_s=self._settings.dispatch_timeout_s)
+        expired = self._repo.expire_dispatches(
+            sorted(idle_queues), now=now,
+            timeout_s=self._settings.dispatch_timeout_s) if recover else 0
         if expired:
             log.warning("dispatch_expired count=%d: published again", expired)
             view = self._repo.scheduling_view(now=now, queues=self._queues)
@@ -191,6 +197,7 @@ class Scheduler:
         """Lead (or wait to lead) until `stop` is set."""
         leading = False
         tick_s = self._settings.scheduler_tick_s
+        recovered_s = -float("inf")   # time.monotonic() of the last tick that recovered
         while not stop.is_set():
             try:
                 if not self.try_lead():
@@ -205,7 +212,10 @@ class Scheduler:
                     leading = True
                     self.hold_lease_expiry()
                 started_s = time.monotonic()
-                sent = self.tick()
+                recover = started_s - recovered_s >= tick_s
+                sent = self.tick(recover=recover)
+                if recover:
+                    recovered_s = started_s
                 self._note_health(started_s, sent)
                 self._wait_for_wake(stop, tick_s)
             except (redis.RedisError, SchedulingError, StoreError) as exc:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -20,12 +21,32 @@ from e31.errors import NotFound
 from e31.sizeclasses import Route
 from e31.spec import JobSpec
 from e31.states import AttemptReason, JobState
-from e31.store import bulk, deps, transitions
+from e31.store import bulk, deps, limits, transitions
 from e31.store.models import Array, Job, Tenant
-from e31.store.records import ArrayItem, ArrayManifest, ArrayRecord, ManifestItem
+from e31.store.records import (
+    ArrayItem,
+    ArrayManifest,
+    ArrayRecord,
+    JobRecord,
+    ManifestItem,
+)
 from e31.store.rows import new_array_id, queued_job
 
 ARRAY_ID = re.compile(r"^a-[0-9a-f]{20}$")
+
+
+@dataclass(frozen=True)
+class RetryRecord:
+    """What `retry_array` did: the array as it stands, the items queued again, and the jobs
+    that waited on them and were queued again too."""
+
+    array: ArrayRecord
+    resubmitted: list[str]
+    rearmed: list[str]
+
+    def to_status(self) -> dict[str, Any]:
+        return {**self.array.to_status(), "resubmitted": self.resubmitted,
+                "rearmed": self.rearmed}
 
 
 class ArrayQueries:
@@ -39,12 +60,13 @@ class ArrayQueries:
         raise NotImplementedError
 
     def insert_array(self, tenant_id: str, name: str, items: Sequence[tuple[JobSpec, Route]], *,
-                     now: datetime) -> ArrayRecord:
+                     now: datetime, max_queued: int | None = None) -> ArrayRecord:
         """Store an array and every item as a queued job: one short write transaction of bulk
         inserts. Every item's dependencies are checked in bulk (`deps.check_after`) and the
         rows prepared for the driver (`bulk.prepare`) before it opens; inside, only what can
         have changed meanwhile is read again (`deps.confirm_after`), so the store's write
-        lock is held for the inserts and little else (docs/reliability.md)."""
+        lock is held for the inserts and little else (docs/reliability.md). With `max_queued`,
+        refused (`LimitExceeded`) when the items would take the tenant's queued jobs past it."""
         array_id = new_array_id()
         after = [spec.after for spec, _ in items]
         fields = [f"items[{i}]." for i in range(len(items))]
@@ -54,6 +76,8 @@ class ArrayQueries:
                 for i, ((spec, where), wait) in enumerate(zip(items, checked, strict=True))]
         jobs, links = self._prepare(rows, checked)
         with self._session(write=True) as s:
+            if max_queued is not None:
+                limits.hold_queued(s, tenant_id, adding=len(rows), max_queued=max_queued)
             waits = deps.confirm_after(s, tenant_id, after, fields, checked)
             if waits != checked:   # a dependency succeeded meanwhile: fewer to wait for
                 for row, wait in zip(rows, waits, strict=True):
@@ -159,3 +183,66 @@ class ArrayQueries:
         tenant = s.scalar(select(Tenant.name).where(Tenant.id == array.tenant_id)) or ""
         return ArrayRecord(id=array.id, tenant=tenant, name=array.name, size=array.size,
                            submitted_at=array.submitted_at, counts=counts, items=listed)
+
+    def insert_fanout(self, tenant_id: str, name: str, items: Sequence[tuple[JobSpec, Route]],
+                      merge: Callable[[str], tuple[JobSpec, Route]], *, now: datetime,
+                      max_queued: int | None = None) -> tuple[ArrayRecord, JobRecord]:
+        """Store a fan-out in one write transaction: an array of `items` and the job that
+        `merge(array_id)` specifies, which waits for the array (`after: [array_id]`). Nothing
+        half-submitted is ever seen: the array and its merge job commit together. With
+        `max_queued`, refused (`LimitExceeded`) as `insert_array` is."""
+        array_id = new_array_id()
+        spec, where = merge(array_id)
+        rows = [{**queued_job(tenant_id, item, route, now), "array_id": array_id,
+                 "array_index": i} for i, (item, route) in enumerate(items)]
+        last = {**queued_job(tenant_id, spec, where, now), "deps_pending": 1,
+                "array_id": None, "array_index": None}
+        jobs = bulk.prepare(self.engine.dialect, Job, [*rows, last])
+        with self._session(write=True) as s:
+            if max_queued is not None:
+                limits.hold_queued(s, tenant_id, adding=len(rows) + 1, max_queued=max_queued)
+            s.execute(insert(Array).values(id=array_id, tenant_id=tenant_id, name=name,
+                                           size=len(rows), submitted_at=now))
+            jobs.run(s)
+            deps.links(self.engine.dialect, [(last["id"], [array_id])]).run(s)
+            tenant = s.scalar(select(Tenant.name).where(Tenant.id == tenant_id)) or ""
+        queued = JobState.QUEUED.value
+        array = ArrayRecord(id=array_id, tenant=tenant, name=name, size=len(rows),
+                            submitted_at=now, counts={queued: len(rows)},
+                            items=[ArrayItem(r["array_index"], r["id"], queued, None)
+                                   for r in rows])
+        return array, self.get_job(tenant_id, last["id"])  # type: ignore[attr-defined]
+
+    def array_progress(self, tenant_id: str, array_id: str) -> float:
+        """The progress its items reported, summed: a succeeded item's whole total, a live
+        one's done so far (a fan-out's chunks report frames). 0 for no array of the tenant."""
+        succeeded = JobState.SUCCEEDED.value
+        with self._session() as s:
+            rows = s.execute(select(Job.state, func.sum(Job.progress_done),
+                                    func.sum(Job.progress_total))
+                             .where(Job.array_id == array_id, Job.tenant_id == tenant_id)
+                             .group_by(Job.state)).tuples().all()
+        return float(sum((total if state == succeeded else done) or 0
+                         for state, done, total in rows))
+
+    def retry_array(self, tenant_id: str, array_id: str, *, now: datetime) -> RetryRecord:
+        """Queue again the array's failed and cancelled items, the same jobs as their next
+        attempt (the manifest stays one object keyed by item), and the jobs that were
+        cancelled because one of them failed (`deps.rearm`): a merge job waiting on the array
+        runs once they succeed. One transaction, the items' rows locked first."""
+        bad = [JobState.FAILED.value, JobState.CANCELLED.value]
+        with self._session(write=True) as s:
+            array = self._array(s, tenant_id, array_id)
+            s.execute(select(Array.id).where(Array.id == array.id).with_for_update())
+            ended = s.execute(select(Job.id, Job.state, Job.ended_at)
+                              .where(Job.array_id == array.id, Job.tenant_id == tenant_id,
+                                     Job.state.in_(bad))
+                              .order_by(Job.id).with_for_update()).all()
+            items = transitions.resubmit(s, [(job_id, state) for job_id, state, _ in ended],
+                                         now=now)
+            rearmed: list[str] = []
+            if items:
+                since = min(at for _, _, at in ended if at is not None)
+                rearmed = deps.rearm(s, tenant_id, [array.id, *items], since=since, now=now)
+            return RetryRecord(array=self._array_record(s, array, items=True),
+                               resubmitted=items, rearmed=rearmed)

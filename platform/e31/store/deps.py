@@ -132,17 +132,19 @@ def _statuses(s: Session, tenant_id: str, ids: Sequence[str]) -> dict[str, str]:
 
 
 def _lock(s: Session, pending: Sequence[str]) -> None:
-    """Lock the rows of pending dependencies, jobs before arrays, FOR KEY SHARE: this waits
-    for a transaction that is ending one (it holds the row FOR UPDATE) and holds the next one
-    off until this commits, without blocking a lease renewal or a claim. Not on SQLite, where
-    the write transaction already excludes every other writer and rows have no locks."""
+    """Lock the rows of pending dependencies, jobs before arrays: this waits for a transaction
+    that is ending one and holds the next one off until this commits. A job row FOR KEY SHARE
+    (its ending holds it FOR UPDATE), which blocks no lease renewal or claim; an array row FOR
+    SHARE, against `on_final`'s FOR NO KEY UPDATE (nothing but an operator's cancel or retry
+    updates an array row). Not on SQLite, where the write transaction already excludes every
+    other writer and rows have no locks."""
     if s.get_bind().dialect.name == "sqlite":
         return
     for model in (Job, Array):
         prefix = "j-" if model is Job else "a-"
         for chunk in _chunks([dep for dep in pending if dep.startswith(prefix)]):
             s.execute(select(model.id).where(model.id.in_(chunk))
-                      .with_for_update(read=True, key_share=True))
+                      .with_for_update(read=True, key_share=model is Job))
 
 
 def _ended(s: Session, pending: Sequence[str]) -> dict[str, str]:
@@ -218,8 +220,12 @@ def on_final(s: Session, ended: Sequence[Ended], *, now: datetime) -> int:
         for array_id in sorted(arrays):
             # Locked before looking for dependants: a submit that read this array as pending
             # has then either committed its `job_deps` rows, or waits and reads the item's
-            # final state after this commits (`confirm_after`).
-            s.execute(select(Array.id).where(Array.id == array_id).with_for_update())
+            # final state after this commits (`confirm_after`). FOR NO KEY UPDATE, not FOR
+            # UPDATE: the ending item's transaction updated its job row twice, so PostgreSQL's
+            # foreign-key re-check holds this row FOR KEY SHARE, as another ending item's does,
+            # and upgrading both to FOR UPDATE deadlocked (docs/scale.md).
+            s.execute(select(Array.id).where(Array.id == array_id)
+                      .with_for_update(key_share=True))
             if not _has_dependants(s, array_id):
                 continue
             failed = [e for e in arrays[array_id] if e[2] != JobState.SUCCEEDED.value]
@@ -270,3 +276,40 @@ def _cancel_dependants(s: Session, bad: dict[str, str], *, now: datetime) -> lis
                                       reason=DEPENDENCY_REASON, error=f"{why}; this job never ran")
             ended += [(job_id, array_id, JobState.CANCELLED.value) for job_id, array_id, _ in rows]
     return ended
+
+
+def rearm(s: Session, tenant_id: str, resubmitted: Sequence[str], *, since: datetime,
+          now: datetime) -> list[str]:
+    """After `resubmitted` (job and array ids) were queued again: queue again, transitively,
+    the tenant's jobs that a failure of one of them had cancelled (reason `dependency`, ended
+    at or after `since`), each waiting again for its dependencies not yet succeeded. A job
+    with another dependency that failed for good stays cancelled. Returns the ids queued."""
+    candidates = [(job_id, (spec or {}).get("after") or [], array_id)
+                  for job_id, spec, array_id in s.execute(
+                      select(Job.id, Job.spec, Job.array_id).where(
+                          Job.tenant_id == tenant_id, Job.ended_at >= since,
+                          unindexed(Job.state) == JobState.CANCELLED.value,
+                          Job.reason == DEPENDENCY_REASON).with_for_update())]
+    frontier, rearmed = set(resubmitted), []
+    while frontier:
+        ready = [(job_id, after) for job_id, after, array_id in candidates
+                 if job_id not in rearmed and frontier & {*after, array_id}]
+        ready = [(job_id, after) for job_id, after in ready if job_id not in frontier]
+        if not ready:
+            break
+        status = _statuses(s, tenant_id, _distinct([after for _, after in ready]))
+        go = [(job_id, [d for d in after if status.get(d) == _WAIT]) for job_id, after in ready
+              if all(status.get(d) in (_WAIT, _DONE) for d in after)]
+        if not go:
+            break
+        transitions.resubmit(s, [(job_id, JobState.CANCELLED.value) for job_id, _ in go],
+                             now=now)
+        for job_id, wait in go:
+            if wait:
+                s.execute(update(Job).where(Job.id == job_id).values(deps_pending=len(wait)),
+                          execution_options={"synchronize_session": False})
+        links(s.get_bind().dialect, go).run(s)
+        rearmed += [job_id for job_id, _ in go]
+        frontier = {job_id for job_id, _ in go} | {array_id for job_id, _, array_id in candidates
+                                                   if array_id and job_id in dict(go)}
+    return rearmed

@@ -19,7 +19,8 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from e31.store.models import DrainRequest
+from e31.states import JobState
+from e31.store.models import DrainRequest, Job
 
 
 @dataclass(frozen=True)
@@ -74,3 +75,20 @@ class DrainQueries:
         with self._session(write=True) as s:
             res = s.execute(delete(DrainRequest).where(DrainRequest.node.in_(list(nodes))))
             return int(res.rowcount or 0)  # type: ignore[attr-defined]
+
+    def drained_since(self, *, since: datetime) -> set[str]:
+        """The nodes with a drain request made at `since` or later (an operator's or a node's
+        own): what a launcher that keeps drains (`e31 up`) leaves stopped."""
+        with self._session() as s:
+            return set(s.scalars(select(DrainRequest.node).where(
+                DrainRequest.requested_at >= since)))
+
+    def jobs_running_on(self, nodes: Sequence[str]) -> list[str]:
+        """The ids of the `running` jobs whose lease one of `nodes` holds: a drain is done only
+        when none is left (each was recorded `drained` and queued again, or recovered)."""
+        if not nodes:
+            return []
+        with self._session() as s:
+            return list(s.scalars(select(Job.id).where(
+                Job.state == JobState.RUNNING.value, Job.lease_owner.in_(list(nodes)),
+            ).order_by(Job.id)))

@@ -65,6 +65,11 @@ class Tenant(Base):
     # by the worker that stores them and `e31 gc` that removes them (`store.quotas`).
     outputs_max_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     outputs_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    # Tenancy (docs/security.md): a disabled tenant's tokens are refused and its queued jobs
+    # do not start; `limits` overrides the pool's per-tenant defaults by name (max_priority,
+    # max_queued, max_array_items, max_request_bytes, submit_rate_per_s); None: defaults.
+    disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    limits: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class ApiKey(Base):
@@ -75,6 +80,40 @@ class ApiKey(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # A tenant's tokens are named (unique among its live ones, checked by the store); `prefix`
+    # is the token's first characters, shown by `e31 token list` to tell tokens apart.
+    name: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    prefix: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class AuditEvent(Base):
+    """Every admin action and token change: who (tenant and key), what, when, from where."""
+
+    __tablename__ = "audit_log"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    actor: Mapped[str] = mapped_column(String(100))   # tenant name, or "local" (CLI on the store)
+    actor_key: Mapped[str | None] = mapped_column(String(40), nullable=True)   # api_keys.id
+    action: Mapped[str] = mapped_column(String(64))          # e.g. token.create, tenant.disable
+    target: Mapped[str] = mapped_column(String(200))         # e.g. tenant name, tenant/token
+    source: Mapped[str | None] = mapped_column(String(100), nullable=True)     # client address
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+    __table_args__ = (Index("ix_audit_log_at", "at"),)
+
+
+class Secret(Base):
+    """A tenant's named secret, Fernet-encrypted with the pool's key (`secrets_key`): the
+    store alone does not reveal it."""
+
+    __tablename__ = "secrets"
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    ciphertext: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class Array(Base):
@@ -213,6 +252,9 @@ class Attempt(Base):
     # Since when the running attempt's log, progress and GPUs have not moved, once that
     # lasted its idle_timeout_s (the watchdog); NULL while it moves (docs/jobs.md).
     idle_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The size class an `oom` attempt sent its job on to (`resources.on_oom: next_class`);
+    # NULL for every other attempt. Such an attempt is not counted against the retries.
+    moved_to: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
     # Recent starts per queue: the rate behind a queued job's estimated start.
     __table_args__ = (Index("ix_attempts_started", "started_at"),)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from e31.clock import utcnow
 from e31.spec import JobSpec
 from e31.states import FINAL_STATES, AttemptReason, JobState
 
@@ -21,10 +22,72 @@ class TenantRecord:
     admin: bool
     weight: float
     quotas: dict[str, int] = field(default_factory=dict)   # size class -> most GPUs at once
+    # Tenancy (e31.store.tenants): when an admin disabled it (None: enabled), and its own
+    # limits over the pool's defaults (tenants.limits; empty: the defaults).
+    disabled_at: datetime | None = None
+    limits: dict[str, Any] = field(default_factory=dict)
+    # The API key a request was authenticated with (the audit log's actor_key); None when the
+    # record was read otherwise. Not part of the tenant's identity.
+    key_id: str | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"tenant": self.name, "admin": self.admin, "weight": self.weight,
-                "quotas": dict(sorted(self.quotas.items()))}
+                "quotas": dict(sorted(self.quotas.items())),
+                "disabled": self.disabled_at is not None, "disabled_at": iso(self.disabled_at),
+                "limits": dict(sorted(self.limits.items()))}
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """One API key as its tenant may see it: never the token, only its name and prefix."""
+
+    id: str
+    tenant: str
+    name: str
+    prefix: str | None
+    created_at: datetime
+    expires_at: datetime | None
+    last_used_at: datetime | None
+    revoked_at: datetime | None = None
+
+    def to_dict(self, *, now: datetime) -> dict[str, Any]:
+        return {"name": self.name, "tenant": self.tenant, "prefix": self.prefix,
+                "created_at": iso(self.created_at), "last_used_at": iso(self.last_used_at),
+                "expires_at": iso(self.expires_at),
+                "expired": self.expires_at is not None and self.expires_at <= now,
+                "revoked_at": iso(self.revoked_at)}
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who asks for a change that the audit log records: a tenant and its key over the API, or
+    `local` (the CLI on the store), and the client's address."""
+
+    name: str
+    key_id: str | None = None
+    source: str | None = None
+
+
+LOCAL_ACTOR = Actor("local")
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One line of the audit log (`e31 audit`, GET /v1/admin/audit)."""
+
+    id: int
+    at: datetime
+    actor: str
+    actor_key: str | None
+    action: str
+    target: str
+    source: str | None
+    detail: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "at": iso(self.at), "actor": self.actor,
+                "actor_key": self.actor_key, "action": self.action, "target": self.target,
+                "source": self.source, "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -46,6 +109,7 @@ class AttemptRecord:
     gpu_mem_peak_gb: float | None = None
     gpu_util_mean: float | None = None
     idle_since: datetime | None = None      # flagged by its watchdog (docs/jobs.md)
+    moved_to: str | None = None             # an oom attempt's job went on to this class
 
     def to_dict(self) -> dict[str, Any]:
         return {"n": self.n, "worker": self.worker, "gpus": self.gpus,
@@ -53,7 +117,8 @@ class AttemptRecord:
                 "reason": self.reason, "error": self.error, "exit_code": self.exit_code,
                 "isolation": self.isolation, "start": self.start, "start_ms": self.start_ms,
                 "setup_s": self.setup_s, "gpu_mem_peak_gb": self.gpu_mem_peak_gb,
-                "gpu_util_mean": self.gpu_util_mean, "idle_since": iso(self.idle_since)}
+                "gpu_util_mean": self.gpu_util_mean, "idle_since": iso(self.idle_since),
+                "moved_to": self.moved_to}
 
 
 @dataclass(frozen=True)
@@ -84,9 +149,15 @@ class JobRecord:
     array_id: str | None = None      # the array this job is an item of, if any
     array_index: int | None = None
     pending: dict[str, Any] | None = None   # a queued job's reason, position, estimated start
+    queued_since: datetime | None = None    # a queued job's: when its present wait began
 
     def to_status(self) -> dict[str, Any]:
-        """The status dict of the public contract (`job.status()`, `e31 status --json`)."""
+        """The status dict of the public contract (`job.status()`, `e31 status --json`).
+        A queued job's `queued_seconds` counts its present wait up to now: what the claim will
+        store, read before it (the store keeps the waits of the attempts before)."""
+        queued_s = self.queued_seconds
+        if self.queued_since is not None and self.state == JobState.QUEUED.value:
+            queued_s += max(0.0, (utcnow() - self.queued_since).total_seconds())
         return {
             "id": self.id, "name": self.name, "tenant": self.tenant, "state": self.state,
             "reason": self.reason, "error": self.error,
@@ -95,7 +166,7 @@ class JobRecord:
             "submitted_at": iso(self.submitted_at), "started_at": iso(self.started_at),
             "ended_at": iso(self.ended_at), "not_before": iso(self.not_before),
             "gpu_seconds": round(self.gpu_seconds, 3), "run_seconds": round(self.run_seconds, 3),
-            "queued_seconds": round(self.queued_seconds, 3),
+            "queued_seconds": round(queued_s, 3),
             "progress": ({"done": self.progress_done, "total": self.progress_total}
                          if self.progress_done is not None else None),
             "result": self.result, "outputs": self.outputs,
@@ -271,6 +342,7 @@ class TenantShare:
     quotas: dict[str, int]
     usage_gpu_s: float
     usage_at: datetime | None
+    disabled: bool = False     # an admin disabled it: its queued jobs do not start
 
 
 class Published(NamedTuple):

@@ -8,12 +8,9 @@ Every job query a tenant can reach is scoped by `tenant_id`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import re
-import secrets
-import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,8 +19,8 @@ from sqlalchemy import ColumnElement, Engine, func, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from e31.errors import Conflict, NotFound, StoreError, StoreUnavailable
-from e31.sizeclasses import Route
+from e31.errors import NotFound, StoreError, StoreUnavailable
+from e31.sizeclasses import OomRule, Route
 from e31.spec import JobSpec, RetryPolicy
 from e31.states import AttemptReason, JobState
 from e31.store import deps, tenants, transitions
@@ -31,7 +28,8 @@ from e31.store.arrays import ArrayQueries
 from e31.store.attempts import AttemptQueries
 from e31.store.db import WRITE_OPTION
 from e31.store.drains import DrainQueries
-from e31.store.models import ApiKey, Attempt, Job, Tenant
+from e31.store.limits import hold_queued
+from e31.store.models import Attempt, Job, Tenant
 from e31.store.pool import PoolQueries
 from e31.store.quotas import QuotaQueries
 from e31.store.records import (
@@ -39,25 +37,24 @@ from e31.store.records import (
     Claim,
     JobRecord,
     Outcome,
-    TenantRecord,
     UsageRow,
 )
 from e31.store.rows import queued_job, seconds
 from e31.store.scheduling import SchedulerQueries
+from e31.store.secrets import SecretQueries
+from e31.store.tenancy import TenancyQueries
+from e31.store.tokens import TOKEN_PREFIX, hash_token
 
-TOKEN_PREFIX = "e31_"
+__all__ = ["TOKEN_PREFIX", "Repo", "hash_token"]
+
 JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
 ERROR_MAX_CHARS = 16_384   # an attempt's error text; the whole story is in the log
 COUNTED_REASONS = [r.value for r in AttemptReason if r.counts_against_retries]
 EXPIRE_BATCH = 100         # most expired leases recovered per call (the next tick does the rest)
 
 
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 class Repo(ArrayQueries, AttemptQueries, DrainQueries, PoolQueries, QuotaQueries,
-           SchedulerQueries):
+           SchedulerQueries, TenancyQueries, SecretQueries):
     """All database access, over one engine. `half_life_s` decays tenants' usage when an
     attempt's bill is added: `fair_share_half_life_s`, the same in every process, so it has
     no default here (`e31.wiring.repo` builds a Repo from settings)."""
@@ -83,61 +80,18 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, PoolQueries, QuotaQueries
         except SQLAlchemyError as exc:
             raise StoreError(f"results store error: {type(exc).__name__}: {exc}") from exc
 
-    # -- tenants and tokens -------------------------------------------------------------
-
-    def create_tenant(self, name: str, *, admin: bool = False, now: datetime, weight: float = 1.0,
-                      quotas: Mapping[str, int] | None = None) -> tuple[TenantRecord, str]:
-        """Create a tenant and its first token; the token is returned once, only its hash kept."""
-        tenant = Tenant(id="t-" + uuid.uuid4().hex[:12], name=name, admin=admin,
-                        weight=tenants.check_weight(weight), created_at=now,
-                        quotas=dict(sorted((quotas or {}).items())) or None, usage_gpu_s=0.0)
-        try:
-            with self._session(write=True) as s:
-                s.add(tenant)
-                s.flush()
-                token = self._add_key(s, tenant.id, now)
-        except IntegrityError as exc:
-            raise Conflict(f"tenant {name!r} exists already") from exc
-        return _tenant(tenant), token
-
-    def update_tenant(self, name: str, *, weight: float | None = None,
-                      quotas: Mapping[str, int] | None = None,
-                      drop_quotas: Sequence[str] = ()) -> TenantRecord:
-        """Change a tenant's weight and quotas (`e31 tenant update`); the scheduler's next tick
-        uses them."""
-        with self._session(write=True) as s:
-            return tenants.update(s, name, weight=weight, quotas=quotas or {}, drop=drop_quotas)
-
-    def create_token(self, tenant_name: str, *, now: datetime) -> str:
-        """A new token for an existing tenant."""
-        with self._session(write=True) as s:
-            tenant = s.scalar(select(Tenant).where(Tenant.name == tenant_name))
-            if tenant is None:
-                raise NotFound(f"no tenant named {tenant_name!r}")
-            return self._add_key(s, tenant.id, now)
-
-    @staticmethod
-    def _add_key(s: Session, tenant_id: str, now: datetime) -> str:
-        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        s.add(ApiKey(id="k-" + uuid.uuid4().hex[:12], tenant_id=tenant_id,
-                     token_hash=hash_token(token), created_at=now))
-        return token
-
-    def tenant_for_token(self, token: str) -> TenantRecord | None:
-        with self._session() as s:
-            row = s.scalar(select(Tenant).join(ApiKey, ApiKey.tenant_id == Tenant.id).where(
-                ApiKey.token_hash == hash_token(token), ApiKey.revoked_at.is_(None)))
-            return _tenant(row) if row else None
-
     # -- submit, read, cancel -------------------------------------------------------------
 
     def insert_job(self, tenant_id: str, spec: JobSpec, route: Route, *,
-                   now: datetime) -> JobRecord:
+                   now: datetime, max_queued: int | None = None) -> JobRecord:
         """Store a queued job; its `after` dependencies must be the tenant's and not failed
         (`SpecError` naming `after[i]` otherwise), checked before the write transaction opens
-        as an array's are (`insert_array`)."""
+        as an array's are (`insert_array`). With `max_queued`, refused (`LimitExceeded`) when
+        the tenant holds that many queued jobs, counted in the same transaction."""
         checked = self._check_after(tenant_id, [spec.after], [""])
         with self._session(write=True) as s:
+            if max_queued is not None:
+                hold_queued(s, tenant_id, adding=1, max_queued=max_queued)
             [waits] = deps.confirm_after(s, tenant_id, [spec.after], [""], checked)
             job = Job(**{**queued_job(tenant_id, spec, route, now), "deps_pending": len(waits)})
             s.add(job)
@@ -150,6 +104,17 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, PoolQueries, QuotaQueries
         with self._session() as s:
             job = self._job(s, tenant_id, job_id)
             return self._record(s, job, with_attempts=True)
+
+    def job_state(self, tenant_id: str, job_id: str) -> str:
+        """A job's state alone, by key (the API's long poll reads it while it waits); NotFound
+        for a job that is not the tenant's."""
+        if not JOB_ID.fullmatch(job_id):
+            raise NotFound(f"no job {job_id[:64]!r}")
+        with self._session() as s:
+            state = s.scalar(select(Job.state).where(Job.id == job_id, Job.tenant_id == tenant_id))
+        if state is None:
+            raise NotFound(f"no job {job_id}")
+        return str(state)
 
     def list_jobs(self, tenant_id: str, *, state: str | None = None,
                   limit: int = 100) -> list[JobRecord]:
@@ -222,13 +187,15 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, PoolQueries, QuotaQueries
             return (row is not None, bool(row[0]) if row else False)
 
     def record_outcome(self, job_id: str, token: int, outcome: Outcome, *,
-                       now: datetime) -> JobState | None:
-        """Write an attempt's outcome if `token` still holds the lease; None when fenced off."""
+                       now: datetime, oom: OomRule | None = None) -> JobState | None:
+        """Write an attempt's outcome if `token` still holds the lease; None when fenced off.
+        `oom`: the pool's rule for an attempt that ran out of memory (the next size class);
+        None: such an attempt is retried in its own class like any failure."""
         with self._session(write=True) as s:
             job = s.scalar(select(Job).where(Job.id == job_id).with_for_update())
             if job is None or job.state != JobState.RUNNING.value or job.lease_token != token:
                 return None
-            return self._end_attempt(s, job, outcome, ended_at=now, now=now)
+            return self._end_attempt(s, job, outcome, ended_at=now, now=now, oom=oom)
 
     def expire_leases(self, *, now: datetime, lease_ttl_s: float,
                       limit: int = EXPIRE_BATCH) -> list[tuple[str, JobState]]:
@@ -278,9 +245,11 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, PoolQueries, QuotaQueries
                 or_(Job.dispatch_token.is_(None), ~holds_dispatch(dispatch_token)))) is not None
 
     def _end_attempt(self, s: Session, job: Job, outcome: Outcome, *, ended_at: datetime,
-                     now: datetime) -> JobState | None:
+                     now: datetime, oom: OomRule | None = None) -> JobState | None:
         """End the running attempt of a row-locked `job` with `outcome`, bill it (the job and its
-        tenant's decayed usage), move the job on, and settle what waited for it."""
+        tenant's decayed usage), move the job on, and settle what waited for it. An `oom`
+        attempt that `oom` sends to a bigger class queues the job there at once, noted on the
+        attempt (`moved_to`) and not counted against its retries (docs/scheduling.md)."""
         token = job.lease_token
         attempt = s.scalar(select(Attempt).where(Attempt.job_id == job.id,
                                                  Attempt.n == job.attempts_used))
@@ -295,14 +264,30 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, PoolQueries, QuotaQueries
             bill_s = duration * attempt.gpu_count
             job.gpu_seconds += bill_s
         job.run_seconds += duration
+        move = None
+        if outcome.reason is AttemptReason.OOM and oom is not None and attempt is not None \
+                and not job.cancel_requested:
+            move = oom.target((job.spec.get("resources") or {}).get("on_oom"), job.size_class,
+                              job.gpus)
+            attempt.moved_to = move.size_class if move else None
         s.flush()
-        tally = dict(s.execute(select(Attempt.reason, func.count()).where(
-            Attempt.job_id == job.id).group_by(Attempt.reason)).tuples().all())
+        # The tally of earlier endings decides only whether a retryable ending is retried: a
+        # success, a cancel or a final error skips it (one statement less per outcome).
+        tally: dict[str | None, int] = {}
+        # Attempts that moved the job to a bigger class are not failures of it.
+        if outcome.reason.is_retryable and not job.cancel_requested and move is None:
+            tally = dict(s.execute(select(Attempt.reason, func.count()).where(
+                Attempt.job_id == job.id, Attempt.moved_to.is_(None))
+                .group_by(Attempt.reason)).tuples().all())
         failures = sum(n for reason, n in tally.items() if reason in COUNTED_REASONS)
         lost = tally.get(AttemptReason.LOST.value, 0)
         state, error = _next_state(job, outcome, failures, lost)
+        if move is not None:
+            state, error = JobState.QUEUED, f"oom: moved to {move.size_class}: {outcome.error}"
         values = _outcome_values(job, dataclasses.replace(outcome, error=error), state, now,
                                  failures)
+        if move is not None:    # its next attempt, in the bigger class, may start at once
+            values.update(size_class=move.size_class, queue=move.queue, not_before=now)
         res = s.execute(transitions.move(job.id, JobState.RUNNING, state)
                         .where(Job.lease_token == token).values(**values))
         if not res.rowcount:  # type: ignore[attr-defined]
@@ -364,7 +349,7 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, PoolQueries, QuotaQueries
             attempts = [AttemptRecord(a.n, a.worker, a.gpus, a.gpu_count, a.started_at, a.ended_at,
                                       a.reason, a.error, a.exit_code, a.isolation, a.start,
                                       a.start_ms, a.setup_s, a.gpu_mem_peak_gb, a.gpu_util_mean,
-                                      a.idle_since)
+                                      a.idle_since, a.moved_to)
                         for a in s.scalars(select(Attempt).where(Attempt.job_id == job.id)
                                            .order_by(Attempt.n))]
         return _job_record(job, tenant, attempts)
@@ -377,10 +362,6 @@ def holds_dispatch(dispatch_token: str) -> ColumnElement[bool]:
     return Job.dispatch_token == dispatch_token
 
 
-def _tenant(t: Tenant) -> TenantRecord:
-    return tenants.record(t)
-
-
 def _job_record(j: Job, tenant: str, attempts: list[AttemptRecord] | None = None) -> JobRecord:
     return JobRecord(
         id=j.id, tenant=tenant, name=j.name, spec=j.spec, state=j.state, size_class=j.size_class,
@@ -389,7 +370,7 @@ def _job_record(j: Job, tenant: str, attempts: list[AttemptRecord] | None = None
         not_before=j.not_before, gpu_seconds=j.gpu_seconds, run_seconds=j.run_seconds,
         queued_seconds=j.queued_seconds, progress_done=j.progress_done,
         progress_total=j.progress_total, outputs=j.outputs or [], attempts=attempts or [],
-        array_id=j.array_id, array_index=j.array_index)
+        array_id=j.array_id, array_index=j.array_index, queued_since=j.queued_since)
 
 
 def _clean(text: str | None) -> str | None:

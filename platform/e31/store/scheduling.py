@@ -105,7 +105,8 @@ def view(s: Session, *, now: datetime, queues: Sequence[str]) -> SchedulingView:
     """Tenants, running jobs with their current attempt's start, and published-unclaimed jobs
     of `queues` (every queue the pool can have: one range of `ix_jobs_dispatch` each)."""
     tenants = [TenantShare(id=t.id, name=t.name, weight=t.weight, quotas=dict(t.quotas or {}),
-                           usage_gpu_s=t.usage_gpu_s, usage_at=t.usage_at)
+                           usage_gpu_s=t.usage_gpu_s, usage_at=t.usage_at,
+                           disabled=t.disabled_at is not None)
                for t in s.scalars(select(Tenant))]
     running = [RunningJob(id=r[0], tenant_id=r[1], node=r[2], size_class=r[3], gpus=r[4],
                           started_at=r[5], timeout_s=r[6],

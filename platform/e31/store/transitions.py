@@ -57,3 +57,39 @@ def cancel_queued(s: Session, jobs: Sequence[tuple[str, datetime | None]], *, no
                 queued_seconds=Job.queued_seconds + seconds(since, now), **values),
                 execution_options=sync)
             s.execute(delete(JobDep).where(JobDep.job_id.in_(chunk)), execution_options=sync)
+
+
+# A resubmit (`e31 retry A-ID --failed`) is the one way out of a final state, and only for
+# an array's failed or cancelled items and the jobs that were cancelled because one of them
+# failed: the same job runs again as its next attempt. It is kept apart from
+# `e31.states.TRANSITIONS`, which says what a job's own life allows (a final state stays
+# final there): only `resubmit` takes these steps, each asked for by the job's owner.
+RESUBMITS: dict[JobState, JobState] = {JobState.FAILED: JobState.QUEUED,
+                                       JobState.CANCELLED: JobState.QUEUED}
+
+
+def resubmit(s: Session, jobs: Sequence[tuple[str, str]], *, now: datetime) -> list[str]:
+    """Queue again ended jobs, given as (id, state), from where each ended: a fresh wait
+    (`queued_since = now`), no outcome, no outputs, no dispatch; the attempt counter goes on.
+    The caller holds the rows locked and read their states; returns the ids.
+    `IllegalTransition` for a state `RESUBMITS` does not name."""
+    by_state: dict[str, list[str]] = defaultdict(list)
+    for job_id, state in jobs:
+        by_state[state].append(job_id)
+    moved: list[str] = []
+    for state, ids in by_state.items():
+        src = JobState(state)
+        if src not in RESUBMITS:
+            raise IllegalTransition(f"a job may not be resubmitted from {src.value}")
+        for start in range(0, len(ids), CHUNK):
+            chunk = ids[start:start + CHUNK]
+            s.execute(update(Job).where(Job.id.in_(chunk), unindexed(Job.state) == src.value)
+                      .values(state=RESUBMITS[src].value, reason=None, error=None, result=None,
+                              ended_at=None, queued_since=now, not_before=None,
+                              dispatched_at=None, dispatch_token=None, cancel_requested=False,
+                              lease_owner=None, lease_expires_at=None, progress_done=None,
+                              progress_total=None, pending_reason=None, pending_detail=None,
+                              deps_pending=0, outputs=None),
+                      execution_options={"synchronize_session": False})
+            moved += chunk
+    return moved

@@ -44,6 +44,8 @@ def protected_paths(settings: Settings) -> list[Path]:
         paths.append(Path(artifacts.path))
     if settings.redis_password_file:
         paths.append(Path(settings.redis_password_file))
+    if settings.s3_secret_access_key_file:
+        paths.append(Path(settings.s3_secret_access_key_file))
     return [Path(os.path.realpath(p)) for p in paths]
 
 
@@ -100,11 +102,12 @@ def _reachable(path: Path, uid: int) -> bool:
     return True
 
 
-def source(path: Path, uid: int, staged: list[Path]) -> str:
+def source(path: Path, uid: int, staged: list[Path] | None) -> str:
     """The source bubblewrap binds `path` from: itself where the job's uid can reach it, else
-    its place under STAGE_DIR, where the child binds it before dropping its rights."""
+    its place under STAGE_DIR, where the child binds it before dropping its rights. With no
+    `staged` list (a warm start, whose child binds as root): always itself."""
     real = Path(os.path.realpath(path))
-    if _reachable(real, uid):
+    if staged is None or _reachable(real, uid):
         return str(real)
     staged.append(real)
     return str(STAGE_DIR / str(len(staged) - 1))

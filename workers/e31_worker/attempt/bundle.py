@@ -51,7 +51,8 @@ def stage_code(svc: AttemptServices, claim: Claim, plan: AttemptPlan) -> None:
     digest = claim.spec.code
     if digest is None:
         return
-    f, cached = cache_for(svc.settings).open(BundleStore(svc.artifacts.url), claim.tenant_id,
+    store = BundleStore(svc.artifacts.url, svc.artifacts.storage_options)
+    f, cached = cache_for(svc.settings).open(store, claim.tenant_id,
                                              digest)
     with f:
         unpack(f, plan.code_dir)

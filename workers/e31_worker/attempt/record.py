@@ -14,9 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from e31 import metrics
+import redis
+
+from e31 import keys, metrics
 from e31.clock import utcnow
 from e31.errors import StoreError
+from e31.sizeclasses import OomRule
 from e31.spec import JobSpec
 from e31.states import AttemptReason
 from e31.store.records import Claim, Outcome
@@ -35,7 +38,10 @@ def finish_attempt(svc: AttemptServices, claim: Claim, shipper: Shipper,
     returns the job's new state, or None when fenced off. Also used by a restarted worker
     for the attempt its predecessor could not finish recording (e31_worker.attempt.settle)."""
     shipper.finish()
-    if result.reason is not AttemptReason.LOST and not still_ours(svc, claim):
+    # An attempt with no file to store skips the lease check: the fenced outcome write below
+    # refuses it all the same if the job was recovered elsewhere.
+    if result.reason is not AttemptReason.LOST and shipper.has_files_to_store() \
+            and not still_ours(svc, claim):
         # It ended on its own, but the job was recovered elsewhere meanwhile: its files
         # are not stored, and its outcome is offered to the fence, which refuses it.
         shipper.ship_log()
@@ -73,11 +79,15 @@ def still_ours(svc: AttemptServices, claim: Claim) -> bool:
 
 
 def record_outcome(svc: AttemptServices, claim: Claim, outcome: Outcome) -> str | None:
-    """Write the outcome, retrying through a store outage; None when fenced off or lost."""
+    """Write the outcome, retrying through a store outage; None when fenced off or lost. An
+    attempt that ran out of memory goes on to the next size class where the job's
+    `resources.on_oom` (or the pool's `on_oom_default`) says so (docs/scheduling.md)."""
+    oom = OomRule.of(svc.settings.size_classes, svc.settings.on_oom_default)
     try:
         state = with_store_retries(svc, "outcome_write", claim.job_id,
                                    lambda: svc.repo.record_outcome(claim.job_id, claim.token,
-                                                                   outcome, now=utcnow()))
+                                                                   outcome, now=utcnow(),
+                                                                   oom=oom))
     except StoreError:
         # The lease has long expired: the scheduler recovers the job as `lost`.
         log.error("outcome_lost job=%s attempt=%d: store unreachable for %.0f s", claim.job_id,
@@ -88,7 +98,18 @@ def record_outcome(svc: AttemptServices, claim: Claim, outcome: Outcome) -> str 
         log.warning("outcome_fenced job=%s attempt=%d token=%d: the job was recovered elsewhere",
                     claim.job_id, claim.attempt, claim.token)
         return None
+    if state.is_final:
+        announce_end(svc, claim.job_id)
     return state.value
+
+
+def announce_end(svc: AttemptServices, job_id: str) -> None:
+    """Wake the API's long polls of the job (e31.api.waits); without Redis they see the end
+    at their next store read."""
+    try:
+        svc.redis.publish(keys.JOB_ENDED, job_id)
+    except redis.RedisError as exc:
+        log.warning("job_end_unannounced job=%s: %s", job_id, exc)
 
 
 T = TypeVar("T")

@@ -18,8 +18,10 @@ the artifact store, other attempts' directories, the Redis password file and the
 processes do not exist for it: a protected path inside a directory bound for the system is
 hidden under an empty tmpfs.
 
-The environment it starts with is exactly the one the supervisor built for it (the worker's
-variables without any `E31_*` setting, the spec's `env`, the job's own `E31_*` paths): that
+The environment it starts with is exactly the one the supervisor built for it (what the
+allowlist of `e31_worker.attempt.jobenv` and `job_env_passthrough` keep of the worker's
+variables, never a credential nor an `E31_*` setting; the spec's `env`; the job's own `E31_*`
+paths): that
 is bubblewrap's whole environment, so `--clearenv` is not needed, and no value appears on a
 command line. `HOME` is the job's scratch directory, unless the spec set one.
 
@@ -44,7 +46,8 @@ process in it. bubblewrap reports a job killed by signal N as exit status 128 + 
 The attempt facts (columns `isolation`, `start`, `start_ms`, `setup_s`, `gpu_mem_peak_gb`,
 `gpu_util_mean` of `attempts`) are written through `Repo.note_attempt(job_id, attempt,
 AttemptFacts(...))` (`e31.store.attempts`): `note_start` notes the isolation, `start`
-(always `cold` today) and `start_ms` once the child started; the prepare stage notes
+(`warm` when forked from the worker's warm process, `e31_worker.attempt.warm`, which enters
+this same view after the fork) and `start_ms` once the child started; the prepare stage notes
 `setup_s` the same way.
 """
 
@@ -78,6 +81,7 @@ from e31_worker.attempt.binds import (
     python_paths,
     source,
 )
+from e31_worker.attempt.jobenv import inherited_env
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +160,7 @@ class Sandbox:
             (root / "work").mkdir()
             launch = AttemptSandbox(self, uid=self.uid_for("probe"), network=False).launch(
                 [sys.executable, "-c", "import e31_worker.child.runner"],
-                {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, root=root,
+                inherited_env(os.environ), root=root,   # a job's environment: its PYTHONPATH
                 cwd=root / "work", writable=[root / "work"], read_only=[])
             done = subprocess.run(launch.argv, env=launch.env, cwd=root / "work",
                                   preexec_fn=launch.enter, stdin=subprocess.DEVNULL,
@@ -173,7 +177,7 @@ class Sandbox:
                     "container's seccomp/AppArmor profile may forbid them (docs/operations.md)")
         return None
 
-    def bind_args(self, uid: int, *, staged: list[Path]) -> list[str]:
+    def bind_args(self, uid: int, *, staged: list[Path] | None) -> list[str]:
         """The arguments for the system, the Python and the operator's directories, with the
         protected paths they contain hidden; sources the uid cannot reach go into `staged`."""
         # Fresh /proc, /dev, /tmp and /dev/shm first: binds below them (a module directory in
@@ -221,13 +225,26 @@ class AttemptSandbox:
         args = [self._sandbox.bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
         if self.network:
             args.append("--share-net")
-        args += self._sandbox.bind_args(self.uid, staged=staged)
-        args += ["--bind", source(root, self.uid, staged), str(root)]
-        for path in outermost(p for p in read_only if p.exists()):
-            args += ["--ro-bind", source(path, self.uid, staged), str(path)]
+        args += self._view(root, read_only, staged)
         args += ["--chdir", str(cwd), "--", *argv]
         return Launch(argv=args, env=self._env(env, home=root / "work"),
                       enter=enter_as(self.uid, staged))
+
+    def warm_view(self, env: Mapping[str, str], *, root: Path, writable: Iterable[Path],
+                  read_only: Iterable[Path]) -> tuple[list[str], dict[str, str]]:
+        """For a warm start (`e31_worker.child.zygote`): the same view as `launch` gives
+        bubblewrap, as its bind arguments from the real sources (the forked child binds them
+        while still root, so nothing is staged), and the same environment."""
+        self._own(root, writable)
+        return self._view(root, read_only, None), self._env(env, home=root / "work")
+
+    def _view(self, root: Path, read_only: Iterable[Path],
+              staged: list[Path] | None) -> list[str]:
+        args = self._sandbox.bind_args(self.uid, staged=staged)
+        args += ["--bind", source(root, self.uid, staged), str(root)]
+        for path in outermost(p for p in read_only if p.exists()):
+            args += ["--ro-bind", source(path, self.uid, staged), str(path)]
+        return args
 
     def _own(self, root: Path, writable: Iterable[Path]) -> None:
         """The root to root:<gid> 1770 (the worker's files in it stay the worker's), the
@@ -298,11 +315,14 @@ def read_job_file(path: Path, *, max_bytes: int = JOB_FILE_MAX_BYTES) -> bytes |
         return f.read(max_bytes + 1)[:max_bytes]
 
 
-def note_start(repo: Repo, claim: Claim, isolation: Isolation, start_ms: float) -> None:
-    """Note how the attempt's child started; a store that fails only costs the note."""
+def note_start(repo: Repo, claim: Claim, isolation: Isolation, start_ms: float,
+               start: Start = Start.COLD) -> None:
+    """Note how the attempt's child started (`warm`: forked from the worker's warm process)
+    and how long from the attempt's start to its first line of code; a store that fails only
+    costs the note."""
     try:
         repo.note_attempt(claim.job_id, claim.attempt, AttemptFacts(
-            isolation=isolation, start=Start.COLD, start_ms=round(start_ms, 3)))
+            isolation=isolation, start=start, start_ms=round(start_ms, 3)))
     except StoreError as exc:
         log.warning("start_note_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt, exc)
 

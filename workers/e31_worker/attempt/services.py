@@ -23,6 +23,7 @@ from e31.store import Repo
 from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.groups import GroupRegistry
 from e31_worker.attempt.sandbox import Sandbox
+from e31_worker.attempt.warm import WarmPool, WarmStarter
 
 
 class GpuSampler(Protocol):
@@ -49,6 +50,7 @@ class AttemptServices:
     busy: Callable[[str | None], None]  # told the job in hand (None when idle), for heartbeats
     sandbox: Sandbox | None = None  # None: jobs run as the worker's user (`--isolation process`)
     gpus: GpuSampler | None = None  # None: a cpu slot, or GPUs without telemetry (no NVML)
+    warm: WarmStarter | WarmPool | None = None  # warm processes; None: all start cold
 
     @property
     def isolation(self) -> Isolation:

@@ -54,10 +54,18 @@ class Shipper:
         """What is in the checkpoint directory now needs no upload (it came down from the store)."""
         self._checkpoints = self._fingerprints()
 
+    def has_files_to_store(self) -> bool:
+        """Whether the attempt left an output, or a checkpoint that changed since its last
+        upload: what `store_files` would copy. An attempt without any (most tiny jobs) needs no
+        lease check before its outcome, and no store call for its files."""
+        return bool(scan_tree(self._plan.output_dir).files) or \
+            self._fingerprints() != self._checkpoints
+
     def store_files(self) -> tuple[list[dict[str, Any]], str | None]:
         """Upload checkpoints (what changed) and outputs, each retried; returns (outputs, what
         failed or None). Outputs beyond the job's or the tenant's quota are not stored, and
-        the attempt's log says which and why; the job's outcome stays what it was."""
+        the attempt's log says which and why; the job's outcome stays what it was. Without
+        any output, neither the store's listing nor the tenant's total is read."""
         claim, plan = self._claim, self._plan
         self.note_refused()
         outputs: list[dict[str, Any]] = []
@@ -69,9 +77,10 @@ class Shipper:
             log.warning("outputs_quota_unknown job=%s: %s", claim.job_id, error)
             return [], f"its outputs could not be stored: {error}"
         steps: list[tuple[str, Callable[[], list[dict[str, Any]] | None]]] = [
-            ("checkpoints", self.ship_checkpoints),
-            ("outputs", lambda: self._svc.artifacts.put_tree(plan.output_dir, claim.tenant_id,
-                                                             claim.job_id, "outputs"))]
+            ("checkpoints", self.ship_checkpoints)]
+        if charged:
+            steps.append(("outputs", lambda: self._svc.artifacts.put_tree(
+                plan.output_dir, claim.tenant_id, claim.job_id, "outputs")))
         for what, upload in steps:
             delay = UPLOAD_BACKOFF_S
             for attempt in range(1, UPLOAD_TRIES + 1):
@@ -100,13 +109,16 @@ class Shipper:
         not uploaded, and say so in its log. Returns (size, bytes charged) per admitted path (a
         file replacing a stored one of the same path is charged the difference)."""
         svc, claim, plan = self._svc, self._claim, self._plan
+        files = scan_tree(plan.output_dir).files
+        if not files:
+            return {}
         stored = {o["path"]: int(o["size"]) for o in
                   svc.artifacts.list_outputs(claim.tenant_id, claim.job_id)}
         job_max = svc.settings.job_outputs_max_bytes
         job_bytes = sum(stored.values())
         refused: list[Refused] = []
         wanted: list[tuple[str, int, int]] = []        # (path, size, delta)
-        for rel, st in scan_tree(plan.output_dir).files.items():
+        for rel, st in files.items():
             delta = st.st_size - stored.get(rel, 0)
             if delta > 0 and job_bytes + delta > job_max:
                 refused.append(Refused(rel, f"{st.st_size} bytes: over the job's outputs quota "
@@ -230,7 +242,9 @@ class Shipper:
 def earlier_log_bytes(svc: AttemptServices, claim: Claim) -> int:
     """What the logs of the job's other attempts hold in the store: the new attempt's log
     gets what is left of `job_log_max_bytes`. A store that cannot say counts as nothing (the
-    attempt's own cap still holds)."""
+    attempt's own cap still holds). A first attempt has no others: the store is not asked."""
+    if claim.attempt <= 1:
+        return 0
     try:
         sizes = svc.artifacts.log_sizes(claim.tenant_id, claim.job_id)
     except Exception as exc:  # noqa: BLE001 - any fsspec backend's error

@@ -1,6 +1,14 @@
 """One child process per attempt: its own process group and directory, a capped log,
 timeout and cancel through SIGTERM → grace → SIGKILL of the whole group; in a sandbox
 (`e31_worker.attempt.sandbox`) where the worker has one.
+
+The child starts one of two ways. Warm: an entrypoint job is forked from the warm process of
+its environment (`e31_worker.attempt.warm`: the worker's own, or its job environment's),
+which enters the same sandbox after the fork; the supervisor then holds a `WarmChild`. Cold:
+a new interpreter (`subprocess.Popen`, through bubblewrap when sandboxed): command jobs, a
+job environment's attempts while its warm process starts, and any attempt a warm process
+could not fork. Both are a `Child` to the
+rest of this module, so supervising, stopping and the verdict are one code path.
 """
 
 from __future__ import annotations
@@ -21,13 +29,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import IO, Protocol
 
 from e31.spec import JobSpec
-from e31.states import AttemptReason
+from e31.states import AttemptReason, Start
 from e31.store.records import Outcome
 from e31_worker.attempt.cgroups import JobCgroup, JobCgroups
 from e31_worker.attempt.groups import GroupRegistry
+from e31_worker.attempt.jobenv import inherited_env
 from e31_worker.attempt.sandbox import AttemptSandbox, exit_code, read_job_file, signal_job
+from e31_worker.attempt.warm import STARTED_TIMEOUT_S, WarmChild, WarmPool, WarmStarter
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +47,8 @@ PR_SET_PDEATHSIG = 1          # prctl option: signal the child when its parent t
 LOG_CHUNK_BYTES = 64 * 1024
 LOG_DRAIN_S = 2.0             # output still read after the attempt ends
 PROGRESS_MAX_BYTES = 64 * 1024  # a progress file is two numbers; a bigger one is ignored
+STARTED_NOTE_MAX_BYTES = 4096  # the runner's `started` note: one number
+WARM_FAILURE_SHOWN_BYTES = 2000  # of a failed warm child's output, in the worker's log
 NO_NETWORK_REFUSED = ("network: none needs a sandboxed worker; this one runs jobs with "
                       "--isolation process (docs/security.md)")
 
@@ -66,6 +79,14 @@ class AttemptPlan:
     log_earlier_bytes: int = 0            # what the job's other attempts' logs hold already
     venv: Path | None = None              # the job's own environment (`python:`); None: the
     #                                       worker's (e31_worker.attempt.environment)
+    # The job's secrets by name, decrypted at setup (e31_worker.attempt.secrets): the child's
+    # environment only; never in a repr, a log line or a file.
+    secret_env: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    # What the job inherits of the worker's environment beyond e31_worker.attempt.jobenv's
+    # allowlist: names or globs (settings `job_env_passthrough`).
+    env_passthrough: tuple[str, ...] = ()
+    # Local input files staged as links, bound read-only into the sandbox (attempt/inputs.py).
+    input_binds: tuple[Path, ...] = ()
 
     @property
     def python(self) -> str:
@@ -134,6 +155,21 @@ class AttemptPlan:
 
 
 Tick = Callable[[tuple[float, float] | None], Directive]
+OnStart = Callable[[float, Start], None]
+
+
+class Child(Protocol):
+    """What the supervisor drives of an attempt's child: a `Popen`, or a `WarmChild`."""
+
+    pid: int
+    returncode: int | None
+
+    @property
+    def stdout(self) -> IO[bytes] | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 class Supervisor:
@@ -142,14 +178,17 @@ class Supervisor:
 
     def __init__(self, plan: AttemptPlan, *, tick: Tick, groups: GroupRegistry | None = None,
                  cgroups: JobCgroups | None = None, sandbox: AttemptSandbox | None = None,
-                 on_start: Callable[[float], None] | None = None) -> None:
+                 on_start: OnStart | None = None,
+                 warm: WarmStarter | WarmPool | None = None) -> None:
         self._plan = plan
         self._tick = tick
         self._groups = groups
         self._cgroups = cgroups
         self._cgroup: JobCgroup | None = None
         self._sandbox = sandbox      # None: the job runs as the worker's user (process)
-        self._on_start = on_start    # told how many ms the child took to start
+        self._on_start = on_start    # told how many ms the child took to start, and how
+        self._warm = warm            # None: every attempt starts cold; a starter: only
+        #                              the worker's environment's attempts start warm
 
     def prepare(self) -> None:
         self._plan.make_dirs()
@@ -164,27 +203,35 @@ class Supervisor:
         if self._cgroups is not None:
             self._cgroup = self._cgroups.create(plan.job_id, plan.attempt,
                                                 memory_max_bytes=plan.memory_max_bytes)
+        started = time.monotonic()
+        proc: Child | None = None
         try:
+            warm = self._warm_starter() if plan.spec.entrypoint else None
+            if warm is not None:
+                proc = self._fork_warm(started, warm)
             command, env, enter = argv, self._env(), None
-            if self._sandbox is not None:
+            if proc is not None:
+                pass
+            elif self._sandbox is not None:
                 launch = self._sandbox.launch(
                     argv, env, root=plan.root, cwd=plan.cwd,
                     writable=(plan.work_dir, plan.output_dir, plan.checkpoint_dir,
                               plan.input_dir),
-                    read_only=[p for p in (plan.code_dir, plan.venv) if p is not None])
+                    read_only=[*(p for p in (plan.code_dir, plan.venv) if p is not None),
+                               *plan.input_binds])
                 command, env, enter = launch.argv, launch.env, launch.enter
-            started = time.monotonic()
-            proc = subprocess.Popen(command, cwd=plan.cwd, env=env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=_child_setup(self._cgroup, enter))
+            if proc is None:
+                proc = subprocess.Popen(command, cwd=plan.cwd, env=env,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=_child_setup(self._cgroup, enter))
+                if not plan.spec.entrypoint and self._on_start is not None:
+                    self._on_start((time.monotonic() - started) * 1000, Start.COLD)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else str(exc)
             plan.log_path.write_text(f"e31: cannot start {argv[0]}: {reason}\n")
             self._remove_cgroup()
             return Outcome(AttemptReason.ERROR, error=f"cannot start {argv[0]}: {reason}")
-        if self._on_start is not None:
-            self._on_start((time.monotonic() - started) * 1000)
         assert proc.stdout is not None
         done = threading.Event()
         pump = threading.Thread(target=_pump_log, name=f"log-{plan.job_id}",
@@ -204,12 +251,76 @@ class Supervisor:
             done.set()  # a process that left the group may hold the pipe: stop reading anyway
             pump.join(timeout=LOG_DRAIN_S + 1)
             proc.stdout.close()
+            if isinstance(proc, WarmChild):
+                proc.close()
             if self._groups is not None:
                 self._groups.remove(proc.pid)
+        if not isinstance(proc, WarmChild) and plan.spec.entrypoint:
+            self._note_cold_start(started)
         oom_kills = self._cgroup.oom_kills() if self._cgroup is not None else 0
         self._remove_cgroup()
+        assert proc.returncode is not None
         code = proc.returncode if self._sandbox is None else exit_code(proc.returncode)
         return self._result(code, stopped_for, oom_kills)
+
+    def _warm_starter(self) -> WarmStarter | None:
+        """The warm process of the attempt's environment (the job's own, else the worker's);
+        None: it starts cold."""
+        if isinstance(self._warm, WarmPool):
+            return self._warm.starter(self._plan.venv)
+        return self._warm if self._plan.venv is None else None
+
+    def _fork_warm(self, started: float, warm: WarmStarter) -> WarmChild | None:
+        """Fork the attempt from the warm process and wait until its job is about to run its
+        first line; None (start it cold) when there is no warm process or the fork failed."""
+        plan = self._plan
+        argv = self._argv()   # writes job.json
+        env = self._env()
+        request: dict[str, object] = {
+            "job_file": argv[-1], "cwd": str(plan.cwd), "env": env, "sandbox": None,
+            "cgroup_procs": (str(self._cgroup.path / "cgroup.procs")
+                             if self._cgroup is not None else None)}
+        if self._sandbox is not None:
+            view, env = self._sandbox.warm_view(
+                env, root=plan.root,
+                writable=(plan.work_dir, plan.output_dir, plan.checkpoint_dir, plan.input_dir),
+                read_only=[*(p for p in (plan.code_dir, plan.venv) if p is not None),
+                           *plan.input_binds])
+            request.update(env=env, sandbox={"uid": self._sandbox.uid,
+                                             "network": self._sandbox.network, "view": view})
+        child = warm.fork(request)
+        if child is None:
+            return None
+        at = child.started(STARTED_TIMEOUT_S)
+        if at is None:   # it ended, or hung, before the job's code: our failure, not the job's
+            child.kill()
+            _killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            said = _read_available(child.stdout.fileno(), WARM_FAILURE_SHOWN_BYTES)
+            child.close()
+            log.warning("warm_child_failed job=%s attempt=%d: %s; starting it cold",
+                        plan.job_id, plan.attempt, said.strip() or "no output")
+            warm.child_failed(said.strip().splitlines()[-1] if said.strip() else "no output")
+            plan.log_path.write_bytes(b"")
+            return None
+        warm.child_started()
+        if self._on_start is not None:
+            self._on_start(max(0.0, at - started) * 1000, Start.WARM)
+        return child
+
+    def _note_cold_start(self, started: float) -> None:
+        """A cold entrypoint job's start: to the time its runner noted before the job's code
+        (`started`), else (it never got there) to the end of its start."""
+        if self._on_start is None:
+            return
+        try:
+            raw = read_job_file(self._plan.root / "started", max_bytes=STARTED_NOTE_MAX_BYTES)
+            at = float(json.loads(raw)["monotonic"]) if raw is not None else None
+        except (ValueError, KeyError, TypeError):
+            at = None
+        if at is None or not started <= at <= time.monotonic():
+            at = started
+        self._on_start((at - started) * 1000, Start.COLD)
 
     def _remove_cgroup(self) -> None:
         """Kill whatever of the job is left, even processes that left its group, and clean up."""
@@ -217,7 +328,7 @@ class Supervisor:
             self._cgroup.remove()
             self._cgroup = None
 
-    def _supervise(self, proc: subprocess.Popen[bytes]) -> AttemptReason | Directive | None:
+    def _supervise(self, proc: Child) -> AttemptReason | Directive | None:
         plan = self._plan
         deadline = time.monotonic() + float(plan.spec.timeout_s)
         next_tick = time.monotonic() + plan.tick_interval_s
@@ -241,21 +352,48 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
         self._signal(proc, signal.SIGKILL)  # the job is over: nothing it started may linger
+        final = self._progress()
+        if final is not None:   # relay the last progress it wrote: a job that ends between
+            try:                # two ticks (a warm start's short job) would otherwise show none
+                self._tick(final)
+            except Exception:  # only the progress shown depends on it
+                log.exception("final_progress_not_relayed job=%s", self._plan.job_id)
         return None
 
-    def _kill(self, proc: subprocess.Popen[bytes], why: str) -> None:
+    def _kill(self, proc: Child, why: str) -> None:
         """SIGTERM the group, wait the grace period, then SIGKILL the group."""
         log.info("attempt_stopping job=%s attempt=%d why=%s", self._plan.job_id,
                  self._plan.attempt, why)
         self._signal(proc, signal.SIGTERM)
-        try:
-            proc.wait(timeout=self._plan.kill_grace_s)
-        except subprocess.TimeoutExpired:
-            pass
+        self._wait_out_grace(proc, why)
         self._signal(proc, signal.SIGKILL)
         proc.wait()
 
-    def _signal(self, proc: subprocess.Popen[bytes], sig: int) -> None:
+    def _wait_out_grace(self, proc: Child, why: str) -> None:
+        """Wait up to the grace period for the job to exit, ticking all the while: the lease
+        is renewed through the grace, so a job that ignores SIGTERM ends once with the reason
+        it was stopped for (a timeout stays a timeout), not `lost` when a grace longer than
+        the lease TTL outlived the lease. A tick that says the lease is gone ends the wait
+        (the outcome is fenced anyway); a failing tick (the supervisor's own error) is not
+        retried."""
+        deadline = time.monotonic() + self._plan.kill_grace_s
+        ticking = why != "supervisor_error" and why != Directive.LOST.value
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                proc.wait(timeout=min(left, self._plan.tick_interval_s))
+                return
+            except subprocess.TimeoutExpired:
+                pass
+            if ticking and time.monotonic() < deadline:
+                try:
+                    ticking = self._tick(None) is not Directive.LOST
+                except Exception:  # a failed store call: the grace runs its course
+                    log.exception("tick_failed_in_grace job=%s", self._plan.job_id)
+                    ticking = False
+                if not ticking:
+                    return
+
+    def _signal(self, proc: Child, sig: int) -> None:
         """Signal the job's process group; in a sandbox, the processes of its PID namespace
         (bubblewrap, its group, would die of a SIGTERM and take the job without its grace)."""
         if self._sandbox is not None and proc.returncode is None:  # its pid is still ours
@@ -313,9 +451,11 @@ class Supervisor:
 
     def _env(self) -> dict[str, str]:
         plan = self._plan
-        # The worker's own E31_* settings (store and broker URLs) are not the job's business.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}
+        # Only the allowlisted part of the worker's environment: its credentials (AWS_*, ...)
+        # and its own E31_* settings (store and broker URLs) are not the job's business.
+        env = inherited_env(os.environ, plan.env_passthrough)
         env.update(plan.spec.env)
+        env.update(plan.secret_env)
         if plan.venv is not None:  # `python` and its scripts are the job environment's
             env["VIRTUAL_ENV"] = str(plan.venv)
             env["PATH"] = f"{plan.venv / 'bin'}{os.pathsep}{env.get('PATH', os.defpath)}"
@@ -433,6 +573,18 @@ def _pump_log(fd: int, path: Path, max_bytes: int, cut_note: str,
                 out.write(cut_note.encode())
                 cut = True
             out.flush()
+
+
+def _read_available(fd: int, max_bytes: int) -> str:
+    """What a pipe holds now, up to `max_bytes` (the last ones), without waiting."""
+    os.set_blocking(fd, False)
+    data = b""
+    try:
+        while chunk := os.read(fd, 65536):
+            data = (data + chunk)[-max_bytes:]
+    except BlockingIOError:
+        pass
+    return data.decode(errors="replace")
 
 
 def _exit_text(code: int) -> str:

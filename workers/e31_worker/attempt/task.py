@@ -29,6 +29,7 @@ from e31_worker.attempt.inputs import stage_inputs
 from e31_worker.attempt.lease import LeaseKeeper
 from e31_worker.attempt.record import finish_attempt, with_store_retries, write_claim
 from e31_worker.attempt.sandbox import note_start
+from e31_worker.attempt.secrets import secret_env
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.shipping import Shipper, earlier_log_bytes
 from e31_worker.attempt.supervisor import AttemptPlan, Supervisor, stopped_outcome
@@ -131,7 +132,8 @@ def attempt_plan(svc: AttemptServices, claim: Claim) -> AttemptPlan:
                        log_max_bytes=svc.settings.log_max_bytes,
                        tick_interval_s=svc.settings.heartbeat_interval_s,
                        job_log_max_bytes=svc.settings.job_log_max_bytes,
-                       log_earlier_bytes=earlier_log_bytes(svc, claim))
+                       log_earlier_bytes=earlier_log_bytes(svc, claim),
+                       env_passthrough=svc.settings.job_env_passthrough)
 
 
 def _prepare(svc: AttemptServices, claim: Claim, plan: AttemptPlan, shipper: Shipper,
@@ -143,8 +145,10 @@ def _prepare(svc: AttemptServices, claim: Claim, plan: AttemptPlan, shipper: Shi
     try:
         plan.make_dirs()
         write_claim(plan.root, svc.identity.node, claim)
+        plan = dataclasses.replace(plan, secret_env=secret_env(svc, claim))   # secrets.py
         stage_code(svc, claim, plan)     # its code, unpacked read-only (bundle.py)
-        stage_inputs(svc, claim, plan)   # its inputs, into $E31_INPUT_DIR (inputs.py)
+        binds = stage_inputs(svc, claim, plan)   # its inputs, into $E31_INPUT_DIR (inputs.py)
+        plan = dataclasses.replace(plan, input_binds=binds)   # local files bound read-only
         env = job_environment(svc.settings, plan, beat=lease_beat(keeper))
         if env is not None:
             held.callback(env.release)
@@ -181,8 +185,9 @@ def _attempt(svc: AttemptServices, claim: Claim) -> Ended:
             result = Supervisor(plan, tick=watchdog.watching(keeper), groups=svc.groups,
                                 cgroups=svc.cgroups,
                                 sandbox=svc.sandbox.for_attempt(claim) if svc.sandbox else None,
-                                on_start=lambda ms: note_start(svc.repo, claim, svc.isolation,
-                                                               ms)).run()
+                                on_start=lambda ms, start: note_start(
+                                    svc.repo, claim, svc.isolation, ms, start),
+                                warm=svc.warm).run()
             note_gpu_use(svc, claim, watchdog)
         except SetupError as exc:  # the user's error (a requirement that does not install)
             log.warning("setup_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt, exc)

@@ -1,7 +1,10 @@
 """The job child of an `entrypoint` job: `python -m e31_worker.child.runner JOB_JSON`.
 
 Imports `module:function`, calls it with a `JobContext` and the params, and writes the
-JSON result (or the error) next to JOB_JSON for the supervising worker to read.
+JSON result (or the error) next to JOB_JSON for the supervising worker to read. Right before
+the entrypoint is imported (the job's first line of code) it notes the monotonic time in
+`started` next to JOB_JSON; a warm start (`e31_worker.child.zygote`) tells it over its
+status pipe instead (`on_user_code`). The worker's start latency is measured to there.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +23,7 @@ from typing import Any
 from e31_worker.child.context import JobContext
 
 EXIT_ERROR = 1
+STARTED_FILE = "started"   # when the job's code started (time.monotonic()), for the worker
 
 
 def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
@@ -45,11 +50,18 @@ def _write(path: Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], on_user_code: Callable[[], None] | None = None) -> int:
     job_file = Path(argv[0])
     job = json.loads(job_file.read_text())
     result_path = job_file.with_name("result.json")
     error_path = job_file.with_name("error.json")
+    if on_user_code is not None:
+        on_user_code()
+    else:
+        try:
+            _write(job_file.with_name(STARTED_FILE), {"monotonic": time.monotonic()})
+        except OSError:  # only the start latency's note is lost
+            pass
     try:
         fn = load_entrypoint(job["entrypoint"])
     except Exception as exc:  # noqa: BLE001 - any import failure is the job's error

@@ -25,6 +25,7 @@ from e31_worker.attempt.sandbox import Sandbox
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.settle import settle_left_attempts
 from e31_worker.attempt.task import register
+from e31_worker.attempt.warm import WarmPool, WarmStarter, warm_env
 from e31_worker.node.heartbeat import Heartbeat
 from e31_worker.node.telemetry import GpuMonitor, open_monitor
 
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     if cgroups is not None:
         cgroups.reap()
     redis_client = wiring.redis_client(settings)
-    repo = wiring.repo(settings)
+    repo = wiring.repo(settings, node=identity.node)
     gpus = gpu_monitor(args.gpus, args.simulated_gpu_mem_gb, settings)
     # An operator's drain takes Celery's own warm-shutdown path, exactly as SIGTERM does; so
     # does the node's own, for a GPU's XID error.
@@ -84,8 +85,11 @@ def main(argv: list[str] | None = None) -> None:
                                busy=beat.set_busy,
                                sandbox=(Sandbox.from_settings(settings)
                                         if settings.isolation == "sandbox" else None),
-                               gpus=gpus)
+                               gpus=gpus,
+                               warm=(warm_pool(settings) if settings.warm_start else None))
     settle_left_attempts(services)     # what it finished but could not record
+    if services.warm is not None:
+        services.warm.start()          # imports torch in the background; cold starts meanwhile
     app = wiring.celery(settings, queues=list(queues))
     register(app, services)
 
@@ -103,11 +107,22 @@ def main(argv: list[str] | None = None) -> None:
                          "--loglevel", args.loglevel,
                          "--without-gossip", "--without-mingle", "--task-events"])
     finally:
+        if services.warm is not None:
+            services.warm.close()
         if gpus is not None:
             gpus.close()
         if beat.drain_requested.is_set():
             logging.getLogger(__name__).warning("worker_drained node=%s", args.node)
             sys.exit(EXIT_DRAINED)
+
+
+def warm_pool(settings: Settings) -> WarmPool:
+    """The worker process's warm processes: its environment's, and its job environments'
+    within `warm_memory_budget_mb` (docs/architecture.md, "The warm start")."""
+    env = warm_env(os.environ, settings.job_env_passthrough)
+    return WarmPool(WarmStarter(preload=settings.preload, env=env),
+                    budget_bytes=settings.warm_memory_budget_mb * 2**20,
+                    preload=settings.preload, env=env)
 
 
 def gpu_monitor(gpus: str, simulated_mem_gb: str, settings: Settings) -> GpuMonitor | None:

@@ -14,11 +14,13 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import redis
 
 from e31 import wiring
-from e31.drain import clear_drain
+from e31.clock import utcnow
+from e31.drain import DRAIN_REQUEST_TTL_S, clear_drain
 from e31.errors import ConfigError, E31Error
 from e31.settings import Settings, SizeClass
 from e31.sizeclasses import class_for_gpu, cpu_class, queue_name, spill_queues
@@ -35,6 +37,7 @@ RESTART_BACKOFF_MAX_S = 30.0  # doubled per quick death, up to this
 QUICK_DEATH_S = 10.0
 SUPERVISE_POLL_S = 0.5        # how often the launcher looks at its worker processes
 STOP_EXTRA_S = 15.0           # beyond the kill grace, for Celery to ack and exit
+UNDRAIN_POLL_S = 2.0          # keep_drains: how often the store is asked for undrained nodes
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,12 @@ class Launcher:
     """Supervises one worker process per slot."""
 
     def __init__(self, *, settings: Settings, slots: Sequence[WorkerSlot],
-                 loglevel: str = "INFO") -> None:
+                 loglevel: str = "INFO", keep_drains: bool = False) -> None:
         self._settings = settings
+        # keep_drains (`e31 up`'s launcher, which `e31 up` restarts): a node drained in the
+        # store stays stopped, across restarts, until `e31 worker --undrain` removes the
+        # request; the launcher then starts it again. Without it, starting clears the drains.
+        self._keep_drains = keep_drains
         self._slots = list(slots)
         self._loglevel = loglevel
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -95,7 +102,9 @@ class Launcher:
     def _spawn(self, slot: WorkerSlot) -> subprocess.Popen[bytes]:
         # --home and --isolation reach the workers
         env = dict(os.environ, E31_HOME=str(self._settings.home),
-                   E31_ISOLATION=self._settings.isolation)
+                   E31_ISOLATION=self._settings.isolation,
+                   E31_WARM_START="1" if self._settings.warm_start else "0",
+                   E31_PRELOAD=",".join(self._settings.preload))
         # Pinned before Python starts in the worker: it and its jobs see only these GPUs.
         env.update(CUDA_VISIBLE_DEVICES=slot.gpus, CUDA_DEVICE_ORDER="PCI_BUS_ID")
         argv = [sys.executable, "-m", "e31_worker.node.celery_process", "--node", slot.node,
@@ -117,16 +126,20 @@ class Launcher:
         """Start every slot and supervise until SIGTERM/SIGINT; returns the exit code."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
-        self._clear_drain_requests()
+        drained = self._drains_at_start()
         backoff = {s.node: RESTART_BACKOFF_S for s in self._slots}
         started: dict[str, float] = {}
         restart_at: dict[str, float] = {}   # a dead slot's restart time: no slot waits for another
-        drained: set[str] = set()
         for slot in self._slots:
-            self._procs[slot.node] = self._spawn(slot)
-            started[slot.node] = time.monotonic()
+            if slot.node not in drained:
+                self._procs[slot.node] = self._spawn(slot)
+                started[slot.node] = time.monotonic()
+        undrain_check = time.monotonic() + UNDRAIN_POLL_S
         while not self._stop.wait(SUPERVISE_POLL_S):
             now = time.monotonic()
+            if self._keep_drains and drained and now >= undrain_check:
+                undrain_check = now + UNDRAIN_POLL_S
+                drained -= self._start_undrained(drained, started)
             for slot in self._slots:
                 node = slot.node
                 if node in restart_at:
@@ -135,8 +148,10 @@ class Launcher:
                         self._procs[node] = self._spawn(slot)
                         started[node] = now
                     continue
+                if node in drained:
+                    continue
                 proc = self._procs[node]
-                if proc.poll() is None or node in drained:
+                if proc.poll() is None:
                     continue
                 if proc.returncode == EXIT_DRAINED:
                     log.warning("worker_drained node=%s: not restarted", node)
@@ -146,7 +161,7 @@ class Launcher:
                 log.warning("worker_died node=%s code=%s; restarting in %.0f s", node,
                             proc.returncode, delay)
                 restart_at[node] = now + delay
-            if len(drained) == len(self._slots):
+            if len(drained) == len(self._slots) and not self._keep_drains:
                 log.warning("launcher_drained: every worker of this launcher was drained; exiting")
                 break
         self.stop()
@@ -165,6 +180,48 @@ class Launcher:
         backoff[node] = min(delay * 2, RESTART_BACKOFF_MAX_S)
         return delay
 
+    def _drains_at_start(self) -> set[str]:
+        """Without keep_drains, clear the drains of this launcher's nodes (nothing stays
+        drained); with it, the nodes drained in the store, left stopped."""
+        if not self._keep_drains:
+            self._clear_drain_requests()
+            return set()
+        drained = self._drained_in_store() or set()
+        for node in sorted(drained):
+            log.warning("worker_held_drained node=%s: drained in the store; not started until "
+                        "`e31 worker --undrain`", node)
+        return drained
+
+    def _drained_in_store(self) -> set[str] | None:
+        """This launcher's nodes with a live drain request in the store (an operator's or a
+        GPU error's); None when the store cannot be read (nothing changes then)."""
+        since = utcnow() - timedelta(seconds=DRAIN_REQUEST_TTL_S)
+        try:
+            repo = wiring.repo(self._settings)
+            try:
+                held = repo.drained_since(since=since)
+            finally:
+                repo.engine.dispose()
+        except E31Error as exc:
+            log.warning("drain_check_failed: store: %s", exc)
+            return None
+        return {s.node for s in self._slots if s.node in held}
+
+    def _start_undrained(self, drained: set[str], started: dict[str, float]) -> set[str]:
+        """Start the drained nodes whose request is gone (`e31 worker --undrain`); returns
+        them."""
+        held = self._drained_in_store()
+        if held is None:
+            return set()
+        back = set()
+        for slot in self._slots:
+            if slot.node in drained and slot.node not in held:
+                log.warning("worker_undrained node=%s: drain request gone; starting", slot.node)
+                self._procs[slot.node] = self._spawn(slot)
+                started[slot.node] = time.monotonic()
+                back.add(slot.node)
+        return back
+
     def _clear_drain_requests(self) -> None:
         """Starting again after a drain puts the nodes back in service: their requests go from
         the store and their keys from Redis, each tried even when the other fails."""
@@ -179,7 +236,7 @@ class Launcher:
             log.warning("drain_clear_failed: store: %s", exc)
         if not self._settings.redis_url:
             return
-        client = redis.Redis.from_url(self._settings.redis_url)
+        client = wiring.redis_client(self._settings)   # a sentinel:// URL too
         try:
             clear_drain(client, nodes)
         except redis.RedisError as exc:

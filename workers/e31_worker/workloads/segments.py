@@ -7,6 +7,12 @@ and comes back at the start of every attempt, so a retried attempt skips the rec
 segments already there and loses at most the rows since the last commit. `finish` joins the
 segments into `results.jsonl` and `errors.jsonl` in the attempt's output dir: complete, in
 input order, without duplicates.
+
+A commit is a close and a rename, no `fsync`: a killed process loses nothing the kernel
+holds, and a host that goes down takes the attempt's directory with it; the next attempt,
+on whichever host, starts from the checkpoints the worker uploaded (read back from the page
+cache after the rename, so whole), never from this directory. The `fsync`s cost two disk
+flushes per commit (tens of ms each on a busy disk: docs/performance.md, footage).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -55,6 +62,12 @@ class SegmentWriter:
         self._start = self._end = done
         return done
 
+    def committed(self, kind: str) -> Iterator[bytes]:
+        """The rows of `kind` committed so far (after `resume`: by earlier attempts), in order."""
+        for start, end in self._segments:
+            with open(self._dir / _name(start, end, kind), "rb") as seg:
+                yield from seg
+
     def write(self, kind: str, line: str) -> None:
         """Append one row (`line` ends with a newline) of `kind` to the open segment."""
         f = self._files.get(kind)
@@ -77,8 +90,6 @@ class SegmentWriter:
         self._dir.mkdir(parents=True, exist_ok=True)
         for kind in KINDS:
             f = files[kind]
-            f.flush()
-            os.fsync(f.fileno())
             f.close()
             _move(Path(f.name), self._dir / _name(self._start, self._end, kind))
         self._segments.append((self._start, self._end))

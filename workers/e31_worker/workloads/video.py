@@ -1,8 +1,12 @@
-"""Video files with PyAV: a rendered test clip, durations, and frames sampled at a rate."""
+"""Video files with PyAV: a rendered test clip, durations, and frames sampled at a rate.
+
+Which frames a span keeps is `e31.fanout.Sampler`'s rule (shared with the planner). On a
+GPU, `open_decoder` asks PyAV for NVDEC (`hwaccel` cuda) and falls back to the CPU where the
+build or the driver cannot; the decoder used is reported (`decoder`: "cpu" or "cuda").
+"""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -12,9 +16,23 @@ import av
 import fsspec
 import numpy
 
-VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v")
-TIME_EPS_S = 1e-6          # frame times are floats: compare with this slack
+from e31.fanout import (
+    IMAGE_SUFFIXES,
+    SEEK_MARGIN_S,
+    TIME_EPS_S,
+    VIDEO_SUFFIXES,
+    Sampler,
+    is_image,
+)
+
+__all__ = ["IMAGE_SUFFIXES", "TIME_EPS_S", "VIDEO_SUFFIXES", "image_frame", "list_videos",
+           "render_test_video", "sampled_frames", "video_duration_s"]
+
 TEST_COLOURS = ((255, 0, 0), (0, 255, 0), (0, 0, 255))  # red, green, blue: one per second
+# A remote video is read in ranged requests of this size (fsspec's `block_size`; s3fs's own
+# default is 50 MiB, which would fetch all of a smaller file for every chunk of it): about a
+# second of 30 Mbit/s footage, a few requests a chunk's decode asks for beyond what it needs.
+REMOTE_BLOCK_BYTES = 4 * 1024 * 1024
 
 
 def render_test_video(path: str | Path, seconds: float = 3.0, fps: int = 10,
@@ -39,26 +57,55 @@ def render_test_video(path: str | Path, seconds: float = 3.0, fps: int = 10,
 
 
 def list_videos(path: str) -> list[str]:
-    """The video files under `path` (itself when it is a file), in sorted order."""
+    """The video and image files under `path` (itself when it is a file), in sorted order."""
     fs, root = fsspec.core.url_to_fs(path)
     if not fs.isdir(root):
         return [path]
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    found = sorted(p for p in fs.find(root) if p.lower().endswith(VIDEO_SUFFIXES))
+    found = sorted(p for p in fs.find(root) if p.lower().endswith(VIDEO_SUFFIXES + IMAGE_SUFFIXES))
     return found if protocol in ("file", "local") else [f"{protocol}://{p}" for p in found]
 
 
-def _open(url: str, stack: ExitStack) -> Any:
+def _open(url: str, stack: ExitStack, hwaccel: Any = None) -> Any:
     """A PyAV container for a local path or any fsspec URL."""
     fs, local = fsspec.core.url_to_fs(url)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    source: Any = (local if protocol in ("file", "local")
-                   else stack.enter_context(fs.open(local, "rb")))
+    source: Any = (local if protocol in ("file", "local") else
+                   stack.enter_context(fs.open(local, "rb", block_size=REMOTE_BLOCK_BYTES)))
+    if hwaccel is not None:
+        try:
+            return stack.enter_context(av.open(source, hwaccel=hwaccel))
+        except av.error.FFmpegError:  # no such device, or the driver refuses: the CPU decodes
+            if not isinstance(source, str):
+                source.seek(0)
     return stack.enter_context(av.open(source))
 
 
+def cuda_decoder() -> Any:
+    """PyAV's NVDEC acceleration, or None where this PyAV build has no CUDA device type."""
+    try:
+        from av.codec.hwaccel import HWAccel, hwdevices_available
+    except ImportError:
+        return None
+    if "cuda" not in hwdevices_available():
+        return None
+    return HWAccel(device_type="cuda", allow_software_fallback=True)
+
+
+def image_frame(url: str, size: tuple[int, int] | None = None) -> numpy.ndarray:
+    """An image file (any format FFmpeg reads) as RGB uint8 [H, W, 3], resized to `size`."""
+    width, height = size if size else (None, None)
+    with ExitStack() as stack:
+        container = _open(url, stack)
+        frame = next(container.decode(video=0))
+        return frame.to_ndarray(format="rgb24", width=width, height=height)
+
+
 def video_duration_s(url: str) -> float:
-    """The duration of the first video stream (else of the container), in seconds."""
+    """The duration of the first video stream (else of the container), in seconds; 0 for
+    an image."""
+    if is_image(url):
+        return 0.0
     with ExitStack() as stack:
         container = _open(url, stack)
         stream = container.streams.video[0]
@@ -70,28 +117,41 @@ def video_duration_s(url: str) -> float:
 
 
 def sampled_frames(url: str, *, fps: float | None, start_s: float = 0.0,
-                   end_s: float | None = None,
-                   size: tuple[int, int] | None = None) -> Iterator[tuple[float, numpy.ndarray]]:
+                   end_s: float | None = None, size: tuple[int, int] | None = None,
+                   after_s: float | None = None, hwaccel: Any = None,
+                   used: list[str] | None = None,
+                   threads: int = 1) -> Iterator[tuple[float, numpy.ndarray]]:
     """(time in s, RGB uint8 [H, W, 3]) of the frames in [start_s, end_s), one per 1/fps s
     (every frame when `fps` is None), on a grid anchored at 0 s: the chunks of a file yield
-    exactly the frames the whole file does."""
+    exactly the frames the whole file does. `after_s`: only those after a frame already
+    taken at that time (a resumed chunk). Frames are resized while converted (`size`).
+    `used` gets "cuda" appended when the GPU decoded them, "cpu" otherwise. `threads`: the
+    CPU decoder's threads (FFmpeg frame and slice threads when more than one), and the
+    resize's (libswscale); 0 lets FFmpeg choose (one per core it may run on). FFmpeg's own
+    choice costs a frame of 320x240 nearly four times one thread's time on 2 free cores:
+    libswscale splits each small frame across threads (docs/performance.md, "Footage")."""
     width, height = size if size else (None, None)
+    sampler = Sampler(fps, start_s, end_s, after_s)
     with ExitStack() as stack:
-        container = _open(url, stack)
+        container = _open(url, stack, hwaccel)
         stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
-        if start_s > 0:  # lands on the keyframe before start_s; earlier frames are dropped
-            container.seek(int(start_s / stream.time_base), stream=stream)
-        next_k = math.ceil(start_s * fps - TIME_EPS_S) if fps else 0
+        if threads != 1:
+            stream.thread_type = "AUTO"
+            stream.codec_context.thread_count = threads   # 0: FFmpeg's own count
+        else:
+            stream.codec_context.thread_count = 1
+        if used is not None:
+            used.append("cuda" if hwaccel is not None and stream.codec_context.is_hwaccel
+                        else "cpu")
+        seek_s = max(start_s, after_s or 0.0) - SEEK_MARGIN_S
+        if seek_s > 0:  # lands on the keyframe before seek_s; the sampler drops earlier frames
+            container.seek(int(seek_s / stream.time_base), stream=stream)
         for frame in container.decode(stream):
             t = frame.time
-            if t is None or t < start_s - TIME_EPS_S:
+            if t is None:
                 continue
-            if end_s is not None and t >= end_s - TIME_EPS_S:
+            if sampler.past_end(t):
                 break
-            if fps:
-                if t + TIME_EPS_S < next_k / fps:
-                    continue
-                next_k = math.floor(t * fps + TIME_EPS_S) + 1
-            yield float(t), frame.to_ndarray(format="rgb24", width=width, height=height)
-
+            if sampler.keep(t):
+                yield float(t), frame.to_ndarray(format="rgb24", width=width, height=height,
+                                                 threads=threads)

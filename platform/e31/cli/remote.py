@@ -1,0 +1,83 @@
+"""What `e31 token`, `e31 tenant` and `e31 audit` share when they talk to an API: the options
+that name it, the tenancy client, a call that turns an error answer into a message and an
+exit code, and durations such as `30d`.
+
+Owns: `UrlOpt`, `TokenOpt`, `tenancy`, `call`, `parse_duration`, `expires_in_s`.
+May import: `e31.cli.common`, the `e31` core, and `e31.client` (lazily). No group imports
+another; these groups import this module.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import typer
+
+from e31.cli.common import EXIT_INPUT, EXIT_UNAVAILABLE, fail
+from e31.errors import ClientError
+
+if TYPE_CHECKING:
+    from e31.client.admin import Tenancy
+
+T = TypeVar("T")
+INPUT_STATUSES = (400, 403, 404, 409, 413, 422)   # the request was refused: exit 2
+UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"^([0-9]{1,9})([smhdw])$")
+
+UrlOpt = typer.Option(None, "--url", envvar="E31_URL", help="manage through this API (with an "
+                      "admin's --token) instead of the store of this machine [env E31_URL]")
+TokenOpt = typer.Option(None, "--token", envvar="E31_TOKEN",
+                        help="the admin token for --url [env E31_TOKEN]")
+
+
+def tenancy(url: str | None = None, token: str | None = None) -> Tenancy:
+    """The tenancy client of the API named by `url`/`token`, else E31_URL/E31_TOKEN, else the
+    profile `e31 up` wrote (exit 3 when none is known)."""
+    from e31.client import Client
+    from e31.client.admin import Tenancy
+    try:
+        return Tenancy(Client(url, token))
+    except ClientError as exc:
+        fail(exc.message, EXIT_UNAVAILABLE)
+
+
+def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a client call; a refusal exits 2 with the API's message, anything else 3."""
+    try:
+        return fn(*args, **kwargs)
+    except ClientError as exc:
+        fail(exc.message, EXIT_INPUT if exc.status_code in INPUT_STATUSES else EXIT_UNAVAILABLE)
+
+
+def parse_duration(text: str, option: str) -> int:
+    """`90s`, `15m`, `12h`, `30d`, `2w` as seconds (exit 2 otherwise)."""
+    m = _DURATION.fullmatch(text.strip())
+    if not m or int(m.group(1)) == 0:
+        fail(f"{option} {text!r}: expected a positive number and a unit s, m, h, d or w "
+             "(e.g. 30d)", EXIT_INPUT)
+    return int(m.group(1)) * UNITS_S[m.group(2)]
+
+
+def expires_in_s(expires_in: str | None, expires_at: str | None, *,
+                 now: datetime | None = None) -> int | None:
+    """Seconds from now until a token's expiry, from `--expires-in` or `--expires-at` (one of
+    them at most; an ISO time without a zone is UTC)."""
+    if expires_in and expires_at:
+        fail("give --expires-in or --expires-at, not both", EXIT_INPUT)
+    if expires_in:
+        return parse_duration(expires_in, "--expires-in")
+    if not expires_at:
+        return None
+    try:
+        at = datetime.fromisoformat(expires_at)
+    except ValueError:
+        fail(f"--expires-at {expires_at!r}: expected an ISO 8601 time, e.g. 2027-01-31T00:00:00Z",
+             EXIT_INPUT)
+    at = at if at.tzinfo else at.replace(tzinfo=UTC)
+    seconds = int((at - (now or datetime.now(UTC))).total_seconds())
+    if seconds < 1:
+        fail(f"--expires-at {expires_at!r}: must be in the future", EXIT_INPUT)
+    return seconds

@@ -1,0 +1,349 @@
+"""Footage fan-out, the planning part: a source of videos or images into chunk jobs and a merge.
+
+`footage` with a `source` param (a directory, a file, a list of them, `file://` or fsspec
+URLs) is expanded at submit by the API (`e31.api.service`): the files are listed, each
+video's duration is probed (PyAV, imported lazily: only the process that plans needs it),
+and `plan` returns the chunk jobs' specs (one array) and the merge job's, which runs
+`after` the array and reads the items' outputs as its input `array:<id>/outputs`.
+
+The chunk arithmetic is here too, pure, so that the planner, the workload and the tests
+share one definition: chunks are half-open `[start_s, end_s)`, and frames are sampled on a
+grid anchored at 0 s (`Sampler`), so the chunks of a file select exactly the frames the
+whole file does, none missing and none twice at a border (docs/workloads.md, "Forty hours
+of footage").
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import posixpath
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from e31.bundles import URL_SCHEMES, beneath, file_input_path, input_scheme
+from e31.errors import SpecError, SpecForbidden
+
+VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+TIME_EPS_S = 1e-6          # frame times are floats: compare with this slack
+# A span's decode starts this far before it, so that the frame before its first is seen
+# (`Sampler` compares the two); more than any frame interval, little next to a chunk.
+SEEK_MARGIN_S = 1.0
+DEFAULT_CHUNK_S = 600.0    # ten minutes of video per chunk job
+# Images per chunk job: each is one staged input, and a job has at most 64 (bundles.MAX_INPUTS).
+DEFAULT_CHUNK_IMAGES = 64
+MAX_SOURCE_FILES = 10_000  # files of one source; one array holds at most 10,000 items anyway
+# Videos probed at once while planning: a probe mostly waits (a remote object's header is a
+# few ranged reads; PyAV drops the GIL while it parses), so threads overlap the waits.
+PROBE_THREADS = 16
+# A remote video is probed in ranged reads of this size (fsspec's `block_size`; s3fs's own
+# default of 50 MiB would fetch the whole of most files just to read a header).
+PROBE_BLOCK_BYTES = 1024 * 1024
+MERGE_ENTRYPOINT = "e31_worker.workloads.footage_merge:merge"
+CHUNKS_INPUT = "chunks"    # the merge job's input: every item's outputs, by item index
+FANOUT_PARAMS = ("source", "chunk_s", "chunk_images")   # read by the planner, not the chunks
+
+
+def is_image(url: str) -> bool:
+    return url.lower().endswith(IMAGE_SUFFIXES)
+
+
+def is_media(url: str) -> bool:
+    return url.lower().endswith(VIDEO_SUFFIXES + IMAGE_SUFFIXES)
+
+
+def list_media(path: str, suffixes: tuple[str, ...] = VIDEO_SUFFIXES + IMAGE_SUFFIXES
+               ) -> list[str]:
+    """The media files under `path` (a local path or an fsspec URL; itself when it is a
+    file), sorted, as URLs of the same kind as `path`."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    if not fs.isdir(root):
+        return [path]
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    found = sorted(p for p in fs.find(root) if p.lower().endswith(suffixes)
+                   and not posixpath.basename(p).startswith("."))
+    return found if protocol in ("file", "local") else [f"{protocol}://{p}" for p in found]
+
+
+def probe_duration_s(url: str) -> float:
+    """The duration of the first video stream (else of the container), in seconds (PyAV)."""
+    import av
+    import fsspec
+
+    fs, local = fsspec.core.url_to_fs(url)
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    source: Any = (local if protocol in ("file", "local")
+                   else fs.open(local, "rb", block_size=PROBE_BLOCK_BYTES))
+    try:
+        with av.open(source) as container:
+            stream = container.streams.video[0]
+            if stream.duration is not None and stream.time_base is not None:
+                return float(stream.duration * stream.time_base)
+            if container.duration is not None:
+                return float(container.duration / av.time_base)
+    finally:
+        if not isinstance(source, str):
+            source.close()
+    raise ValueError(f"{url}: the duration is unknown")
+
+
+def chunk_bounds(duration_s: float, chunk_s: float | None) -> list[tuple[float, float]]:
+    """Half-open `[start_s, end_s)` spans of `chunk_s` covering `[0, duration_s)` (one span
+    when `chunk_s` is None or covers the whole)."""
+    n = max(1, math.ceil(duration_s / chunk_s - 1e-9)) if chunk_s else 1
+    step = chunk_s if chunk_s else duration_s
+    return [(round(i * step, 6), round(min((i + 1) * step, duration_s), 6)) for i in range(n)]
+
+
+def plan_chunks(paths: str | Sequence[str], chunk_s: float | None = None, *,
+                durations: Mapping[str, float] | None = None,
+                **params: Any) -> list[dict[str, Any]]:
+    """The params of one footage job per file, or per `chunk_s` seconds of each file.
+
+    Each item is `{"path", "start_s", "end_s", **params}`; chunks are half-open, so their
+    frames add up to the whole file's. Pure when `durations` (path -> seconds) covers every
+    file; otherwise the missing durations are read from the files. A directory stands for
+    the videos in it.
+    """
+    files = [f for p in ([paths] if isinstance(paths, str) else paths)
+             for f in list_media(p, VIDEO_SUFFIXES)]
+    items: list[dict[str, Any]] = []
+    for f in files:
+        duration = (durations or {}).get(f)
+        if duration is None:
+            duration = probe_duration_s(f)
+        items += [{**params, "path": f, "start_s": start, "end_s": end}
+                  for start, end in chunk_bounds(duration, chunk_s)]
+    return items
+
+
+def frames_in(start_s: float, end_s: float, fps: float) -> int:
+    """How many points of the `fps` grid (k / fps) lie in `[start_s, end_s)`: the frames a
+    chunk samples when the video has a frame at every grid point."""
+    return max(0, math.ceil(end_s * fps - TIME_EPS_S) - math.ceil(start_s * fps - TIME_EPS_S))
+
+
+class Sampler:
+    """Which decoded frames a span `[start_s, end_s)` keeps at `fps` (None: every frame).
+
+    A frame is kept when a point of the `fps` grid (k / fps, anchored at 0 s) lies after the
+    frame decoded before it and at or before it: the first frame at or after each grid
+    point. The rule reads only the frame and the one before it, so each frame is kept or not
+    whatever span decodes it: the chunks of a file keep exactly the frames the whole file
+    keeps, and a chunk resumed `after_s` a kept frame keeps what it would have kept. Feed it
+    every decoded frame in order, from before `start_s` (decode from a seek point before it:
+    `SEEK_MARGIN_S`); the first frame of a file is always a grid frame (k = 0).
+    """
+
+    def __init__(self, fps: float | None, start_s: float = 0.0, end_s: float | None = None,
+                 after_s: float | None = None) -> None:
+        self.fps, self.start_s, self.end_s = fps, start_s, end_s
+        self.after_s = after_s
+        self._prev: float | None = None
+
+    def past_end(self, t: float) -> bool:
+        """Whether `t` (and every later frame) is beyond the span."""
+        return self.end_s is not None and t >= self.end_s - TIME_EPS_S
+
+    def keep(self, t: float) -> bool:
+        """Whether the frame at `t` (the next decoded one, before `past_end`) is kept."""
+        prev, self._prev = self._prev, t
+        if t < self.start_s - TIME_EPS_S:
+            return False
+        if self.after_s is not None and t <= self.after_s + TIME_EPS_S:
+            return False
+        if not self.fps or prev is None:
+            return True
+        return math.floor(t * self.fps + TIME_EPS_S) > math.floor(prev * self.fps + TIME_EPS_S)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A footage source planned: the array's item specs (over the submitted spec) and the
+    merge job's spec fields (its `after` and input are added by the store)."""
+
+    items: list[dict[str, Any]]
+    merge: dict[str, Any]
+    files: list[dict[str, Any]] = field(default_factory=list)
+
+
+def is_fanout(entrypoint: str | None, params: Mapping[str, Any]) -> bool:
+    """Whether a footage spec asks to be fanned out (it names a `source`)."""
+    from e31.workloads import WORKLOADS
+    return entrypoint == WORKLOADS["footage"] and "source" in params
+
+
+def plan(params: Mapping[str, Any], *, roots: Sequence[str],
+         probe: Callable[[str], float] = probe_duration_s) -> Plan:
+    """The chunk jobs and the merge job of a footage `source` (`SpecError` naming
+    `params.<field>` for a bad value, `SpecForbidden` for a local path outside `roots`).
+
+    Local files (`file://` or a plain absolute path) are read here and staged into each
+    chunk job as its input (the job's sandbox shows it nothing else); other URLs are read by
+    the chunk jobs themselves, a byte range at a time.
+    """
+    rest = {k: v for k, v in params.items() if k not in FANOUT_PARAMS}
+    for bad in ("path", "start_s", "end_s", "names"):
+        if bad in rest:
+            raise SpecError.one(f"params.{bad}", "set by the fan-out of a source; give source")
+    chunk_s = _positive(params, "chunk_s", DEFAULT_CHUNK_S)
+    chunk_images = int(_positive(params, "chunk_images", DEFAULT_CHUNK_IMAGES))
+    if chunk_images > DEFAULT_CHUNK_IMAGES:
+        raise SpecError.one("params.chunk_images", f"at most {DEFAULT_CHUNK_IMAGES} (a job's "
+                                                   "inputs)")
+    fps = rest.get("fps", 1.0)
+    if fps is not None and (not isinstance(fps, int | float) or fps <= 0):
+        raise SpecError.one("params.fps", "must be a positive number of frames a second, or "
+                                          "null for every frame")
+    if not decode_threads_ok(rest.get("decode_threads", 1)):
+        raise SpecError.one("params.decode_threads", "must be a whole number of threads, or 0 "
+                                                     "for FFmpeg's own count")
+    files = _files(params["source"], roots)
+    durations = _durations([(url, name) for url, name in files if not is_image(url)], probe)
+    items: list[dict[str, Any]] = []
+    planned: list[dict[str, Any]] = []
+    images: list[tuple[str, str]] = []
+    for url, name in files:
+        if is_image(url):
+            images.append((url, name))
+            continue
+        duration = durations[url]
+        first = len(items)
+        for start, end in chunk_bounds(duration, chunk_s):
+            items.append(_item(rest, [(url, name)], start_s=start, end_s=end,
+                               frames=frames_in(start, end, fps) if fps else None))
+        planned.append({"name": name, "kind": "video", "url": url,
+                        "duration_s": round(duration, 6), "items": list(range(first, len(items)))})
+    for at in range(0, len(images), chunk_images):
+        group = images[at:at + chunk_images]
+        planned += [{"name": name, "kind": "image", "url": url, "items": [len(items)]}
+                    for url, name in group]
+        items.append(_item(rest, group, frames=len(group)))
+    planned.sort(key=lambda f: f["items"][0])
+    total = sum(i["params"].get("expected_frames") or 0 for i in items)
+    merge = {"params": {"files": planned, "total_frames": total,
+                        "fps": fps, "labels": rest.get("labels")}}
+    return Plan(items=items, merge=merge, files=planned)
+
+
+def _durations(videos: Sequence[tuple[str, str]], probe: Callable[[str], float]
+               ) -> dict[str, float]:
+    """Each video's duration, `PROBE_THREADS` probes at a time; the first unreadable one (in
+    source order) is a `SpecError` naming it."""
+    def one(video: tuple[str, str]) -> float | BaseException:
+        try:
+            return probe(video[0])
+        except Exception as exc:  # noqa: BLE001 - any reader's error is this file's
+            return exc
+
+    if len(videos) <= 1:
+        found = [one(v) for v in videos]
+    else:
+        with ThreadPoolExecutor(min(PROBE_THREADS, len(videos)),
+                                thread_name_prefix="e31-probe") as pool:
+            found = list(pool.map(one, videos))
+    durations: dict[str, float] = {}
+    for (url, name), duration in zip(videos, found, strict=True):
+        if isinstance(duration, BaseException):
+            raise SpecError.one("params.source", f"cannot read {name}: {duration}")
+        durations[url] = duration
+    return durations
+
+
+def _files(sources: Any, roots: Sequence[str]) -> list[tuple[str, str]]:
+    """(URL the job reads, name in the outputs) of every media file of the `source` param."""
+    if isinstance(sources, str):
+        sources = [sources]
+    if not isinstance(sources, list) or not sources or \
+            not all(isinstance(s, str) and s for s in sources):
+        raise SpecError.one("params.source", "must be a path or URL, or a non-empty list of them")
+    files: list[tuple[str, str]] = []
+    for i, source in enumerate(sources):
+        field_name = "params.source" if len(sources) == 1 else f"params.source[{i}]"
+        files += _listed(source, field_name, roots)
+        if len(files) > MAX_SOURCE_FILES:
+            raise SpecError.one("params.source", f"more than {MAX_SOURCE_FILES} files; split it")
+    if not files:
+        raise SpecError.one("params.source", "holds no video or image file "
+                                             f"({', '.join(VIDEO_SUFFIXES + IMAGE_SUFFIXES)})")
+    return files
+
+
+def _item(rest: Mapping[str, Any], group: Sequence[tuple[str, str]], *,
+          start_s: float | None = None, end_s: float | None = None,
+          frames: int | None) -> dict[str, Any]:
+    """One chunk job's spec fields: its params and the inputs it stages."""
+    inputs: dict[str, str] = {}
+    paths: list[str] = []
+    for n, (url, name) in enumerate(group):
+        if input_scheme(url) == "file":
+            key = f"m{n:02d}{posixpath.splitext(name)[1].lower()}"
+            inputs[key] = url
+            paths.append(key)
+        else:
+            paths.append(url)
+    params: dict[str, Any] = {**rest, "path": paths, "names": [name for _, name in group]}
+    if start_s is not None:
+        params.update(start_s=start_s, end_s=end_s)
+    if frames is not None:
+        params["expected_frames"] = frames
+    return {"params": params, "inputs": inputs}
+
+
+def decode_threads_ok(value: object) -> bool:
+    """A footage job's `decode_threads`: a whole number of threads, 0 (FFmpeg's own count) or
+    more; checked at submit (here) and by the workload itself."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _positive(params: Mapping[str, Any], key: str, default: float) -> float:
+    value = params.get(key, default)
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise SpecError.one(f"params.{key}", "must be a positive number")
+    return float(value)
+
+
+def _listed(source: str, field_name: str, roots: Sequence[str]) -> list[tuple[str, str]]:
+    """(URL, name) of each media file of one source entry, in sorted order; a local path
+    only beneath `roots` (resolved: a link out of them is refused too)."""
+    scheme = input_scheme(source)
+    if scheme is None and os.path.isabs(source):
+        source, scheme = "file://" + source, "file"
+    if scheme is None or scheme not in URL_SCHEMES:
+        raise SpecError.one(field_name, "must be an absolute path on the pool, or a URL "
+                                        f"({', '.join(s + '://' for s in URL_SCHEMES)})")
+    if scheme == "file":
+        try:
+            path = file_input_path(source, roots)
+        except ValueError as exc:
+            raise SpecForbidden.one(field_name, str(exc)) from None
+        real = os.path.realpath(path)
+        if not any(beneath(real, os.path.realpath(root)) for root in roots):
+            raise SpecForbidden.one(field_name, f"{path} resolves outside input_file_roots")
+        if not os.path.exists(real):
+            raise SpecError.one(field_name, f"no such file or directory on the pool: {path}")
+        found = list_media(real)
+        base = real if os.path.isdir(real) else os.path.dirname(real)
+        return [("file://" + f, posixpath.relpath(f, base)) for f in found
+                if beneath(os.path.realpath(f), real if os.path.isdir(real) else f)
+                and is_media(f)]
+    try:
+        found = list_media(source)
+    except ImportError as exc:
+        raise SpecError.one(field_name, f"this API cannot read {scheme}:// ({exc})") from None
+    except (OSError, ValueError) as exc:
+        raise SpecError.one(field_name, f"cannot list {source}: {exc}") from None
+    base = urlsplit(source).path.rstrip("/")
+    return [(f, posixpath.relpath(urlsplit(f).path, base) if len(found) > 1 or f != source
+             else posixpath.basename(urlsplit(f).path)) for f in found if is_media(f)]

@@ -1,0 +1,133 @@
+"""A tenant's API keys: named, optionally expiring, revocable; on a session `Repo` opens.
+
+Only a key's sha256 is stored; the token itself is returned once, when it is made. A key's
+`prefix` (its first `PREFIX_CHARS` characters) tells keys apart in `e31 token list` without
+revealing them. A key authenticates while it is neither revoked nor expired, checked in the
+query that finds it, so a revoked or expired key is refused on the very next request.
+`last_used_at` is written at most once per `LAST_USED_RESOLUTION_S` per key: a conditional
+UPDATE that matches nothing inside the window, so a busy key costs one write a minute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import uuid
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.orm import Session
+
+from e31.errors import Conflict, NotFound, SpecError
+from e31.store.models import ApiKey, Tenant
+from e31.store.records import TokenRecord
+
+TOKEN_PREFIX = "e31_"
+TOKEN_BYTES = 32               # 256 random bits
+PREFIX_CHARS = 12              # "e31_" and 8 random characters: enough to tell keys apart
+DEFAULT_NAME = "default"       # the first key of a tenant, made with it
+LAST_USED_RESOLUTION_S = 60.0  # last_used_at is written at most this often per key
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+EXPIRY_MAX = timedelta(days=3650)   # a typo guard: ten years
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise SpecError.one("name", "must be 1 to 100 letters, digits, '.', '_' or '-', "
+                                    "starting with a letter or digit")
+    return name
+
+
+def check_expiry(expires_at: datetime | None, *, now: datetime) -> datetime | None:
+    if expires_at is None:
+        return None
+    if expires_at.tzinfo is None:
+        raise SpecError.one("expires_at", "must name its time zone (e.g. 2027-01-31T00:00:00Z)")
+    if expires_at <= now:
+        raise SpecError.one("expires_at", "must be in the future")
+    if expires_at - now > EXPIRY_MAX:
+        raise SpecError.one("expires_at", "must be within ten years")
+    return expires_at
+
+
+def shown_name(key: ApiKey) -> str:
+    """A key's name; a key made before names existed is called by its id."""
+    return key.name or key.id
+
+
+def record(key: ApiKey, tenant: str) -> TokenRecord:
+    return TokenRecord(id=key.id, tenant=tenant, name=shown_name(key), prefix=key.prefix,
+                       created_at=key.created_at, expires_at=key.expires_at,
+                       last_used_at=key.last_used_at, revoked_at=key.revoked_at)
+
+
+def add(s: Session, tenant: Tenant, *, name: str, now: datetime,
+        expires_at: datetime | None = None) -> tuple[TokenRecord, str]:
+    """A new key of `tenant` named `name` (unique among its unrevoked keys: the tenant's row
+    is locked while it is checked); the token is returned once."""
+    check_name(name)
+    expires_at = check_expiry(expires_at, now=now)
+    s.scalar(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
+    if _live(s, tenant.id, name) is not None:
+        raise Conflict(f"tenant {tenant.name!r} has a token named {name!r} already; revoke it "
+                       "or choose another name")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
+    key = ApiKey(id="k-" + uuid.uuid4().hex[:12], tenant_id=tenant.id,
+                 token_hash=hash_token(token), created_at=now, name=name,
+                 prefix=token[:PREFIX_CHARS], expires_at=expires_at)
+    s.add(key)
+    s.flush()
+    return record(key, tenant.name), token
+
+
+def listed(s: Session, tenant: Tenant) -> list[TokenRecord]:
+    """The tenant's unrevoked keys (expired ones too, marked so), oldest first."""
+    keys = s.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant.id,
+                                          ApiKey.revoked_at.is_(None))
+                     .order_by(ApiKey.created_at, ApiKey.id))
+    return [record(k, tenant.name) for k in keys]
+
+
+def revoke(s: Session, tenant: Tenant, name: str, *, now: datetime) -> TokenRecord:
+    """Revoke the tenant's unrevoked key `name`: refused from the next request on."""
+    key = _live(s, tenant.id, name, lock=True)
+    if key is None:
+        raise NotFound(f"tenant {tenant.name!r} has no token named {name!r}")
+    key.revoked_at = now
+    s.flush()
+    return record(key, tenant.name)
+
+
+def authenticate(s: Session, token: str, *, now: datetime) -> tuple[Tenant, ApiKey] | None:
+    """The tenant and key of a live token (not revoked, not expired), or None."""
+    row = s.execute(select(Tenant, ApiKey).join(ApiKey, ApiKey.tenant_id == Tenant.id).where(
+        ApiKey.token_hash == hash_token(token), ApiKey.revoked_at.is_(None),
+        or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > now))).first()
+    return (row[0], row[1]) if row is not None else None
+
+
+def is_stale(key: ApiKey, now: datetime) -> bool:
+    """Whether the key's last use is older than the resolution (so worth a write)."""
+    return (key.last_used_at is None
+            or now - key.last_used_at >= timedelta(seconds=LAST_USED_RESOLUTION_S))
+
+
+def touch(s: Session, key_id: str, *, now: datetime) -> None:
+    """Note a use of the key, unless one was noted within the resolution (by any process)."""
+    s.execute(update(ApiKey).where(
+        ApiKey.id == key_id, or_(ApiKey.last_used_at.is_(None), ApiKey.last_used_at
+                                 <= now - timedelta(seconds=LAST_USED_RESOLUTION_S)))
+              .values(last_used_at=now))
+
+
+def _live(s: Session, tenant_id: str, name: str, *, lock: bool = False) -> ApiKey | None:
+    named = or_(ApiKey.name == name, and_(ApiKey.name.is_(None), ApiKey.id == name))
+    q = select(ApiKey).where(ApiKey.tenant_id == tenant_id, ApiKey.revoked_at.is_(None), named)
+    if lock:
+        q = q.with_for_update()
+    return s.scalars(q.order_by(ApiKey.created_at)).first()
