@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
+
+from e31.local.redisserver import free_port
+from tests.conftest import wait_for
 
 from .conftest import Stack
 
@@ -73,3 +82,145 @@ def test_usage_shows_jobs_by_state_and_gpu_seconds_per_class(stack: Stack) -> No
     assert gpu24["gpu_seconds"] >= status["gpu_seconds"] >= 0.5
     assert gpu24["queued_seconds"] >= 0
     assert "gpu-seconds" in stack.e31("usage").stdout
+
+
+class Follower:
+    """`e31 logs -f JOB` as a process, its stdout read line by line as it comes."""
+
+    def __init__(self, stack: Stack, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "e31.cli", "logs", "-f", *args],
+                                     env=dict(stack.env, PYTHONUNBUFFERED="1"),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def has(self, text: str) -> bool:
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        return text in self.seen
+
+    def wait_for_line(self, text: str) -> None:
+        wait_for(lambda: self.has(text), timeout_s=60, what=f"{text!r} in e31 logs -f")
+
+
+def test_logs_follow_streams_a_running_jobs_lines_as_they_are_written(
+        stack: Stack, shared_tmp: Path) -> None:
+    # Given a running job that prints a line, then waits for a file this test creates
+    go = shared_tmp / "go"
+    job_id = stack.e31("submit", "--gpus", "0", "--", "sh", "-c",
+                       f"echo first-line; while [ ! -e {go} ]; do sleep 0.1; done; "
+                       "echo second-line").stdout.strip()
+
+    # When its log is followed
+    follower = Follower(stack, job_id)
+
+    # Then the first line shows under its attempt's header while the job still waits
+    follower.wait_for_line("first-line")
+    assert follower.seen[:2] == ["=== attempt 1 ===", "first-line"]
+    assert not follower.has("second-line")
+    assert json.loads(stack.e31("status", job_id, "--json").stdout)["state"] == "running"
+
+    # And the second once the job writes it; the follower ends with the job, exit 0
+    go.touch()
+    follower.wait_for_line("second-line")
+    assert follower.proc.wait(timeout=60) == 0
+
+
+def test_logs_follow_moves_to_the_next_attempt_under_its_header(
+        stack: Stack, shared_tmp: Path) -> None:
+    # Given a job whose first attempt fails and whose retry succeeds
+    mark = shared_tmp / "tried"
+    job_id = stack.e31("submit", "--gpus", "0", "--retries", "1", "--backoff", "0", "--",
+                       "sh", "-c", f"if [ -e {mark} ]; then echo try-two; else touch {mark}; "
+                                   "echo try-one; exit 3; fi").stdout.strip()
+
+    # When its log is followed from the start to the end
+    follower = Follower(stack, job_id)
+    assert follower.proc.wait(timeout=120) == 0
+    follower.has("")
+
+    # Then each attempt's lines come under its own header, in order
+    assert [line for line in follower.seen if line] == \
+        ["=== attempt 1 ===", "try-one", "=== attempt 2 ===", "try-two"]
+
+
+def test_logs_of_an_attempt_the_job_lacks_and_result_json_of_a_failed_job(
+        stack: Stack) -> None:
+    # Given a job that failed in its one attempt
+    job_id = stack.client().submit(command=["sh", "-c", "exit 4"], resources={"gpus": 0}).id
+    wait_for(lambda: stack.client().get(job_id).status()["state"] == "failed", timeout_s=60,
+             what="the job to fail")
+
+    # When its fifth attempt's log is asked for: exit 2, one line naming how many it has
+    missing = stack.e31("logs", job_id, "--attempt", "5")
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.strip() == f"error: job {job_id} has 1 attempt; --attempt takes 1 to 1"
+
+    # And its result as JSON: the status with reason and error on stdout, exit 1
+    result = stack.e31("result", job_id, "--json")
+    assert result.returncode == 1
+    status = json.loads(result.stdout)
+    assert status["state"] == "failed" and "exited with code 4" in status["error"]
+
+
+def test_a_workload_job_is_named_after_its_workload_and_the_new_flags_reach_the_api(
+        stack: Stack) -> None:
+    # Given the example of docs/jobs.md ("Every field as a flag"), as a dry run
+    checked = stack.e31("submit", "-w", "train", "--gpus", "0", "--mem-gb", "4", "--retries", "2",
+                        "--backoff", "5", "--backoff-max", "60", "--max-lost", "2",
+                        "-p", "epochs=1", "--dry-run", "--json")
+
+    # Then the API takes it, named after the workload, with every flag in its spec
+    assert checked.returncode == 0, checked.stderr
+    answer = json.loads(checked.stdout)
+    assert answer["name"] == "train"
+    assert answer["spec"]["resources"]["mem_gb"] == 4
+    assert answer["spec"]["retries"] == {"max": 2, "backoff_s": 5, "backoff_max_s": 60,
+                                         "max_lost": 2}
+
+
+def test_each_exit_code_of_the_table_comes_from_a_real_case(stack: Stack) -> None:
+    # 0: done. 1: the job failed, in test_wait_exits_non_zero_when_the_job_failed and
+    # test_logs_of_an_attempt_the_job_lacks_and_result_json_of_a_failed_job above.
+    assert stack.e31("ls").returncode == 0
+    # 2: bad input, refused by the API (an unknown job; a bad spec in the test above)
+    unknown = stack.e31("status", "j-" + "f" * 20)
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
+    # 3: the API cannot be reached
+    env = dict(stack.env, E31_URL=f"http://127.0.0.1:{free_port()}", E31_TOKEN=stack.token)
+    down = subprocess.run([sys.executable, "-m", "e31.cli", "ls"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert down.returncode == 3 and down.stderr.count("\n") == 1, down.stderr
+    # 130: Ctrl-C while following a running job's log
+    job = stack.client().submit(command=["sh", "-c", "echo started; sleep 60"],
+                                resources={"gpus": 0})
+    follower = Follower(stack, job.id)
+    follower.wait_for_line("started")
+    os.kill(follower.proc.pid, signal.SIGINT)
+    assert follower.proc.wait(timeout=30) == 130
+    job.cancel()
+
+
+def test_a_job_no_worker_can_take_says_so_and_its_wait_grows(stack: Stack) -> None:
+    # Given a stack of gpu24, gpu48 and cpu workers, and a job that needs a gpu80 GPU
+    job = stack.client().submit(entrypoint="e2ejobs:where", resources={"gpu_mem_gb": 70})
+    try:
+        # When its owner asks why it waits
+        shown = stack.e31("status", job.id)
+        first = job.status()
+
+        # Then no worker of its class runs, with no estimate, and its wait so far grows
+        assert first["pending"]["reason"] == "no_workers", first["pending"]
+        assert first["pending"]["estimated_start"] is None
+        assert "no worker serves e31.gpu80" in shown.stdout
+        assert "estimated start  none: no worker of its class is running" in shown.stdout
+        wait_for(lambda: job.status()["queued_seconds"] > first["queued_seconds"] + 0.5,
+                 timeout_s=60, what="queued_seconds to grow")
+    finally:
+        job.cancel()

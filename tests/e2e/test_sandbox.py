@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,11 @@ def test_in_a_sandbox_a_job_reaches_nothing_but_its_own_files(
     seen, status = probe(stack, broker, other_tenants_job, resources={"gpus": 0})
 
     # Then it runs as its tenant's own uid, and every attempt fails: nothing of it exists
+    reaches_nothing(seen, status, other_tenants_job)
+
+
+def reaches_nothing(seen: dict[str, Any], status: dict[str, Any], other_tenants_job: Path) -> None:
+    """The probe's attempts all failed in its sandbox."""
     assert status["attempts"][-1]["isolation"] == "sandbox"
     assert seen["uid"] not in (0, os.getuid())
     assert set(seen["read"].values()) == {"FileNotFoundError"}, seen["read"]
@@ -159,6 +165,28 @@ def test_with_isolation_process_the_same_job_reaches_what_the_sandbox_hid(
     finally:
         for planted in (stack.home / "planted", other_tenants_job.parent / "planted"):
             planted.unlink(missing_ok=True)
+
+
+def test_a_warm_started_job_reaches_nothing_either_and_a_command_job_starts_cold(
+        stack: Stack, broker: redis.Redis, sandboxed: None, other_tenants_job: Path) -> None:
+    # Given the stack's workers, each with its warm process (ready in the background: until
+    # then a job starts cold, so the probe is run until one attempt was forked warm)
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        seen, status = probe(stack, broker, other_tenants_job, resources={"gpus": 0})
+        attempt = status["attempts"][-1]
+        if attempt["start"] == "warm" or time.monotonic() > deadline:
+            break
+
+    # Then the warm-started probe reaches nothing of the host either, and its start is timed
+    assert attempt["start"] == "warm", attempt
+    assert attempt["start_ms"] is not None and attempt["start_ms"] >= 0
+    reaches_nothing(seen, status, other_tenants_job)
+
+    # And a command job starts cold, as it always does
+    command = stack.client().submit(command=["true"], resources={"gpus": 0}).wait(timeout=WAIT_S)
+    assert command["state"] == "succeeded", command
+    assert command["attempts"][-1]["start"] == "cold"
 
 
 def test_network_none_keeps_a_job_from_the_stacks_own_redis(

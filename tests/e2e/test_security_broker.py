@@ -124,7 +124,7 @@ def test_a_drain_key_written_into_redis_does_not_drain_a_worker_but_e31_worker_d
 
     # Then it logs the refusal and keeps serving: same process, heartbeat after heartbeat
     wait_for(lambda: f"drain_unauthorized node={NODE}" in target.log(), timeout_s=WAIT_S,
-             what="the worker to refuse the drain key")
+             what="the worker to refuse the drain key", evidence=lambda: target.log()[-4000:])
     time.sleep(BEATS_S)  # nothing to wait for: a drain that should not happen
     assert target.beat().get("pid") == pid and target.proc.poll() is None
     assert "worker_drain_requested" not in target.log()

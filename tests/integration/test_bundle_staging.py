@@ -49,8 +49,11 @@ def world(tmp_path: Path) -> types.SimpleNamespace:
     settings = Settings(redis_url="redis://unused", work_dir=str(tmp_path / "work"),
                         input_file_roots=(str(shared),), bundle_cache_max_bytes=1 << 20)
     artifacts = ArtifactStore(f"file://{tmp_path / 'artifacts'}")
+    # no sandbox: file:// inputs are copied (a sandboxed worker binds a readable file instead:
+    # tests/integration/test_footage_staging.py)
     return types.SimpleNamespace(settings=settings, artifacts=artifacts, shared=shared,
-                                 store=BundleStore(artifacts.url), root=tmp_path / "attempt")
+                                 store=BundleStore(artifacts.url), root=tmp_path / "attempt",
+                                 sandbox=None)
 
 
 def claim_and_plan(world: types.SimpleNamespace, **spec: Any) -> tuple[Any, AttemptPlan]:

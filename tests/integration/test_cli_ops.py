@@ -59,7 +59,8 @@ def test_tenant_create_and_update_set_the_weight_and_quotas(database_url: str,
     # Then the store holds exactly that, and a bad quota or class is refused
     assert updated.returncode == 0, updated.stderr
     assert json.loads(updated.stdout) == {"tenant": "nlp", "admin": False, "weight": 3.0,
-                                          "quotas": {"gpu24": 2}}
+                                          "quotas": {"gpu24": 2}, "disabled": False,
+                                          "disabled_at": None, "limits": {}}
     bad = e31("tenant", "update", "nlp", "--quota", "gpu99=1", home=tmp_path,
               database_url=database_url)
     assert bad.returncode == 2 and "unknown size class" in bad.stderr

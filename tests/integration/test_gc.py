@@ -13,6 +13,7 @@ import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import pytest
 from sqlalchemy import MetaData, select, text
 
 from e31.artifacts import ArtifactStore, log_name
@@ -168,6 +169,7 @@ def test_e31_gc_is_a_dry_run_unless_told_to_delete(repo: Repo, database_url: str
     assert bad.returncode == 2 and "must be a number of days" in bad.stderr
 
 
+@pytest.mark.empty_store
 def test_migration_0004_counts_the_outputs_stored_before_it_towards_each_tenant(
         database_url: str) -> None:
     # Given a store at revision 0003 whose jobs list outputs of two tenants

@@ -54,7 +54,7 @@ class Jail:
         return Supervisor(p, tick=tick or (lambda progress: Directive.CONTINUE),
                           cgroups=cgroups,  # type: ignore[arg-type]
                           sandbox=self.sandbox.for_attempt(claim) if sandboxed else None,
-                          on_start=self.starts.append).run()
+                          on_start=lambda ms, start: self.starts.append(ms)).run()
 
 
 @pytest.fixture

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +116,48 @@ def test_an_upload_that_succeeds_on_retry_keeps_the_job_succeeded(
     assert record.state == "succeeded" and record.outputs == [{"path": "x.txt", "size": 2}]
     job_dir = tmp_path / "work" / job_id
     assert not job_dir.exists() or not any(job_dir.iterdir())
+
+
+# Renewed every 0.2 s, a 2.5 s lease survives a 2 s stall of a busy CI machine (a 1 s one did
+# not: the timeout was fenced off as `lost` on PostgreSQL), and the 5 s grace still outlives it.
+GRACE_TEST_LEASE_S = 2.5
+
+
+@pytest.mark.parametrize("renew_in_grace", [True, False])
+def test_a_job_that_ignores_sigterm_at_its_timeout_ends_once_as_a_timeout(
+        repo: Repo, redis_client: redis.Redis, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, renew_in_grace: bool) -> None:
+    """The kill grace (5 s) outlives the lease TTL (2.5 s): the lease is renewed through the
+    grace, so the attempt is recorded once with reason `timeout`. Without the renewal (the
+    control), the lease lapses during the grace and the outcome is fenced off: the bug this
+    guards against, where such a job ended `lost` and then as a poison job."""
+    _, job_id = submit(repo, command=["sh", "-c", "trap '' TERM; sleep 30"], timeout_s=1)
+    svc = services(repo, redis_client, tmp_path, ArtifactStore(f"file://{tmp_path / 'a'}"))
+    svc = dataclasses.replace(svc, settings=svc.settings.model_copy(
+        update={"lease_ttl_s": GRACE_TEST_LEASE_S, "kill_grace_s": 2 * GRACE_TEST_LEASE_S}))
+    if not renew_in_grace:
+        from e31_worker.attempt.supervisor import Supervisor
+        monkeypatch.setattr(Supervisor, "_wait_out_grace",
+                            lambda self, proc, why: time.sleep(self._plan.kill_grace_s))
+
+    stop = threading.Event()
+
+    def reconciler() -> None:   # the scheduler's sweep of expired leases, as in a real pool
+        while not stop.wait(0.2):
+            repo.expire_leases(now=utcnow(), lease_ttl_s=GRACE_TEST_LEASE_S)
+
+    sweeper = threading.Thread(target=reconciler, daemon=True)
+    sweeper.start()
+    try:
+        task.run_job(svc, job_id, publish(repo, job_id))
+    finally:
+        stop.set()
+        sweeper.join()
+
+    record = repo.get_job(None, job_id)
+    if renew_in_grace:
+        assert (record.state, record.reason) == ("failed", "timeout")
+        assert [a.reason for a in record.attempts] == ["timeout"]
+    else:   # the lease lapsed in the grace: the attempt was taken as lost, the timeout fenced
+        assert [a.reason for a in record.attempts] == ["lost"]
+        assert record.state == "queued"

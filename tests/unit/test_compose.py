@@ -181,3 +181,32 @@ def test_prometheus_presents_the_metrics_token_the_api_reads_and_scrapes_the_api
                for t in s["targets"]]
     assert "api:8031" in targets
     assert not any(t.startswith("flower") for t in targets)
+
+
+NODE_SETTINGS = {"E31_DATABASE_URL", "E31_REDIS_URL", "E31_REDIS_PASSWORD_FILE",
+                 "E31_ARTIFACTS_URL", "E31_S3_ENDPOINT_URL", "E31_S3_ACCESS_KEY_ID",
+                 "E31_S3_SECRET_ACCESS_KEY", "E31_HOME"}
+
+
+def test_a_gpu_host_joins_with_the_worker_only_profile_and_the_node_settings_alone() -> None:
+    # Given the worker-only service of a GPU host
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    node = services["worker-node"]
+
+    # Then it runs only with its profile, waits for no service of this file, keeps only its own
+    # scratch volume (no disk shared with the control plane), takes all the host's GPUs, and
+    # is configured by the store, broker and artifact store settings (and S3's) alone
+    assert node["profiles"] == ["gpu-node"] and not node.get("depends_on")
+    assert node["command"][:2] == ["e31", "worker"] and "--hostname" in node["command"]
+    assert [v.split(":")[0] for v in node["volumes"]] == ["e31-node"]
+    [device] = node["deploy"]["resources"]["reservations"]["devices"]
+    assert device["count"] == "all" and device["capabilities"] == ["gpu"]
+    assert {k for k in node["environment"] if k.startswith("E31_")} == NODE_SETTINGS
+    assert "redis_password" in node["secrets"]
+    # ... which are settings the worker reads (none misspelt), and the image has s3fs for them
+    env = {k: "x" for k in NODE_SETTINGS - {"E31_REDIS_PASSWORD_FILE"}}
+    settings = Settings.load(environ=dict(env, E31_ARTIFACTS_URL="s3://b/p"))
+    assert settings.s3_endpoint_url == settings.s3_access_key_id == "x"
+    assert '".[worker,postgres,s3]"' in (ROOT / "Dockerfile").read_text()
+    # and the pool's other services are not in the profile: a node runs none of them
+    assert all("profiles" not in s for name, s in services.items() if name != "worker-node")

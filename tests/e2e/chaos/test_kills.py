@@ -14,7 +14,7 @@ import pytest
 from e31.errors import JobFailed
 from tests.conftest import host_pid, process_alive, process_state, wait_for
 
-from .conftest import Cluster, billed_seconds, make_cluster, parse_ts, trail
+from .conftest import Cluster, billed_seconds, parse_ts, running_cluster, trail
 
 WAIT_S = 90
 # The recovery test's lease. Recovery is the rest of the dead worker's lease (at most one
@@ -38,12 +38,8 @@ def _pid(line: str) -> int:
 @pytest.fixture
 def longer_lease(tmp_path: Path) -> Iterator[Cluster]:
     """The two-host cluster with a lease of `RECOVERY_TTL_S`."""
-    c = make_cluster(tmp_path, E31_LEASE_TTL_S=str(RECOVERY_TTL_S))
-    try:
-        c.start()
+    with running_cluster(tmp_path, E31_LEASE_TTL_S=str(RECOVERY_TTL_S)) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def test_the_job_of_a_sigkilled_worker_runs_again_within_two_ttls_and_succeeds_once(
@@ -107,12 +103,8 @@ def unsandboxed(tmp_path: Path) -> Iterator[Cluster]:
     """The two-host cluster with workers started `--isolation process`: the only kind on which
     a job can reach its worker at all (a sandboxed one cannot even see it:
     tests/e2e/test_sandbox.py)."""
-    c = make_cluster(tmp_path, E31_ISOLATION="process")
-    try:
-        c.start()
+    with running_cluster(tmp_path, E31_ISOLATION="process") as c:
         yield c
-    finally:
-        c.stop()
 
 
 def test_a_job_that_kills_every_worker_it_lands_on_fails_as_a_poison_job(
@@ -132,8 +124,23 @@ def test_a_job_that_kills_every_worker_it_lands_on_fails_as_a_poison_job(
     assert status["reason"] == "lost" and "poison job" in status["error"]
 
 
+# The successor must settle the attempt before the lease expires, as with the default 10 s
+# lease a restarted worker does in a second or two; the suite's 3 s lease is shorter than
+# the freeze, the kill, the launcher's restart and a Python start on a busy 2-core machine
+# (the scheduler then recovered the job as lost and ran it again, which this test forbids).
+SETTLE_TTL_S = 15.0
+
+
+@pytest.fixture
+def settle_lease(tmp_path: Path) -> Iterator[Cluster]:
+    """The two-host cluster with a lease of `SETTLE_TTL_S`."""
+    with running_cluster(tmp_path, E31_LEASE_TTL_S=str(SETTLE_TTL_S)) as c:
+        yield c
+
+
 def test_a_worker_killed_after_its_job_returned_is_settled_by_its_successor_without_a_rerun(
-        cluster: Cluster) -> None:
+        settle_lease: Cluster) -> None:
+    cluster = settle_lease
     # Given a job whose code has returned (its result is written) while its worker has not
     # recorded the outcome yet: the worker is frozen before the job may return, so however
     # slow this machine, it can neither store the output nor record the outcome first

@@ -12,9 +12,11 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from e31.store.attempts import AttemptFacts
 from tests.conftest import wait_for
 
 from .conftest import Cluster, Postgres, make_cluster, trail
@@ -126,4 +128,11 @@ def test_a_cut_off_workers_job_is_recovered_elsewhere_and_its_late_write_is_fenc
     # And hc's outcome write, retried through the cut, is refused by the fence when it lands
     wait_for(lambda: f"outcome_fenced job={job.id}" in cluster.log("worker-hc"), timeout_s=60,
              what="hc's late write to be refused")
-    assert cluster.client().get(job.id).status()["attempts"] == status["attempts"]
+    # (what the attempts recorded as their outcome is unchanged; how the cut-off attempt ran —
+    # isolation, start, GPU use — is its own row's note, not fenced, and may land only now)
+    assert _outcomes(cluster.client().get(job.id).status()) == _outcomes(status)
+
+
+def _outcomes(status: dict[str, Any]) -> list[dict[str, Any]]:
+    noted = set(AttemptFacts.__dataclass_fields__)
+    return [{k: v for k, v in a.items() if k not in noted} for a in status["attempts"]]

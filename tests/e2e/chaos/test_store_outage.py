@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import wait_for
 
-from .conftest import Cluster, Postgres, billed_seconds, make_cluster, trail
+from .conftest import Cluster, Postgres, billed_seconds, cluster_on_postgres, trail
 
 OUTAGE_S = 3.0            # the store is down this long, well inside the TTL below
 LEASE_TTL_S = "8"
@@ -21,18 +21,9 @@ LEASE_TTL_S = "8"
 
 @pytest.fixture
 def pg_cluster(tmp_path: Path) -> Iterator[tuple[Cluster, Postgres]]:
-    why = Postgres.available()
-    if why:
-        pytest.skip(why)
     pg = Postgres()
-    pg.init()
-    cluster = make_cluster(tmp_path, database_url=pg.url, E31_LEASE_TTL_S=LEASE_TTL_S)
-    try:
-        cluster.start()
+    with cluster_on_postgres(tmp_path, pg, E31_LEASE_TTL_S=LEASE_TTL_S) as cluster:
         yield cluster, pg
-    finally:
-        cluster.stop()
-        pg.destroy()
 
 
 def _api(cluster: Cluster) -> httpx.Response:

@@ -14,7 +14,7 @@ from e31.celeryapp import broker_transport_options
 from e31.settings import Settings
 from tests.conftest import wait_for
 
-from .conftest import Cluster, billed_seconds, make_cluster, trail
+from .conftest import Cluster, billed_seconds, running_cluster, trail
 
 VISIBILITY_TIMEOUT_S = 1
 JOB_S = 3 * VISIBILITY_TIMEOUT_S + 3
@@ -22,12 +22,9 @@ JOB_S = 3 * VISIBILITY_TIMEOUT_S + 3
 
 @pytest.fixture
 def tiny_visibility(tmp_path: Path) -> Iterator[Cluster]:
-    cluster = make_cluster(tmp_path, E31_VISIBILITY_TIMEOUT_S=str(VISIBILITY_TIMEOUT_S))
-    try:
-        cluster.start()
+    with running_cluster(tmp_path,
+                         E31_VISIBILITY_TIMEOUT_S=str(VISIBILITY_TIMEOUT_S)) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def test_a_job_three_times_longer_than_the_visibility_timeout_runs_once(

@@ -1,0 +1,399 @@
+"""The runbooks' embedded-stack steps, run as written against a real `e31 up` (issue 17).
+
+Each test creates the situation its runbook is for (a drain, a GPU's XID drain, a killed
+Redis, a killed worker process, a job no worker serves, a migration, a full disk), then runs the
+blocks the page marks `e31-test=<step>` (tests/docblocks.py) in order, with the variables
+the page names (`NODE`, `JOB`), and checks what the page promises. Blocks that no test runs
+say so on the page ("not run by the tests: …"); test_docs.py fails on an unmarked one.
+
+The session's `stack` serves the situations that leave it whole; drains, the Redis kill and
+the migration (which begins with `e31 down`) use a stack of their own (tests/e2e/stacks.py);
+the full disk, one whose E31_HOME is a small tmpfs the test mounts and fills (root only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+from alembic.script import ScriptDirectory
+
+from e31 import keys
+from e31.drain import request_drain
+from e31.store import Repo, make_engine
+from e31.store.migrate import MIGRATIONS_DIR
+from tests.conftest import process_alive, wait_for
+from tests.docblocks import (
+    Ran,
+    console_steps,
+    doc,
+    output_contains,
+    output_matches,
+    run_block,
+    run_command,
+)
+from tests.e2e.chaos.conftest import Cluster, Postgres, make_cluster
+
+from .conftest import Stack
+from .stacks import OwnStack, own_stack
+
+WAIT_S = 90
+STACK_TEST_TIMEOUT_S = 400   # with the start of the stack it is the first to use
+PAGES = "docs/runbooks/"
+
+
+def _env(st: Stack, **extra: str) -> dict[str, str]:
+    """The stack's environment as an operator's shell has it: `e31`, `redis-cli` on PATH."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), st.env.get("PATH", "")])
+    return dict(st.env, PATH=path, **extra)
+
+
+def _follow(st: Stack, page: str, step: str, cwd: Path, **variables: str) -> str:
+    """Run the page's blocks marked `e31-test=step`, in order; each must exit 0."""
+    outputs = []
+    for block in doc(PAGES + page).run_blocks(step):
+        ran: Ran = run_block(block, env=_env(st, **variables), cwd=cwd)
+        assert ran.returncode == 0, f"{block.where} exited {ran.returncode}:\n{ran.output}"
+        outputs.append(ran.output)
+    return "\n".join(outputs)
+
+
+def _live(st: Stack, node: str) -> bool:
+    client = redis.Redis.from_url(st.redis_url)
+    try:
+        return client.get(keys.worker(node)) is not None
+    finally:
+        client.close()
+
+
+def _running(job: Any) -> bool:
+    return bool(job.status()["state"] == "running")
+
+
+def _worker_pid(st: Stack, node: str) -> int | None:
+    client = redis.Redis.from_url(st.redis_url)
+    try:
+        raw = client.get(keys.worker(node))
+    finally:
+        client.close()
+    return int(json.loads(raw)["pid"]) if raw else None
+
+
+# --- on the session's stack --------------------------------------------------------------
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_stuck_queued_job_and_class_without_workers(stack: Stack, tmp_path: Path) -> None:
+    # Given a job of a class that no worker of the stack serves (its GPUs are 24 and 48 GB)
+    job = stack.client().submit(entrypoint="e31_worker.examples:hello",
+                                resources={"gpu_mem_gb": 80}, name="stuck")
+    wait_for(lambda: job.status().get("pending"), timeout_s=WAIT_S,
+             what="the scheduler to say why it waits")
+    # When the operator follows stuck-queued-job.md's diagnosis
+    out = _follow(stack, "stuck-queued-job.md", "diagnose", tmp_path, JOB=job.id)
+    # Then the status says queued, and the store's row shows its queue, never published
+    assert "queued" in out
+    assert "e31.gpu80||0|" in out, out
+    # and E31ClassWithoutWorkers.md's confirmation shows the class and its queued job
+    confirm = _follow(stack, "E31ClassWithoutWorkers.md", "confirm", tmp_path)
+    assert "gpu80" in confirm
+    # and the runbook's fix (the owner cancels) ends it
+    _follow(stack, "stuck-queued-job.md", "fix", tmp_path, JOB=job.id)
+    assert job.status()["state"] == "cancelled"
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_worker_node_down(stack: Stack, tmp_path: Path) -> None:
+    # Given a job running on a worker process that is then killed with SIGKILL
+    job = stack.client().submit(entrypoint="e31_worker.examples:sleep",
+                                params={"seconds": 4, "steps": 8}, resources={"gpus": 0},
+                                name="node-down")
+    wait_for(lambda: _running(job), timeout_s=WAIT_S, what="the job to run")
+    node = job.status()["attempts"][-1]["worker"]
+    pid = _worker_pid(stack, node)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: _worker_pid(stack, node) not in (None, pid), timeout_s=WAIT_S,
+             what="the launcher to restart the worker process")
+    # When the operator follows worker-node-down.md's check
+    out = _follow(stack, "worker-node-down.md", "check", tmp_path, NODE=node, JOB=job.id)
+    # Then the restart is logged and the job ran again to success after a lost attempt
+    assert f"worker_died node={node}" in out
+    assert "['lost', 'succeeded']" in out, out
+    # and E31LeaseExpiriesRising.md's confirmation shows the lost attempt and its error
+    confirm = _follow(stack, "E31LeaseExpiriesRising.md", "confirm", tmp_path, JOB=job.id,
+                      COLUMNS="300")      # the error column whole
+    assert "lost" in confirm and f"lease of worker {node} expired" in confirm, confirm
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_jobs_idle(stack: Stack, tmp_path: Path) -> None:
+    # Given a job that sleeps without a word, flagged idle after 2 s (on_idle: flag)
+    job = stack.client().submit(command=["sleep", "120"], resources={"gpus": 0},
+                                idle_timeout_s=2, name="hung")
+    try:
+        wait_for(lambda: job.status()["idle_since"], timeout_s=WAIT_S, what="the idle flag")
+        # When the operator confirms it as E31JobsIdle.md says
+        out = _follow(stack, "E31JobsIdle.md", "confirm", tmp_path, JOB=job.id, COLUMNS="200")
+        # Then the job shows among the running ones, flagged idle, and its log is read
+        assert "hung" in out and "running (idle)" in out and "idle_since" in out, out
+        # and jobs.md's `e31 status` of an idle job shows what it shows
+        [(command, shown)] = console_steps(doc("docs/jobs.md").run_blocks("idle")[0])
+        ran = run_command(command.replace("j-…", job.id), env=_env(stack, COLUMNS="200"),
+                          cwd=tmp_path)
+        # (the page shows two rows of the table: its columns are as wide as this job's rows)
+        shown = [" ".join(re.sub(r"\d{4}-\S+", "…", line).split()) for line in shown]
+        got = "\n".join(" ".join(line.split()) for line in ran.output.splitlines())
+        assert ran.returncode == 0 and output_contains(shown, got), f"{shown}\n{ran.output}"
+    finally:
+        job.cancel()
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_artifact_retention_dry_run(stack: Stack, tmp_path: Path) -> None:
+    out = _follow(stack, "artifact-retention.md", "gc", tmp_path)
+    assert out.strip()
+
+
+# --- on a stack of their own: drains, a Redis kill, a migration that stops the stack -----
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnStack]:
+    with own_stack(tmp_path_factory.mktemp("runbookhome"), "--cpu-slots", "2") as st:
+        yield st
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_drain_a_worker(own: OwnStack, tmp_path: Path) -> None:
+    # Given a job running on a node of the stack, which ignores SIGTERM (the whole grace)
+    job = own.client().submit(command=["sh", "-c", "trap '' TERM; sleep 300"],
+                              resources={"gpus": 0}, name="to-drain")
+    wait_for(lambda: _running(job), timeout_s=WAIT_S, what="the job to run")
+    node = job.status()["attempts"][-1]["worker"]
+    # When the operator follows drain-a-worker.md on the embedded stack
+    out = _follow(own, "drain-a-worker.md", "drain", tmp_path, NODE=node)
+    status = job.status()
+    # Then pgrep found the stack's launcher, and "all drained" came once the job was requeued
+    launcher = own.state()["children"]["worker"]
+    assert f"{launcher} " in out and "worker --keep-drains" in out, out
+    assert "all drained" in out
+    assert status["attempts"][0]["reason"] == "drained"
+    # and the node stays out of service, as `e31 queue` says
+    _follow(own, "drain-a-worker.md", "verify", tmp_path, NODE=node)
+    assert not _live(own, node)
+    job.cancel()
+    # and undrain puts it back
+    _follow(own, "drain-a-worker.md", "undrain", tmp_path, NODE=node)
+    wait_for(lambda: _live(own, node), timeout_s=WAIT_S, what=f"{node} back in service")
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_gpu_xid_error_confirm(own: OwnStack, tmp_path: Path) -> None:
+    # Given a node that took itself out of service after a GPU's XID error (its record)
+    node = f"cpu1@{socket.gethostname()}"
+    wait_for(lambda: _live(own, node), timeout_s=WAIT_S, what=f"{node} live")
+    repo = Repo(make_engine(f"sqlite:///{own.home / 'e31.db'}"), half_life_s=3600.0)
+    try:
+        request_drain(redis.Redis.from_url(own.redis_url), repo, [node],
+                      reason="GPU error: XID 79 on GPU 0")     # as the worker words it
+    finally:
+        repo.engine.dispose()
+    wait_for(lambda: not _live(own, node), timeout_s=WAIT_S, what="the node to drain")
+    # When the operator confirms it as E31GpuXidError.md says
+    out = _follow(own, "E31GpuXidError.md", "confirm", tmp_path)
+    # Then `e31 queue` names the node out of service with the XID
+    assert f"out of service: {node}" in out and "XID 79" in out, out
+    # and so does operations.md's "XID errors drain the worker", for this node and GPU
+    [(command, shown)] = console_steps(doc("docs/operations.md").run_blocks("xid")[0])
+    ran = run_command(command, env=_env(own), cwd=tmp_path)
+    shown = [line.replace("gpu3@node7", node).replace("GPU 3", "GPU 0") for line in shown]
+    shown = [re.sub(r"since \S+:", "since …:", line) for line in shown]
+    assert ran.returncode == 0 and output_matches(shown, ran.output), f"{shown}\n{ran.output}"
+    # and once the GPU is fixed, the page's undrain puts the node back in service
+    _follow(own, "E31GpuXidError.md", "undrain", tmp_path, NODE=node)
+    wait_for(lambda: _live(own, node), timeout_s=WAIT_S, what=f"{node} back in service")
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_redis_restart(own: OwnStack, tmp_path: Path) -> None:
+    # Given the stack's redis-server killed
+    old = own.state()["children"]["redis"]
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: not process_alive(old), what="redis to die")
+    # When the operator follows redis-restart.md's check for the embedded stack
+    out = _follow(own, "redis-restart.md", "verify", tmp_path)
+    # Then a new redis-server serves the same URL, stack.json names it, and a job ran
+    new = own.state()["children"]["redis"]
+    assert new != old and process_alive(new)
+    assert f"\n{new}\n" in f"\n{out}\n", out
+    assert "\nPONG\n" in f"\n{out}\n", out    # redis-cli is let in (--user default)
+    assert "succeeded" in out
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_database_migrations(own: OwnStack, tmp_path: Path) -> None:
+    # Given the running stack (this test stops it, as the runbook does first)
+    head = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+    block = doc(PAGES + "database-migrations.md").run_blocks("upgrade")[0]
+    steps = console_steps(block)
+    # The page shows the package's head, as the migration files say, twice
+    assert [shown for command, shown in steps if "get_current_head" in command] == [[head]]
+    for command, shown in steps:
+        ran = run_command(command, env=_env(own), cwd=tmp_path)
+        assert ran.returncode == 0, f"{block.where}: {command}\n{ran.output}"
+        assert output_matches(shown, ran.output), f"{command}: {shown}\n{ran.output}"
+    assert (tmp_path / "e31-before-upgrade.db").exists()
+
+
+# --- on a private PostgreSQL that the test stops: the store outage ----------------------
+
+@pytest.fixture
+def pg_api(tmp_path: Path) -> Iterator[tuple[Cluster, Postgres]]:
+    """The API alone (no scheduler or worker is needed to see the outage) over a PostgreSQL of
+    the test's own: the machine's shared one is never stopped."""
+    why = Postgres.available()
+    if why:
+        pytest.skip(why)
+    pg = Postgres()
+    pg.init()
+    cluster = make_cluster(tmp_path / "home", database_url=pg.url)
+    try:
+        cluster.start(hosts=())
+        yield cluster, pg
+    finally:
+        for proc in cluster.procs.values():   # nothing in a stop of the API is under test
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        cluster.stop()
+        pg.destroy()
+
+
+def _lines(block: Any) -> list[str]:
+    return [line.strip() for line in block.text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_store_outage(pg_api: tuple[Cluster, Postgres], tmp_path: Path) -> None:
+    cluster, pg = pg_api
+    env = dict(cluster.env, E31_URL=cluster.url, E31_TOKEN=cluster.token, TOKEN=cluster.token,
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    address = urlsplit(cluster.url).netloc
+    outage = doc(PAGES + "store-outage.md")
+
+    # Given the store stopped
+    pg.stop()
+    # When the operator asks the API, as the runbook's symptoms show: 503, Retry-After, why
+    [symptoms] = outage.run_blocks("symptoms")
+    for command, shown in console_steps(symptoms):
+        ran = run_command(command.replace("localhost:8031", address), env=env, cwd=tmp_path)
+        assert output_contains(shown, ran.output), f"{shown}\n{ran.output}"   # (and date, …)
+    # and a change fails at once, exit 3, saying so (a read would retry for 60 s first)
+    ran = run_command("e31 submit --gpus 0 -- true", env=env, cwd=tmp_path)
+    assert ran.returncode == 3 and "error: results store unavailable: " in ran.output, ran.output
+    # and the runbook's first step finds the database down
+    for command in _lines(outage.run_blocks("find")[0]):
+        ran = run_command(command, env=env, cwd=tmp_path)
+        assert ran.returncode != 0, f"{command}\n{ran.output}"
+
+    # When it is back (the runbook's step 2)
+    pg.start()
+    # Then step 1 finds it up, the API answers by itself, and no job stays running on an old
+    # lease
+    found = _follow_blocks(outage.run_blocks("find"), env, tmp_path)
+    assert "accepting connections" in found, found
+    wait_for(lambda: run_command("e31 ls", env=env, cwd=tmp_path).returncode == 0,
+             timeout_s=WAIT_S, what="the API to answer again")
+    verified = _follow_blocks(outage.run_blocks("verify"), env, tmp_path)
+    assert "(0 rows)" in verified, verified
+
+
+def _follow_blocks(blocks: list[Any], env: dict[str, str], cwd: Path) -> str:
+    outputs = []
+    for block in blocks:
+        ran = run_block(block, env=env, cwd=cwd)
+        assert ran.returncode == 0, f"{block.where} exited {ran.returncode}:\n{ran.output}"
+        outputs.append(ran.output)
+    return "\n".join(outputs)
+
+
+# --- on a stack of its own whose E31_HOME is a small tmpfs the test fills: the full disk -----
+
+DISK_SIZE = "64m"
+
+
+def _fill(directory: Path) -> Path:
+    """Write zeros to `directory/fill` until its filesystem has no space left."""
+    fill = directory / "fill"
+    chunk = b"\0" * (1 << 20)
+    with open(fill, "wb") as f:
+        with contextlib.suppress(OSError):       # ENOSPC: the point
+            while True:
+                f.write(chunk)
+                f.flush()
+    return fill
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 MiB tmpfs, mounted for the test (root only) and unmounted after."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs to fill needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE}", "tmpfs",
+                              str(disk)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_store_outage_full_disk(small_disk: Path, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"          # off the small disk: the test's signals to the job
+    with own_stack(small_disk / "e31", "--cpu-slots", "1", shared=shared) as st:
+        env = _env(st)
+        children = st.state()["children"]
+        # Given a job running, which ends when told to, and the disk of E31_HOME full
+        go, done = shared / "go", shared / "done"
+        job = st.client().submit(
+            command=["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.1; done; touch {done}"],
+            resources={"gpus": 0}, name="through-the-outage")
+        wait_for(lambda: _running(job), timeout_s=WAIT_S, what="the job to run")
+        fill = _fill(small_disk)
+        # When a user submits: refused at once, exit 3, saying why (the runbook's symptom)
+        ran = run_command("e31 submit --gpus 0 -- true", env=env, cwd=tmp_path)
+        assert ran.returncode == 3, ran.output
+        assert "error: results store unavailable: database or disk is full" in ran.output
+        # but reads still answer (SQLite reads need no space), as the embedded section says
+        ran = run_command("e31 ls", env=env, cwd=tmp_path)
+        assert ran.returncode == 0 and "running" in ran.output, ran.output
+        # and a job that ends during the outage is not recorded yet: its worker's write waits
+        go.touch()
+        wait_for(done.exists, timeout_s=WAIT_S, what="the job's command to end")
+        assert _running(job)
+
+        # When the operator frees the space and follows the embedded section's steps
+        fill.unlink()
+        out = _follow(st, "store-outage.md", "embedded", tmp_path)
+        # Then df shows the disk of E31_HOME, and a submission is taken and runs again
+        assert str(small_disk) in out and re.search(r"^j-\w+ succeeded:", out, re.M), out
+        # and the job that ended during the outage is recorded by its worker's retry
+        assert job.wait(timeout=WAIT_S)["state"] == "succeeded"
+        # and every process of the stack lived through it (none needed `e31 up`'s restart)
+        assert st.state()["children"] == children
+        assert all(process_alive(pid) for pid in children.values())
