@@ -1,13 +1,22 @@
-"""Dispatch overhead of E31 Batch against bare Celery on the same machine; on demand.
+"""Tiny isolated jobs end to end: E31 Batch against bare Celery on the same Redis and machine;
+on demand.
 
-    python bench/dispatch_vs_celery.py --jobs 300 --workers 4
+    python bench/dispatch_vs_celery.py --jobs 300 --workers 2
 
-The same work both ways: N tasks that each run `python -c pass` in a child process, on
-`--workers` worker processes (pool threads, concurrency 1, late ack, prefetch 1) over a
-private redis-server. Bare Celery: `apply_async` of a task that runs the child, completion
-counted in Redis. E31: `e31 up --cpu-slots W` and N command jobs through the API, the
-scheduler, the claim, the store and the artifact store. Prints both throughputs and the
-ratio E31 / Celery.
+One private redis-server serves every side in turn. Bare Celery runs `--workers` worker
+processes (pool threads, concurrency 1, late ack, prefetch 1), twice: with an in-process
+no-op task, and with a task that runs `python3 -c pass` in a child process (the same work
+as E31's command job). E31 runs `e31 up --cpu-slots W` on the same Redis and takes N jobs
+through the API, the scheduler, the claim, the store, the sandbox and the artifact store,
+each followed with `JobHandle.wait()` as a user would, twice: as command jobs
+`python3 -c pass`, and as entrypoint jobs (`e31_worker.examples:hello`, forked from the warm
+process where the worker has one). The timer runs from the first submit or `send_task` to
+the last completion.
+
+Nothing may be lost and nothing run twice: every Celery task adds its own id to a Redis set
+and counts itself (N ids, N runs), and every E31 job must succeed in exactly one attempt.
+Prints jobs/s for each side and the ratios E31 / Celery (docs/performance.md, "Dispatch and
+the control path").
 """
 
 from __future__ import annotations
@@ -19,15 +28,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from e31.local.redisserver import start_redis
 
-from stack import private_stack, submit_all, wait_all
+from stack import private_stack, submit_all
 
-CHILD = [sys.executable, "-c", "pass"]
+CHILD = ["python3", "-c", "pass"]
 
 BASELINE_APP = f'''
 import subprocess, sys, redis
@@ -37,72 +48,103 @@ app.conf.update(task_acks_late=True, worker_prefetch_multiplier=1, accept_conten
                 task_serializer="json", task_ignore_result=True)
 r = redis.Redis.from_url(sys.argv[1])
 
-@app.task(name="bare.run")
-def run():
+def done(task):
+    r.sadd("bare:ids", task.request.id)
+    r.incr("bare:runs")
+
+@app.task(name="bare.noop", bind=True)
+def noop(self):
+    done(self)
+
+@app.task(name="bare.run", bind=True)
+def run(self):
     subprocess.run({CHILD!r}, check=True)
-    r.incr("bare:done")
+    done(self)
 
 if __name__ == "__main__":
     app.worker_main(["worker", "-P", "threads", "-c", "1", "-n", sys.argv[2], "-Q", "bare",
                      "--without-gossip", "--without-mingle", "-l", "WARNING"])
 '''
 
+E31_JOBS = {"command": {"command": CHILD, "resources": {"gpus": 0}},
+            "entrypoint": {"entrypoint": "e31_worker.examples:hello", "resources": {"gpus": 0}}}
 
-def bare_celery(n: int, workers: int, url: str, tmp: Path) -> float:
+
+def bare_celery(n: int, workers: int, url: str, tmp: Path, task: str) -> dict[str, Any]:
+    """`n` tasks `task` through `workers` bare Celery workers; wall seconds and checks."""
     script = tmp / "bare_app.py"
     script.write_text(BASELINE_APP)
-    procs = [subprocess.Popen([sys.executable, str(script), url, f"bare{i}@bench"],
+    r = redis.Redis.from_url(url)
+    r.delete("bare:ids", "bare:runs", "bare")
+    procs = [subprocess.Popen([sys.executable, str(script), url, f"bare{i}-{task}@bench"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for i in range(workers)]
     try:
-        sys.path.insert(0, str(tmp))
         from celery import Celery
         app = Celery("bare", broker=url)
         app.conf.update(accept_content=["json"], task_serializer="json")
-        r = redis.Redis.from_url(url)
-        r.delete("bare:done")
         time.sleep(5)  # let the workers connect
         start = time.monotonic()
-        for _ in range(n):
-            app.send_task("bare.run", queue="bare")
-        while int(r.get("bare:done") or 0) < n:
-            time.sleep(0.05)
-        return time.monotonic() - start
+        with app.producer_or_acquire() as producer:
+            for _ in range(n):
+                app.send_task(task, queue="bare", producer=producer)
+        while int(r.get("bare:runs") or 0) < n:
+            time.sleep(0.01)
+        elapsed = time.monotonic() - start
+        time.sleep(1.0)  # a duplicate run would show by now
+        runs, ids = int(r.get("bare:runs") or 0), r.scard("bare:ids")
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
             p.wait(timeout=60)
+    return {"s": round(elapsed, 2), "jobs_per_s": round(n / elapsed, 1), "runs": runs,
+            "distinct": ids, "lost": n - ids, "run_twice": runs - ids}
 
 
-def e31(n: int, workers: int, tmp: Path) -> float:
-    with private_stack(tmp / "e31home", ["--cpu-slots", str(workers)]) as client:
-        start = time.monotonic()
-        handles = submit_all(client, [{"command": CHILD, "resources": {"gpus": 0}}] * n)
-        states = [st["state"] for st in wait_all(handles)]
-        elapsed = time.monotonic() - start
-    assert states.count("succeeded") == n, states
-    return elapsed
+def e31(n: int, workers: int, url: str, tmp: Path, kinds: list[str]) -> dict[str, Any]:
+    """`n` jobs of each kind through one `e31 up` stack on `url`; wall seconds and checks."""
+    out: dict[str, Any] = {}
+    with private_stack(tmp / "e31home", ["--cpu-slots", str(workers)], redis_url=url) as client:
+        for kind in kinds:
+            for h in submit_all(client, [E31_JOBS[kind]] * (2 * workers)):   # warm-up
+                h.wait()
+            start = time.monotonic()
+            handles = submit_all(client, [E31_JOBS[kind]] * n)
+            with ThreadPoolExecutor(8) as pool:
+                finals = list(pool.map(lambda h: h.wait(), handles))
+            elapsed = time.monotonic() - start
+            once = sum(1 for st in finals if st["state"] == "succeeded"
+                       and len(st["attempts"]) == 1)
+            out[kind] = {"s": round(elapsed, 2), "jobs_per_s": round(n / elapsed, 1),
+                         "succeeded_in_one_attempt": once, "lost_or_rerun": n - once}
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=300)
-    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--e31-kinds", default="command,entrypoint",
+                    help="which E31 jobs to run: command, entrypoint or both")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="e31-bench-"))
     redis_proc, url = start_redis(tmp / "redis")
     try:
-        bare_s = bare_celery(args.jobs, args.workers, url, tmp)
+        noop = bare_celery(args.jobs, args.workers, url, tmp, "bare.noop")
+        child = bare_celery(args.jobs, args.workers, url, tmp, "bare.run")
+        ours = e31(args.jobs, args.workers, url, tmp, args.e31_kinds.split(","))
     finally:
         redis_proc.terminate()
         redis_proc.wait()
-    e31_s = e31(args.jobs, args.workers, tmp)
+    best = max(v["jobs_per_s"] for v in ours.values())
     print(json.dumps({
         "jobs": args.jobs, "workers": args.workers,
-        "bare_celery_s": round(bare_s, 2), "bare_celery_jobs_per_s": round(args.jobs / bare_s, 2),
-        "e31_s": round(e31_s, 2), "e31_jobs_per_s": round(args.jobs / e31_s, 2),
-        "ratio_e31_over_celery": round(bare_s / e31_s, 3),
+        "bare_celery_noop_in_process": noop, "bare_celery_subprocess_per_task": child,
+        "e31": ours,
+        "ratio_e31_best_over_celery_noop": round(best / noop["jobs_per_s"], 3),
+        "ratio_e31_command_over_celery_subprocess": round(
+            ours["command"]["jobs_per_s"] / child["jobs_per_s"], 3) if "command" in ours else None,
     }, indent=2))
 
 

@@ -21,12 +21,15 @@ from e31.states import FINAL_STATES
 
 
 @contextmanager
-def private_stack(home: Path, up_args: Sequence[str], *,
-                  redis_url: str | None = None) -> Iterator[Client]:
-    """`e31 up --no-flower UP_ARGS` under `home` (on `redis_url`, else its own Redis);
-    yields a client of its default tenant."""
+def private_stack(home: Path, up_args: Sequence[str], *, redis_url: str | None = None,
+                  settings: dict[str, str] | None = None) -> Iterator[Client]:
+    """`e31 up --no-flower UP_ARGS` under `home` (on `redis_url`, else its own Redis, and
+    with `settings`, E31_* variables); yields a client of its default tenant."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}
-    env.update(E31_HOME=str(home), E31_API_PORT=str(free_port()))
+    env.update(E31_HOME=str(home), E31_API_PORT=str(free_port()), **(settings or {}))
+    # A benchmark measures the pool, not its tenant's submit rate (docs/configuration.md,
+    # "Limits per tenant"): single jobs submitted in a burst would otherwise meet 429.
+    env.setdefault("E31_TENANT_SUBMIT_RATE_PER_S", "1000000")
     if redis_url:
         env["E31_REDIS_URL"] = redis_url
     up = subprocess.Popen([sys.executable, "-m", "e31.cli", "up", "--no-flower", *up_args], env=env,

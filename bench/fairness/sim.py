@@ -12,6 +12,10 @@ GPUs of one node) and `static` (the live launcher: 12 one-GPU workers and one x4
 spills). Prints the figures, writes them as JSON (`--json`) and plots each tenant's share of
 GPU-seconds over time (`--png`). The scheduler ticks on every submit and job end and every
 `--tick-s`; jobs start when published. Runs in about a minute on two cores.
+
+Worker slots only: placement of 1-8 GPU jobs on real-shaped nodes, exact reservations and
+preemption are simulated by `nodesim.py` beside it (its figures go under "nodes" in the
+same JSON, which this script keeps).
 """
 
 from __future__ import annotations
@@ -312,6 +316,8 @@ def main() -> None:
             series[(pool, policy)] = sim.share_series()
             print(f"{pool}/{policy}: {json.dumps(figures)}", flush=True)
     results["runs"] = runs
+    if args.json.exists():   # the node-level figures (nodesim.py) stay
+        results |= {k: v for k, v in json.loads(args.json.read_text()).items() if k == "nodes"}
     args.json.write_text(json.dumps(results, indent=2) + "\n")
     plot(series, args.png)
     print(f"wrote {args.json} and {args.png}")
