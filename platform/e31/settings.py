@@ -84,6 +84,11 @@ class Settings(BaseModel):
     spill_max_s: float | None = Field(default=None, gt=0)  # longest timeout_s a worker takes from
     #                                                        a smaller class's queue; None: any
     heads_per_tenant: int = Field(default=16, ge=1)  # candidates read per queue, tenant, band
+    # Preemption (docs/scheduling.md): a job waiting this long for capacity may have preemptible
+    # jobs of tenants over their share stopped, if they have run at least the minimum runtime.
+    preemption: bool = True
+    preempt_grace_s: float = Field(default=900.0, gt=0)
+    preempt_min_runtime_s: float = Field(default=900.0, ge=0)
 
     heartbeat_interval_s: float = Field(default=2.0, gt=0)
     lease_ttl_s: float = Field(default=10.0, gt=0)

@@ -253,6 +253,13 @@ class JobSpec(_Strict):
         description="store the job even when no registered node has the GPUs it asks for "
                     "(otherwise refused with 422); it waits, and its pending reason says what "
                     "is missing, until such a node joins the pool")
+    preemptible: bool | None = Field(
+        default=None,
+        description="whether the scheduler may stop a running attempt (SIGTERM, then its "
+                    "grace to checkpoint) to give its GPUs to a job of a higher priority band "
+                    "or of a tenant below its fair share; it is requeued with reason "
+                    "preempted and resumes from its checkpoint (docs/scheduling.md). Default: "
+                    "true for the training workload, which checkpoints; false otherwise")
 
     @model_validator(mode="before")
     @classmethod
@@ -373,6 +380,15 @@ class JobSpec(_Strict):
         if self.entrypoint:
             return self.entrypoint.rsplit(":", 1)[1][:NAME_MAX]
         return Path((self.command or ["job"])[0]).name[:NAME_MAX] or "job"
+
+    @property
+    def is_preemptible(self) -> bool:
+        """`preemptible` as given, or by default whether the job is the training workload,
+        the built-in workload that checkpoints and resumes."""
+        if self.preemptible is not None:
+            return self.preemptible
+        from e31.workloads import WORKLOADS
+        return self.entrypoint == WORKLOADS["train"]
 
     def with_retry_defaults(self, pool: RetryPolicy) -> JobSpec:
         """This spec with the retry fields its submitter left out taken from `pool` (the pool's

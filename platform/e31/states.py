@@ -62,16 +62,20 @@ class AttemptReason(str, Enum):
     #                           user's error (a requirement that does not install), final
     IDLE = "idle"             # its watchdog stopped it (`on_idle: kill`): no log output, progress
     #                           or GPU use for its idle_timeout_s; retried like a timeout
+    PREEMPTED = "preempted"   # the scheduler took its GPUs back for a job of a higher band or a
+    #                           tenant below its share; requeued, resumes from its checkpoint
 
     @property
     def is_retryable(self) -> bool:
         """Whether the job is queued again after an attempt ended this way (retries left)."""
         return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT, AttemptReason.OOM,
-                        AttemptReason.LOST, AttemptReason.DRAINED, AttemptReason.IDLE}
+                        AttemptReason.LOST, AttemptReason.DRAINED, AttemptReason.IDLE,
+                        AttemptReason.PREEMPTED}
 
     @property
     def counts_against_retries(self) -> bool:
-        """Infrastructure failures (a lost worker, a drain) are not the user's failures.
+        """Infrastructure failures (a lost worker, a drain) and preemptions are not the user's
+        failures.
 
         Lost attempts have their own cap (`retries.max_lost`), which stops a poison job.
         """

@@ -175,7 +175,7 @@ def test_cancelling_an_array_cancels_queued_items_at_once_and_asks_running_ones_
     assert [i["state"] for i in status["items"]] == ["succeeded", "running", "cancelled"]
     assert claim(repo, ids[2]) is None
     assert repo.get_job(tenant.id, ids[2]).reason == "cancelled"
-    assert repo.renew(ids[1], running.token, now=utcnow(), lease_ttl_s=30) == (True, True)
+    assert repo.renew(ids[1], running.token, now=utcnow(), lease_ttl_s=30) == (True, True, False)
     repo.record_outcome(ids[1], running.token, Outcome(AttemptReason.CANCELLED), now=utcnow())
     final = service.get_array(tenant, array.id).to_status()
     assert (final["state"], final["done"], final["cancelled"]) == ("cancelled", 3, 2)

@@ -49,7 +49,7 @@ def live(repo: Repo, job_id: str, node: str) -> JobState | None:
     assert claim is not None
     for step in range(3):
         assert repo.renew(job_id, claim.token, now=utcnow(), lease_ttl_s=30,
-                          progress=(step, 3)) == (True, False)
+                          progress=(step, 3)) == (True, False, False)
     return repo.record_outcome(job_id, claim.token, Outcome(AttemptReason.SUCCEEDED),
                                now=utcnow())
 

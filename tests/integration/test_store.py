@@ -161,9 +161,9 @@ def test_cancelling_a_running_job_asks_its_worker_through_the_lease(repo: Repo) 
     tenant, _ = repo.create_tenant("a", now=utcnow())
     job = submit(repo, tenant.id)
     c = claim(repo, job.id)
-    assert repo.renew(job.id, c.token, now=utcnow(), lease_ttl_s=10) == (True, False)
+    assert repo.renew(job.id, c.token, now=utcnow(), lease_ttl_s=10) == (True, False, False)
     repo.request_cancel(tenant.id, job.id, now=utcnow())
-    assert repo.renew(job.id, c.token, now=utcnow(), lease_ttl_s=10) == (True, True)
+    assert repo.renew(job.id, c.token, now=utcnow(), lease_ttl_s=10) == (True, True, False)
     assert repo.record_outcome(job.id, c.token, Outcome(AttemptReason.CANCELLED), now=utcnow()) \
         is JobState.CANCELLED
 

@@ -270,8 +270,8 @@ class Parties:
         """One heartbeat of B's worker: `now` is its clock before the call, as in the worker."""
         asked = utcnow()
         try:
-            ours, _ = self.worker.renew(self.job_id, self.token, now=asked,
-                                        lease_ttl_s=self.lease_ttl_s)
+            ours = self.worker.renew(self.job_id, self.token, now=asked,
+                                     lease_ttl_s=self.lease_ttl_s).ours
             error = None
         except StoreError as exc:   # "database is locked": the worker could not renew
             ours, error = False, str(exc)
@@ -366,4 +366,4 @@ def test_a_flood_of_the_worst_array_requests_locks_no_one_out_of_the_store(
     job = api_repo.get_job(None, running.id)
     assert job.state == JobState.RUNNING.value and len(job.attempts) == 1
     assert worker.renew(running.id, lease.token, now=utcnow(),
-                        lease_ttl_s=LEASE_TTL_S) == (True, False)
+                        lease_ttl_s=LEASE_TTL_S) == (True, False, False)

@@ -164,6 +164,12 @@ class Job(Base):
     lease_token: Mapped[int] = mapped_column(Integer, default=0)
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Preemption (docs/scheduling.md): whether the scheduler may stop the job for another
+    # (the spec's `preemptible`, resolved at submit), and when it asked the running attempt to
+    # stop; cleared when the job is queued again.
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=False,
+                                              server_default=text("false"))
+    preempt_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     progress_done: Mapped[float | None] = mapped_column(Float, nullable=True)
     progress_total: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -316,6 +316,7 @@ class Candidate:
     name: str = ""        # the job's display name, for the task name Flower shows
     pending_reason: str | None = None   # as the scheduler last stored it, so that it writes
     pending_detail: str | None = None   # only what changed
+    queued_since_s: float | None = None   # since its latest queueing: a preemption's grace
 
 
 @dataclass(frozen=True)
@@ -330,6 +331,9 @@ class RunningJob:
     started_at: datetime | None     # of the current attempt
     timeout_s: float
     lease_live: bool
+    priority: int = 0
+    preemptible: bool = False
+    preempt_requested: bool = False    # the scheduler asked it to stop; it has not yet
 
 
 @dataclass(frozen=True)
@@ -353,6 +357,17 @@ class Published(NamedTuple):
     size_class: str
     gpus: int
     timeout_s: float
+    id: str = ""
+    priority: int = 0
+    queued_since: datetime | None = None   # a preemption's grace runs from here
+
+
+class Renewal(NamedTuple):
+    """What a lease renewal answers: still ours, and whether to stop (cancel, preempt)."""
+
+    ours: bool
+    cancel: bool
+    preempt: bool
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,6 +37,7 @@ from e31.store.records import (
     Claim,
     JobRecord,
     Outcome,
+    Renewal,
     UsageRow,
 )
 from e31.store.rows import queued_job, seconds
@@ -175,16 +176,33 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, PoolQueries, QuotaQueries
                      spec=JobSpec.parse(spec), gpus=job_gpus)
 
     def renew(self, job_id: str, token: int, *, now: datetime, lease_ttl_s: float,
-              progress: tuple[float, float] | None = None) -> tuple[bool, bool]:
-        """Extend the lease; returns (still ours, cancel requested)."""
+              progress: tuple[float, float] | None = None) -> Renewal:
+        """Extend the lease; says whether it is still ours and whether the job's owner
+        cancelled it or the scheduler asked to preempt it."""
         values: dict[str, Any] = {"lease_expires_at": now + timedelta(seconds=lease_ttl_s)}
         if progress is not None:
             values.update(progress_done=progress[0], progress_total=progress[1])
         with self._session(write=True) as s:
             row = s.execute(update(Job).where(
                 Job.id == job_id, Job.lease_token == token, Job.state == JobState.RUNNING.value)
-                .values(**values).returning(Job.cancel_requested)).first()
-            return (row is not None, bool(row[0]) if row else False)
+                .values(**values).returning(Job.cancel_requested, Job.preempt_requested_at)
+            ).first()
+            if row is None:
+                return Renewal(False, False, False)
+            return Renewal(True, bool(row[0]), row[1] is not None)
+
+    def request_preemption(self, job_ids: Sequence[str], *, now: datetime) -> list[str]:
+        """Ask the running attempts of `job_ids` to stop for a preemption (their workers see
+        it at their next renewal); only preemptible running jobs not asked already. Returns
+        the ids asked now."""
+        if not job_ids:
+            return []
+        with self._session(write=True) as s:
+            return list(s.scalars(update(Job).where(
+                Job.id.in_(list(job_ids)), Job.state == JobState.RUNNING.value,
+                Job.preemptible.is_(True), Job.preempt_requested_at.is_(None))
+                .values(preempt_requested_at=now).returning(Job.id),
+                execution_options={"synchronize_session": False}))
 
     def record_outcome(self, job_id: str, token: int, outcome: Outcome, *,
                        now: datetime, oom: OomRule | None = None) -> JobState | None:
@@ -408,7 +426,7 @@ def _outcome_values(job: Job, outcome: Outcome, state: JobState, now: datetime,
                     failures: int) -> dict[str, Any]:
     values: dict[str, Any] = {
         "gpu_seconds": job.gpu_seconds, "run_seconds": job.run_seconds,
-        "lease_owner": None, "lease_expires_at": None}
+        "lease_owner": None, "lease_expires_at": None, "preempt_requested_at": None}
     if outcome.outputs:
         values["outputs"] = outcome.outputs
     if state is JobState.QUEUED:

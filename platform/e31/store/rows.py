@@ -29,6 +29,7 @@ def queued_job(tenant_id: str, spec: JobSpec, route: Route, now: datetime) -> di
             "timeout_s": spec.timeout_s, "deps_pending": 0,
             "state": JobState.QUEUED.value, "submitted_at": now, "queued_since": now,
             "dispatch_count": 0, "attempts_used": 0, "lease_token": 0, "cancel_requested": False,
+            "preemptible": spec.is_preemptible,
             "gpu_seconds": 0.0, "run_seconds": 0.0, "queued_seconds": 0.0}
 
 

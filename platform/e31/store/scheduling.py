@@ -88,7 +88,8 @@ def heads(s: Session, queues: Mapping[str, int], *, now: datetime) -> list[Candi
             for band in bands(s, queue, tenant_id):
                 rows = s.execute(
                     select(Job.id, Job.name, Job.size_class, Job.gpus, Job.submitted_at,
-                           Job.timeout_s, Job.pending_reason, Job.pending_detail)
+                           Job.timeout_s, Job.pending_reason, Job.pending_detail,
+                           Job.queued_since)
                     .where(*_runnable_prefix(queue), Job.tenant_id == tenant_id,
                            Job.priority == band, Job.dispatched_at.is_(None),
                            or_(Job.not_before.is_(None), Job.not_before <= now))
@@ -96,7 +97,8 @@ def heads(s: Session, queues: Mapping[str, int], *, now: datetime) -> list[Candi
                 out += [Candidate(id=r[0], tenant_id=tenant_id, queue=queue, size_class=r[2],
                                   gpus=r[3], priority=band, submitted_at_s=r[4].timestamp(),
                                   timeout_s=r[5], name=r[1], pending_reason=r[6],
-                                  pending_detail=r[7])
+                                  pending_detail=r[7],
+                                  queued_since_s=r[8].timestamp() if r[8] else None)
                         for r in rows]
     return out
 
@@ -110,15 +112,18 @@ def view(s: Session, *, now: datetime, queues: Sequence[str]) -> SchedulingView:
                for t in s.scalars(select(Tenant))]
     running = [RunningJob(id=r[0], tenant_id=r[1], node=r[2], size_class=r[3], gpus=r[4],
                           started_at=r[5], timeout_s=r[6],
-                          lease_live=r[7] is not None and r[7] > now)
+                          lease_live=r[7] is not None and r[7] > now, priority=r[8],
+                          preemptible=bool(r[9]), preempt_requested=r[10] is not None)
                for r in s.execute(
                    select(Job.id, Job.tenant_id, Job.lease_owner, Job.size_class, Job.gpus,
-                          Attempt.started_at, Job.timeout_s, Job.lease_expires_at)
+                          Attempt.started_at, Job.timeout_s, Job.lease_expires_at,
+                          Job.priority, Job.preemptible, Job.preempt_requested_at)
                    .outerjoin(Attempt, and_(Attempt.job_id == Job.id,
                                             Attempt.n == Job.attempts_used))
                    .where(Job.state == JobState.RUNNING.value))]
     outstanding = [Published(*r) for r in s.execute(
-        select(Job.tenant_id, Job.queue, Job.size_class, Job.gpus, Job.timeout_s)
+        select(Job.tenant_id, Job.queue, Job.size_class, Job.gpus, Job.timeout_s, Job.id,
+               Job.priority, Job.queued_since)
         .where(Job.state == QUEUED, Job.queue.in_(list(queues)), Job.dispatched_at >= EPOCH))]
     return SchedulingView(tenants=tenants, running=running, outstanding=outstanding)
 

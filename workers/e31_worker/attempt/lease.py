@@ -1,5 +1,5 @@
 """`LeaseKeeper`: the supervisor's tick while an attempt runs — the lease, progress, and
-the stop signals (cancel, drain, a lost lease)."""
+the stop signals (cancel, drain, preemption, a lost lease)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 class LeaseKeeper:
     """The supervisor's tick: renews the lease each beat, relays progress, log and checkpoints,
-    and watches for cancel and drain.
+    and watches for cancel, drain and preemption.
 
     A worker that cannot renew for a whole TTL (its store or its network is gone) stops
     its job as `lost` on its own: by then the scheduler may have started the job elsewhere,
@@ -31,8 +31,8 @@ class LeaseKeeper:
     def __call__(self, progress: tuple[float, float] | None) -> Directive:
         svc, claim = self._svc, self._claim
         try:
-            ours, cancel = svc.repo.renew(claim.job_id, claim.token, now=utcnow(),
-                                          lease_ttl_s=svc.settings.lease_ttl_s, progress=progress)
+            renewal = svc.repo.renew(claim.job_id, claim.token, now=utcnow(),
+                                     lease_ttl_s=svc.settings.lease_ttl_s, progress=progress)
         except Exception as exc:  # noqa: BLE001 - keep the job running while the lease lasts
             silent_s = time.monotonic() - self._renewed
             log.warning("lease_renew_failed job=%s silent_s=%.1f: %s: %s", claim.job_id, silent_s,
@@ -43,12 +43,14 @@ class LeaseKeeper:
                           claim.attempt, silent_s)
                 return Directive.LOST
             return Directive.DRAIN if svc.draining.is_set() else Directive.CONTINUE
-        if not ours:
+        if not renewal.ours:
             return Directive.LOST
         self._renewed = time.monotonic()
         self._shipper.poke()
-        if cancel:
+        if renewal.cancel:
             return Directive.CANCEL
         if svc.draining.is_set():
             return Directive.DRAIN
+        if renewal.preempt:
+            return Directive.PREEMPT
         return Directive.CONTINUE

@@ -71,11 +71,11 @@ def still_ours(svc: AttemptServices, claim: Claim) -> bool:
     off) must not overwrite those of the attempt that replaced it. Waits through a store
     outage; an answer that never comes counts as lost."""
     try:
-        ours, _ = with_store_retries(svc, "lease_check", claim.job_id, lambda: svc.repo.renew(
+        renewal = with_store_retries(svc, "lease_check", claim.job_id, lambda: svc.repo.renew(
             claim.job_id, claim.token, now=utcnow(), lease_ttl_s=svc.settings.lease_ttl_s))
     except StoreError:
         return False
-    return ours
+    return renewal.ours
 
 
 def record_outcome(svc: AttemptServices, claim: Claim, outcome: Outcome) -> str | None:

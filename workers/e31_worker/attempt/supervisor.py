@@ -59,6 +59,7 @@ class Directive(str, Enum):
     CONTINUE = "continue"
     CANCEL = "cancel"         # the owner cancelled the job
     DRAIN = "drain"           # the worker is shutting down: stop and requeue
+    PREEMPT = "preempt"       # the scheduler gives its GPUs to another job: stop and requeue
     LOST = "lost"             # the lease is gone: stop, record nothing
     IDLE = "idle"             # its watchdog: no sign of work for idle_timeout_s (on_idle: kill)
 
@@ -480,6 +481,10 @@ def stopped_outcome(directive: Directive, *, exit_code: int | None = None) -> Ou
         return Outcome(AttemptReason.CANCELLED, exit_code=exit_code, error="cancelled by its owner")
     if directive is Directive.DRAIN:
         return Outcome(AttemptReason.DRAINED, exit_code=exit_code, error="worker shut down")
+    if directive is Directive.PREEMPT:
+        return Outcome(AttemptReason.PREEMPTED, exit_code=exit_code,
+                       error="preempted for a job of a higher priority band or of a tenant "
+                             "below its fair share; it resumes from its last checkpoint")
     if directive is Directive.IDLE:
         return Outcome(AttemptReason.IDLE, exit_code=exit_code,
                        error="stopped as idle: no log output, progress or GPU use for its "
