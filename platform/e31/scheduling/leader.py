@@ -26,7 +26,9 @@ from e31.clock import utcnow
 from e31.errors import SchedulingError, StoreError
 from e31.heartbeat import WorkerInfo, read_workers
 from e31.scheduling import inputs
-from e31.scheduling.admission import AdmissionConfig, Decision, decide
+from e31.scheduling.admission import AdmissionConfig, Decision, Slot, decide
+from e31.scheduling.fairshare import Reason
+from e31.scheduling.preemption import PreemptConfig, Waiter, plan
 from e31.settings import Settings
 from e31.sizeclasses import all_queues, redis_priority
 from e31.spec import printable
@@ -67,6 +69,9 @@ class Scheduler:
                                        reserve_after_s=settings.reserve_after_s,
                                        big_job_min_gpus=settings.big_job_min_gpus,
                                        spill_max_s=settings.spill_max_s)
+        self._preempt = PreemptConfig(
+            grace_s=settings.preempt_grace_s if settings.preemption else None,
+            min_runtime_s=settings.preempt_min_runtime_s)
         self._reserved_for: str | None = None
         self._queues = all_queues(settings.size_classes)
         self._tenant_names: dict[str, str] = {}   # for Flower's task names
@@ -113,13 +118,39 @@ class Scheduler:
             log.warning("dispatch_expired count=%d: published again", expired)
             view = self._repo.scheduling_view(now=now, queues=self._queues)
         self._tenant_names = {t.id: t.name for t in view.tenants}
-        decision, heads = self._decide(workers, view, now)
+        decision, heads, slots = self._decide(workers, view, now)
         sent = self._publish([heads[d.job_id] for d in decision.publish], now)
         self._record_pending(decision, heads)
+        self._preempt_for_waiting(view, slots, decision, heads, now)
         return sent
 
+    def _preempt_for_waiting(self, view: SchedulingView, slots: list[Slot], decision: Decision,
+                             heads: dict[str, Candidate], now: datetime) -> None:
+        """Ask the running jobs that `preemption.plan` chooses to stop, for the jobs that have
+        waited for capacity past the grace: the heads this tick could not place, and those
+        published that no worker has taken."""
+        if self._preempt.grace_s is None:
+            return
+        blocked = [heads[job_id] for job_id, p in decision.pending.items()
+                   if p.reason is Reason.NO_CAPACITY]
+        waiting = [Waiter(c.id, c.tenant_id, c.queue, c.gpus, c.priority,
+                          c.queued_since_s or c.submitted_at_s) for c in blocked]
+        waiting += [Waiter(p.id, p.tenant_id, p.queue, p.gpus, p.priority,
+                           p.queued_since.timestamp())
+                    for p in view.outstanding if p.queued_since is not None]
+        plans = plan(now_s=now.timestamp(), slots=slots, running=view.running, waiting=waiting,
+                     weights={t.id: t.weight for t in view.tenants}, config=self._preempt)
+        if not plans:
+            return
+        asked = set(self._repo.request_preemption(
+            [v for p in plans for v in p.victims], now=now))
+        for p in plans:
+            for victim in p.victims:
+                if victim in asked:
+                    log.info("job_preempting job=%s for=%s worker=%s", victim, p.for_job, p.node)
+
     def _decide(self, workers: list[WorkerInfo], view: SchedulingView,
-                now: datetime) -> tuple[Decision, dict[str, Candidate]]:
+                now: datetime) -> tuple[Decision, dict[str, Candidate], list[Slot]]:
         slots = inputs.slots(workers, view.running, headroom=self._settings.dispatch_headroom)
         outstanding: dict[str, int] = {}
         bounds: dict[str, list[float]] = {}
@@ -140,7 +171,7 @@ class Scheduler:
                      datetime.fromtimestamp(r.start_s, now.tzinfo).isoformat()
                      if r.start_s != float("inf") else "unknown")
         self._reserved_for = r.job_id if r is not None else None
-        return decision, heads
+        return decision, heads, slots
 
     def _record_pending(self, decision: Decision, heads: dict[str, Candidate]) -> None:
         """Store why each examined job waits, where that changed since the last tick."""
