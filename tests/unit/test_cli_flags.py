@@ -46,6 +46,7 @@ FLAGS: dict[str, tuple[list[str], Any]] = {
     "resources.mem_gb": (["--mem-gb", "8"], 8.0),
     "resources.on_oom": (["--on-oom", "next_class"], "next_class"),
     "allow_pending": (["--allow-pending"], True),
+    "preemptible": (["--preemptible"], True),
     "timeout_s": (["--timeout", "60"], 60.0),
     "retries.max": (["--retries", "3"], 3),
     "retries.backoff_s": (["--backoff", "5"], 5.0),

@@ -66,7 +66,7 @@ NOT_A_RELATIVE_PATH = {"anyOf": [{"pattern": "^/"}, {"pattern": "\\\\"}, {"patte
                                  {"pattern": "(?:^|/)\\.\\.(?:/|$)"}]}
 # Item fields of an array with complete defaults: none changes what another field may be.
 OVERRIDES = ("name", "env", "after", "inputs", "priority", "timeout_s", "retries", "resources",
-             "network", "idle_timeout_s", "on_idle", "allow_pending")
+             "network", "idle_timeout_s", "on_idle", "allow_pending", "preemptible")
 
 # A dry run's answer (e31.api.service.Service.dry_run): a footage source's answers only
 # `dry_run`, `name` and `fanout`; a job's also where and when it could start.

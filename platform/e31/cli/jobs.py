@@ -145,6 +145,11 @@ def submit(
         False, "--allow-pending", help="store the job even when no registered node has the "
                                        "GPUs it asks for (refused otherwise); it waits until "
                                        "such a node joins"),
+    preemptible: bool | None = typer.Option(
+        None, "--preemptible/--not-preemptible",
+        help="whether the scheduler may stop the job (it gets SIGTERM and its grace to "
+             "checkpoint) for a job of a higher band or a tenant below its share, and requeue "
+             "it to resume from its checkpoint; default: only the training workload"),
     timeout_s: float | None = typer.Option(None, "--timeout", help="seconds per attempt"),
     retries: int | None = typer.Option(None, "--retries", help="retries after a failed attempt"),
     backoff_s: float | None = typer.Option(None, "--backoff", help="first retry delay, seconds"),
@@ -218,7 +223,7 @@ def submit(
                max_lost=max_lost)
     _set_given(body, None, timeout_s=timeout_s, priority=priority, name=name, network=network,
                idle_timeout_s=idle_timeout_s, on_idle=on_idle, code=code,
-               allow_pending=allow_pending or None)
+               allow_pending=allow_pending or None, preemptible=preemptible)
     # A sweep's --name (or name:) names the array; the spec's name, each job.
     array_name = None if sweep is None else body.pop("name", None) or Path(str(sweep_file)).stem
     if isinstance(body.get("workload"), str) and not body.get("name"):
