@@ -34,9 +34,11 @@ class OwnStack(Stack):
 
 
 @contextmanager
-def own_stack(home: Path, *up_args: str, shared: Path | None = None) -> Iterator[OwnStack]:
+def own_stack(home: Path, *up_args: str, shared: Path | None = None,
+              **settings: str) -> Iterator[OwnStack]:
     """`e31 up --no-flower` with `up_args` from `home`, as the session's stack is set (short
-    heartbeats and kill grace); stopped (SIGTERM, as `e31 down` does) at the end."""
+    heartbeats and kill grace) and with `settings` (E31_* variables) over that; stopped
+    (SIGTERM, as `e31 down` does) at the end."""
     shared = shared or home.with_name(home.name + "-shared")
     shared.mkdir(mode=0o777, exist_ok=True)
     shared.chmod(0o777)
@@ -46,6 +48,7 @@ def own_stack(home: Path, *up_args: str, shared: Path | None = None) -> Iterator
                E31_API_PORT=str(free_port()), E31_FLOWER_PORT=str(free_port()),
                E31_HEARTBEAT_INTERVAL_S="0.5", E31_KILL_GRACE_S="2", E31_SCHEDULER_TICK_S="1",
                PYTHONPATH=os.pathsep.join([str(JOBS_DIR), os.environ.get("PYTHONPATH", "")]))
+    env.update(settings)
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "up.out", "w")
     proc = subprocess.Popen([sys.executable, "-m", "e31.cli", "up", "--no-flower", *up_args],

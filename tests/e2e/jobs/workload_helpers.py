@@ -24,3 +24,17 @@ def killed_once_digits_mlp(kill_at_call: int, **kwargs: Any) -> Any:
 
     model.register_forward_pre_hook(hook)
     return model
+
+
+def slow_digits_mlp(step_s: float, **kwargs: Any) -> Any:
+    """`digits_mlp` that sleeps `step_s` before each forward call in training mode: a run long
+    enough to be stopped part-way (its weights are those of `digits_mlp`)."""
+    import time
+    model = digits_mlp(**kwargs)
+
+    def hook(module: Any, args: Any) -> None:
+        if module.training:
+            time.sleep(step_s)
+
+    model.register_forward_pre_hook(hook)
+    return model
