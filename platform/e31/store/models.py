@@ -157,6 +157,10 @@ class Job(Base):
     # The claim clears it and a new publication replaces it, so a hand-written, replayed or
     # superseded message runs nothing (docs/security.md, "The broker is not a trust boundary").
     dispatch_token: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # A gang dispatch (docs/scheduling.md, "Gangs on demand"): the host whose queue got the
+    # message and the GPU indexes it gives the job ("0,1"); None for a class queue's message.
+    dispatch_host: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    dispatch_gpus: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     # Lease of the running attempt: owner, fencing token, expiry.
     attempts_used: Mapped[int] = mapped_column(Integer, default=0)

@@ -334,6 +334,7 @@ class RunningJob:
     priority: int = 0
     preemptible: bool = False
     preempt_requested: bool = False    # the scheduler asked it to stop; it has not yet
+    held_gpus: str = ""                # its attempt's GPU indexes on its host ("0,1")
 
 
 @dataclass(frozen=True)
@@ -360,6 +361,8 @@ class Published(NamedTuple):
     id: str = ""
     priority: int = 0
     queued_since: datetime | None = None   # a preemption's grace runs from here
+    dispatch_host: str | None = None       # a gang dispatch: the host and the GPUs it holds
+    dispatch_gpus: str | None = None
 
 
 class Renewal(NamedTuple):

@@ -159,8 +159,8 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, PoolQueries, QuotaQueries
                         lease_expires_at=now + timedelta(seconds=lease_ttl_s),
                         attempts_used=Job.attempts_used + 1,
                         started_at=func.coalesce(Job.started_at, now),
-                        dispatched_at=None, dispatch_token=None, progress_done=None,
-                        progress_total=None)
+                        dispatched_at=None, dispatch_token=None, dispatch_host=None,
+                        dispatch_gpus=None, progress_done=None, progress_total=None)
                 .returning(Job.lease_token, Job.attempts_used, Job.queued_since, Job.spec,
                            Job.tenant_id, Job.gpus)).first()
             if row is None:
@@ -249,8 +249,20 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, PoolQueries, QuotaQueries
             res = s.execute(update(Job).where(
                 Job.id == job_id, Job.state == JobState.QUEUED.value,
                 Job.dispatched_at.is_not(None), holds_dispatch(dispatch_token))
-                .values(dispatched_at=None, dispatch_token=None))
+                .values(dispatched_at=None, dispatch_token=None, dispatch_host=None,
+                        dispatch_gpus=None))
             return bool(res.rowcount)  # type: ignore[attr-defined]
+
+    def dispatch_place(self, job_id: str, dispatch_token: str) -> tuple[str, str] | None:
+        """The host and GPU indexes a gang dispatch gives the job, for the message that carries
+        its current token; None for any other message, or a class queue's."""
+        with self._session() as s:
+            row = s.execute(select(Job.dispatch_host, Job.dispatch_gpus).where(
+                Job.id == job_id, Job.state == JobState.QUEUED.value,
+                holds_dispatch(dispatch_token))).first()
+            if row is None or row[0] is None or row[1] is None:
+                return None
+            return str(row[0]), str(row[1])
 
     def dispatch_refused(self, job_id: str, dispatch_token: str) -> bool:
         """Whether a message that claimed nothing was refused for its token: its job waits to

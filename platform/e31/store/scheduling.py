@@ -113,17 +113,19 @@ def view(s: Session, *, now: datetime, queues: Sequence[str]) -> SchedulingView:
     running = [RunningJob(id=r[0], tenant_id=r[1], node=r[2], size_class=r[3], gpus=r[4],
                           started_at=r[5], timeout_s=r[6],
                           lease_live=r[7] is not None and r[7] > now, priority=r[8],
-                          preemptible=bool(r[9]), preempt_requested=r[10] is not None)
+                          preemptible=bool(r[9]), preempt_requested=r[10] is not None,
+                          held_gpus=r[11] or "")
                for r in s.execute(
                    select(Job.id, Job.tenant_id, Job.lease_owner, Job.size_class, Job.gpus,
                           Attempt.started_at, Job.timeout_s, Job.lease_expires_at,
-                          Job.priority, Job.preemptible, Job.preempt_requested_at)
+                          Job.priority, Job.preemptible, Job.preempt_requested_at,
+                          Attempt.gpus)
                    .outerjoin(Attempt, and_(Attempt.job_id == Job.id,
                                             Attempt.n == Job.attempts_used))
                    .where(Job.state == JobState.RUNNING.value))]
-    outstanding = [Published(*r) for r in s.execute(
+    outstanding = [Published._make(r) for r in s.execute(
         select(Job.tenant_id, Job.queue, Job.size_class, Job.gpus, Job.timeout_s, Job.id,
-               Job.priority, Job.queued_since)
+               Job.priority, Job.queued_since, Job.dispatch_host, Job.dispatch_gpus)
         .where(Job.state == QUEUED, Job.queue.in_(list(queues)), Job.dispatched_at >= EPOCH))]
     return SchedulingView(tenants=tenants, running=running, outstanding=outstanding)
 
@@ -235,19 +237,26 @@ class SchedulerQueries:
         with self._session() as s:
             return queued_by_tenant(s)
 
-    def mark_dispatched(self, job_ids: Sequence[str], *, now: datetime) -> dict[str, str]:
+    def mark_dispatched(self, job_ids: Sequence[str], *, now: datetime,
+                        places: Mapping[str, tuple[str, str]] | None = None) -> dict[str, str]:
         """Mark jobs published, each with a new dispatch token; returns job id -> token for
         those still queued and unpublished (the ones to send: each message carries its job's
-        token, and only a message with the current token claims the job)."""
+        token, and only a message with the current token claims the job). `places`: job id ->
+        (host, GPU indexes) of the jobs published to a host's gang queue."""
         if not job_ids:
             return {}
         tokens = {job_id: new_dispatch_token() for job_id in dict.fromkeys(job_ids)}
+        places = places or {}
+        hosts = {j: places[j][0] for j in tokens if j in places}
+        gpus = {j: places[j][1] for j in tokens if j in places}
         with self._session(write=True) as s:
             rows = s.execute(update(Job).where(
                 Job.id.in_(list(tokens)), unindexed(Job.state) == JobState.QUEUED.value,
                 unindexed(Job.dispatched_at).is_(None))
                 .values(dispatched_at=now, dispatch_count=Job.dispatch_count + 1,
                         dispatch_token=case(tokens, value=Job.id),
+                        dispatch_host=case(hosts, value=Job.id, else_=None) if hosts else None,
+                        dispatch_gpus=case(gpus, value=Job.id, else_=None) if gpus else None,
                         pending_reason=None, pending_detail=None)
                 .returning(Job.id, Job.dispatch_token),
                 execution_options={"synchronize_session": False}).tuples().all()
@@ -269,5 +278,6 @@ class SchedulerQueries:
                                   Job.dispatched_at < now - timedelta(seconds=timeout_s))
             if queues is not None:
                 q = q.where(Job.queue.in_(list(queues)))
-            res = s.execute(q.values(dispatched_at=None, dispatch_token=None))
+            res = s.execute(q.values(dispatched_at=None, dispatch_token=None,
+                                     dispatch_host=None, dispatch_gpus=None))
             return int(res.rowcount or 0)  # type: ignore[attr-defined]
