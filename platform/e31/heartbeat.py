@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +73,10 @@ class WorkerInfo:
     busy_job: str | None = None
     isolation: str = ""       # how its jobs run: sandbox | process ("" from an older worker)
     gpus_telemetry: tuple[GpuSample, ...] = ()   # its GPUs' latest readings (none: not known)
+    # A gang worker (`e31 worker --gangs`, docs/scheduling.md "Gangs on demand") pins no GPU:
+    # it consumes its host's queue and runs each job on the GPUs its dispatch names. This is
+    # its host's GPU sets a job may be given, each with the class queues it serves.
+    gang: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def host(self) -> str:
@@ -91,6 +97,7 @@ class WorkerInfo:
         payload: dict[str, Any] = dataclasses.asdict(self)
         payload["queues"] = list(self.queues)
         payload["gpus_telemetry"] = [g.to_dict() for g in self.gpus_telemetry]
+        payload["gang"] = [[gpus, list(queues)] for gpus, queues in self.gang]
         payload["pid"] = os.getpid()
         payload["ts"] = time.time()
         return json.dumps(payload)
@@ -102,9 +109,42 @@ class WorkerInfo:
                    gpu_count=int(data.get("gpu_count") or 0),
                    size_class=data.get("size_class", ""), busy_job=data.get("busy_job"),
                    isolation=str(data.get("isolation") or ""),
+                   gang=tuple((str(gpus), tuple(map(str, queues)))
+                              for gpus, queues in data.get("gang") or ()),
                    gpus_telemetry=tuple(g for g in map(GpuSample.from_dict,
                                                        data.get("gpus_telemetry") or ())
                                         if g is not None))
+
+
+GANG_WORKER = re.compile(r"^gang\d+@")   # a gang worker process's node name: gang<i>@<host>
+
+
+def is_gang_worker(node: str) -> bool:
+    return bool(GANG_WORKER.match(node))
+
+
+def gang_slot(host: str, gpus: str) -> str:
+    """The name of one GPU set a host's gang workers may be given: `gang[0,1]@host`."""
+    return f"gang[{gpus}]@{host}"
+
+
+def expand_gangs(workers: Sequence[WorkerInfo]) -> list[WorkerInfo]:
+    """`workers` with each host's gang workers replaced by its GPU sets, one record each (as
+    the scheduler and the node shapes count capacity); other workers as they are."""
+    out: list[WorkerInfo] = []
+    seen: set[str] = set()
+    for w in workers:
+        if not w.gang:
+            out.append(w)
+            continue
+        for gpus, queues in w.gang:
+            node = gang_slot(w.host, gpus)
+            if node not in seen:
+                seen.add(node)
+                out.append(WorkerInfo(node=node, queues=queues, gpus=gpus,
+                                      gpu_count=len(gpus.split(",")), size_class=w.size_class,
+                                      isolation=w.isolation))
+    return out
 
 
 def write(r: redis.Redis, info: WorkerInfo, *, interval_s: float) -> None:

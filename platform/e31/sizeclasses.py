@@ -27,6 +27,11 @@ def queue_name(size_class: str, gpus: int = 1) -> str:
     return f"{QUEUE_PREFIX}{size_class}" + (f".x{gpus}" if gpus > 1 else "")
 
 
+def node_queue(host: str) -> str:
+    """A host's own queue, which its gang workers consume: `e31.node.<host>`."""
+    return f"{QUEUE_PREFIX}node.{host}"
+
+
 def all_queues(classes: Sequence[SizeClass]) -> list[str]:
     """Every queue a job can be routed to: each GPU class once per GPU count, and cpu."""
     return [queue_name(c.name, n) for c in classes

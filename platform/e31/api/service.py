@@ -34,7 +34,7 @@ from e31.errors import (
 )
 from e31.fanout import CHUNKS_INPUT, MERGE_ENTRYPOINT, is_fanout
 from e31.fanout import plan as plan_fanout
-from e31.heartbeat import WorkerInfo, read_workers, wake
+from e31.heartbeat import WorkerInfo, expand_gangs, read_workers, wake
 from e31.limits import TenantLimits
 from e31.scheduling import explain, placement
 from e31.scheduling import inputs as policy
@@ -434,10 +434,11 @@ class Service:
             nodes=self._shapes(workers)))
 
     def _workers(self) -> builtins.list[WorkerInfo] | None:
-        """The live workers from their heartbeats; None when Redis cannot be read (which is
-        not the same as no workers: a pending reason and the queue view say which)."""
+        """The live workers from their heartbeats, a gang host's as its GPU sets
+        (`heartbeat.expand_gangs`); None when Redis cannot be read (which is not the same as
+        no workers: a pending reason and the queue view say which)."""
         try:
-            return read_workers(self._redis)
+            return expand_gangs(read_workers(self._redis))
         except redis.RedisError as exc:
             log.warning("pool_unreadable: %s", exc)
             return None

@@ -47,6 +47,7 @@ class Slot:
     gpu_ids: frozenset[str] = frozenset()   # e.g. {"host:0", "host:1"}; empty for cpu
     busy: bool = False
     free_at_s: float = math.inf             # busy slots only; inf when unknown
+    rank: int = 0                           # among equally shared slots, lower is filled first
 
     @property
     def gpu_count(self) -> int:
@@ -194,7 +195,7 @@ def decide(*, now_s: float, slots: Sequence[Slot], tenants: Mapping[str, Tenant]
             t.fill(s, s.free_at_s)
     overlap = _overlaps(slots)
     levels: dict[tuple[str, int], list[Slot]] = defaultdict(list)
-    for s in sorted(slots, key=lambda s: (overlap[s.node], s.node)):
+    for s in sorted(slots, key=lambda s: (overlap[s.node], s.rank, s.node)):
         for level, queue in enumerate(s.queues):
             levels[(queue, level)].append(s)
     depth = max((len(s.queues) for s in slots), default=0)

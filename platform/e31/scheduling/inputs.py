@@ -15,10 +15,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
-from e31.heartbeat import WorkerInfo
+from e31.heartbeat import WorkerInfo, expand_gangs, gang_slot, is_gang_worker
 from e31.scheduling.admission import Slot
 from e31.scheduling.fairshare import Tenant
-from e31.store.records import Candidate, RunningJob, TenantShare
+from e31.store.records import Candidate, Published, RunningJob, TenantShare
 from e31.usage import UsageState
 
 HEADROOM_NODE = "~headroom"   # sorts after real node names: real slots are filled first
@@ -39,18 +39,18 @@ def shared_queues(workers: Sequence[WorkerInfo]) -> set[str]:
 
 
 def slots(workers: Sequence[WorkerInfo], running: Sequence[RunningJob], *,
-          headroom: int) -> list[Slot]:
+          headroom: int, placed: Sequence[Published] = ()) -> list[Slot]:
     """One slot per live worker, busy when its heartbeat or a live lease says so, free at its
     job's start + timeout_s; plus `headroom` extra slots per queue that has a consumer and
     shares no GPU (a message may wait there for the next worker to free up). A queue of the
     shared layout gets no headroom: a message waiting there could be taken by a worker whose
-    GPUs another worker holds."""
+    GPUs another worker holds. A host's gang workers count as its GPU sets (`gang_slots`)."""
     by_node: dict[str, RunningJob] = {}
     for r in running:
         if r.node and (r.lease_live or r.node not in by_node):
             by_node[r.node] = r
-    out = []
-    for w in workers:
+    out = gang_slots(workers, running, placed)
+    for w in (w for w in workers if not w.gang):
         job = by_node.get(w.node)
         busy = w.busy_job is not None or (job is not None and job.lease_live)
         free_at = math.inf
@@ -58,11 +58,59 @@ def slots(workers: Sequence[WorkerInfo], running: Sequence[RunningJob], *,
             free_at = job.started_at.timestamp() + job.timeout_s
         out.append(Slot(node=w.node, queues=w.queues, gpu_ids=w.gpu_ids, busy=busy,
                         free_at_s=free_at))
-    shared = shared_queues(workers)
-    consumed = sorted({q for w in workers for q in w.queues} - shared)
+    shared = shared_queues(expand_gangs(workers))
+    consumed = sorted({q for w in workers if not w.gang for q in w.queues} - shared)
     out += [Slot(node=f"{HEADROOM_NODE}/{q}/{i}", queues=(q,))
             for q in consumed for i in range(headroom)]
     return out
+
+
+def gang_slots(workers: Sequence[WorkerInfo], running: Sequence[RunningJob],
+               placed: Sequence[Published]) -> list[Slot]:
+    """The GPU sets of the hosts that run gang workers (docs/scheduling.md, "Gangs on
+    demand"), each a slot. A set a job holds (a running attempt of one of the host's gang
+    workers, or a dispatch to the host not yet claimed) is busy until that job's bound, and
+    holds its GPUs, so that admission counts every set sharing one of them as taken; every
+    set of a host whose gang workers are all busy is busy. Ranked so that, among sets equally
+    shared, those of busier hosts fill first: small jobs pack onto partly busy nodes and
+    leave whole ones for big jobs."""
+    gangs = [w for w in workers if w.gang]
+    if not gangs:
+        return []
+    holds: dict[str, float] = {}          # the set a job holds -> when it should be free
+    for r in running:
+        if r.node and is_gang_worker(r.node) and r.lease_live and r.held_gpus:
+            until = (r.started_at.timestamp() + r.timeout_s) if r.started_at else math.inf
+            set_name = gang_slot(r.node.split("@", 1)[1], r.held_gpus)
+            holds[set_name] = max(holds.get(set_name, until), until)
+    for p in placed:
+        if p.dispatch_host and p.dispatch_gpus:    # its start is not known yet
+            holds[gang_slot(p.dispatch_host, p.dispatch_gpus)] = math.inf
+    idle_hosts = {w.host for w in gangs if w.busy_job is None}
+    busy_on: dict[str, int] = defaultdict(int)
+    for set_name in holds:
+        host, gpus = gang_place(set_name) or ("", "")
+        busy_on[host] += len(gpus.split(","))
+    out = []
+    for s in expand_gangs(gangs):
+        held = s.node in holds
+        until = holds.pop(s.node, math.inf)
+        out.append(Slot(node=s.node, queues=s.queues, gpu_ids=s.gpu_ids,
+                        busy=held or s.host not in idle_hosts, free_at_s=until,
+                        rank=-busy_on[s.host]))
+    for set_name, until in holds.items():   # held GPUs that match no set offered now
+        host, gpus = gang_place(set_name) or ("", "")
+        out.append(Slot(node=set_name, queues=(), busy=True, free_at_s=until,
+                        gpu_ids=frozenset(f"{host}:{i}" for i in gpus.split(","))))
+    return out
+
+
+def gang_place(slot: str) -> tuple[str, str] | None:
+    """(host, GPU indexes) of a gang slot's name (`gang[0,1]@host`); None for a worker's."""
+    if not slot.startswith("gang[") or "]@" not in slot:
+        return None
+    gpus, host = slot.removeprefix("gang[").split("]@", 1)
+    return host, gpus
 
 
 def heads_per_queue(all_slots: Sequence[Slot], outstanding: Mapping[str, int], *,

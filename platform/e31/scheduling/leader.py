@@ -26,11 +26,11 @@ from e31.clock import utcnow
 from e31.errors import SchedulingError, StoreError
 from e31.heartbeat import WorkerInfo, read_workers
 from e31.scheduling import inputs
-from e31.scheduling.admission import AdmissionConfig, Decision, Slot, decide
+from e31.scheduling.admission import AdmissionConfig, Decision, Dispatch, Slot, decide
 from e31.scheduling.fairshare import Reason
 from e31.scheduling.preemption import PreemptConfig, Waiter, plan
 from e31.settings import Settings
-from e31.sizeclasses import all_queues, redis_priority
+from e31.sizeclasses import all_queues, node_queue, redis_priority
 from e31.spec import printable
 from e31.store import Repo
 from e31.store.records import Candidate, SchedulingView
@@ -111,6 +111,9 @@ class Scheduler:
         view = self._repo.scheduling_view(now=now, queues=self._queues)
         busy = {r.node for r in view.running if r.lease_live and r.node}
         idle_queues = {q for w in inputs.idle_workers(workers, busy) for q in w.queues}
+        # a gang host with an idle gang worker: the class queues of its GPU sets
+        idle_queues |= {q for w in inputs.idle_workers(workers, busy)
+                        for _, queues in w.gang for q in queues}
         expired = self._repo.expire_dispatches(
             sorted(idle_queues), now=now,
             timeout_s=self._settings.dispatch_timeout_s) if recover else 0
@@ -119,7 +122,7 @@ class Scheduler:
             view = self._repo.scheduling_view(now=now, queues=self._queues)
         self._tenant_names = {t.id: t.name for t in view.tenants}
         decision, heads, slots = self._decide(workers, view, now)
-        sent = self._publish([heads[d.job_id] for d in decision.publish], now)
+        sent = self._publish([(heads[d.job_id], d) for d in decision.publish], now)
         self._record_pending(decision, heads)
         self._preempt_for_waiting(view, slots, decision, heads, now)
         return sent
@@ -151,10 +154,13 @@ class Scheduler:
 
     def _decide(self, workers: list[WorkerInfo], view: SchedulingView,
                 now: datetime) -> tuple[Decision, dict[str, Candidate], list[Slot]]:
-        slots = inputs.slots(workers, view.running, headroom=self._settings.dispatch_headroom)
+        slots = inputs.slots(workers, view.running, headroom=self._settings.dispatch_headroom,
+                             placed=view.outstanding)
         outstanding: dict[str, int] = {}
         bounds: dict[str, list[float]] = {}
         for p in view.outstanding:
+            if p.dispatch_host is not None:   # a gang dispatch holds its own GPUs (slots)
+                continue
             outstanding[p.queue] = outstanding.get(p.queue, 0) + 1
             bounds.setdefault(p.queue, []).append(p.timeout_s)
         k = inputs.heads_per_queue(slots, outstanding,
@@ -200,26 +206,31 @@ class Scheduler:
             log.warning("broker_reset: Redis is new, restarted empty or was flushed; %d published "
                         "jobs lost their messages and are published again", republish)
 
-    def _publish(self, chosen: list[Candidate], now: datetime) -> int:
+    def _publish(self, chosen: list[tuple[Candidate, Dispatch]], now: datetime) -> int:
         """Mark the chosen jobs published, each with a new dispatch token, then send each one's
         message `e31.run(job_id, dispatch_token)`: only a message with the token the store
-        holds claims the job. SchedulingError when the broker refuses one (the next tick tries
-        again: the job is published again when its message does not arrive within the
-        dispatch timeout)."""
-        tokens = self._repo.mark_dispatched([c.id for c in chosen], now=now)
-        for c in chosen:
+        holds claims the job. A job placed on a gang host's GPU set goes to that host's queue,
+        the store noting which GPUs it is given. SchedulingError when the broker refuses one
+        (the next tick tries again: the job is published again when its message does not
+        arrive within the dispatch timeout)."""
+        places = {c.id: place for c, d in chosen
+                  if (place := inputs.gang_place(d.node)) is not None}
+        tokens = self._repo.mark_dispatched([c.id for c, _ in chosen], now=now, places=places)
+        for c, _ in chosen:
             if c.id not in tokens:
                 continue
             label = f"{self._tenant_names.get(c.tenant_id, c.tenant_id)}/{c.name}"
+            queue = node_queue(places[c.id][0]) if c.id in places else c.queue
             try:
                 self._celery.send_task(
-                    TASK_NAME, args=[c.id, tokens[c.id]], queue=c.queue, routing_key=c.queue,
+                    TASK_NAME, args=[c.id, tokens[c.id]], queue=queue, routing_key=queue,
                     priority=redis_priority(c.size_class, self._settings.size_classes),
                     shadow=printable(label),   # worker logs show it: one line, whatever the name
                     argsrepr=repr([c.id, TOKEN_SHOWN]))   # Flower and events show no token
             except BrokerError as exc:
-                raise SchedulingError(f"cannot publish job {c.id} to {c.queue}: {exc}") from exc
-            log.info("job_published job=%s queue=%s tenant=%s", c.id, c.queue, c.tenant_id)
+                raise SchedulingError(f"cannot publish job {c.id} to {queue}: {exc}") from exc
+            log.info("job_published job=%s queue=%s tenant=%s%s", c.id, queue, c.tenant_id,
+                     f" gpus={places[c.id][1]}" if c.id in places else "")
         return len(tokens)
 
     # -- loop ----------------------------------------------------------------------------

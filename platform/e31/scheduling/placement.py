@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import redis
 
 from e31 import keys
-from e31.heartbeat import WorkerInfo
+from e31.heartbeat import WorkerInfo, expand_gangs
 from e31.sizeclasses import QUEUE_PREFIX
 
 NODE_MEMORY_S = 86400.0   # a node's shape counts for a day after its last heartbeat was seen
@@ -64,6 +64,7 @@ def registered(r: redis.Redis, live: Sequence[WorkerInfo], *, remember: bool = T
     written under `keys.NODES` for `NODE_MEMORY_S`), and those remembered from the last day
     that are not live now. Raises `redis.RedisError` when Redis cannot be read."""
     now_s = time.time() if now_s is None else now_s
+    live = expand_gangs(live)     # a gang host's GPU sets, as the scheduler counts them
     if live and remember:
         pipe = r.pipeline(transaction=False)
         pipe.hset(keys.NODES, mapping={w.node: json.dumps(
