@@ -20,6 +20,7 @@ import typer
 from e31.cli.common import (
     EXIT_INPUT,
     EXIT_UNAVAILABLE,
+    GangsOpt,
     GpusOpt,
     GroupOpt,
     HomeOpt,
@@ -52,6 +53,7 @@ def worker(gpus: str = GpusOpt,
                                          help="worker processes for the cpu class"),
            simulate_gpus: str | None = SimulateGpusOpt, spill: bool = SpillOpt,
            group: int = GroupOpt,
+           gangs: bool = GangsOpt,
            hostname: str | None = typer.Option(None, "--hostname", help="node-name suffix "
                                                "(default: this host's name)"),
            home: Path | None = HomeOpt,
@@ -101,7 +103,8 @@ def worker(gpus: str = GpusOpt,
         found = parse_simulated(simulate_gpus) if simulate_gpus else discover()
         chosen = select(found, gpus) if found else []
         slots = plan_slots(chosen, cpu_slots=cpu_slots, spill=spill, group=group,
-                           classes=settings.size_classes, host=hostname or default_host())
+                           classes=settings.size_classes, host=hostname or default_host(),
+                           gangs=gangs)
     except E31Error as exc:
         fail(exc.message, EXIT_INPUT)
     raise typer.Exit(Launcher(settings=settings, slots=slots, loglevel=loglevel,

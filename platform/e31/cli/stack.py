@@ -22,6 +22,7 @@ import typer
 from e31.cli.common import (
     EXIT_INPUT,
     EXIT_UNAVAILABLE,
+    GangsOpt,
     GpusOpt,
     GroupOpt,
     HomeOpt,
@@ -50,7 +51,7 @@ def up(gpus: str = GpusOpt,
        cpu_slots: int | None = typer.Option(None, "--cpu-slots", help="cpu-class workers "
                                             "(default: 1, or 2 without GPUs)"),
        simulate_gpus: str | None = SimulateGpusOpt, spill: bool = SpillOpt,
-       group: int = GroupOpt, home: Path | None = HomeOpt,
+       group: int = GroupOpt, gangs: bool = GangsOpt, home: Path | None = HomeOpt,
        port: int | None = typer.Option(None, "--port", help="API port [env E31_API_PORT]"),
        flower_port: int | None = typer.Option(None, "--flower-port",
                                               help="Flower's port [env E31_FLOWER_PORT]"),
@@ -71,7 +72,7 @@ def up(gpus: str = GpusOpt,
     if not real and not simulate_gpus:
         err.print("no GPU found: serving the cpu class only "
                   "(add --simulate-gpus 1x24 to try GPU routing)")
-    worker_args = _worker_argv(gpus, slots, simulate_gpus, spill, group)
+    worker_args = _worker_argv(gpus, slots, simulate_gpus, spill, group, gangs)
     worker_args += ["--isolation", _isolation(settings, chosen=isolation is not None)]
     stack = LocalStack(settings=settings, flower=not no_flower, worker_args=worker_args)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -112,10 +113,10 @@ def down(home: Path | None = HomeOpt, as_json: bool = JsonOpt) -> None:
 
 
 def _worker_argv(gpus: str, cpu_slots: int, simulate_gpus: str | None, spill: bool,
-                 group: int) -> list[str]:
+                 group: int, gangs: bool = False) -> list[str]:
     """The `e31 worker` flags of the stack's worker launcher."""
     argv = ["--gpus", gpus, "--cpu-slots", str(cpu_slots), "--group", str(group),
-            "--spill" if spill else "--no-spill"]
+            "--spill" if spill else "--no-spill"] + (["--gangs"] if gangs else [])
     if simulate_gpus:
         argv += ["--simulate-gpus", simulate_gpus]
     return argv

@@ -21,6 +21,7 @@ from e31.settings import Settings
 from e31.states import Isolation
 from e31.store import Repo
 from e31_worker.attempt.cgroups import JobCgroups
+from e31_worker.attempt.gangs import GpuLedger, ledger_for
 from e31_worker.attempt.groups import GroupRegistry
 from e31_worker.attempt.sandbox import Sandbox
 from e31_worker.attempt.warm import WarmPool, WarmStarter
@@ -51,6 +52,10 @@ class AttemptServices:
     sandbox: Sandbox | None = None  # None: jobs run as the worker's user (`--isolation process`)
     gpus: GpuSampler | None = None  # None: a cpu slot, or GPUs without telemetry (no NVML)
     warm: WarmStarter | WarmPool | None = None  # warm processes; None: all start cold
+
+    def gpu_ledger(self) -> GpuLedger:
+        """A gang worker's host GPU ledger (`e31_worker.attempt.gangs`)."""
+        return ledger_for(self.settings.resolved_work_dir, self.identity.host)
 
     @property
     def isolation(self) -> Isolation:

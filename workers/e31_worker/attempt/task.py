@@ -85,27 +85,60 @@ def run_job(svc: AttemptServices, job_id: Any, dispatch_token: Any) -> Ended | N
         log.info("claim_skipped job=%s node=%s why=draining released=%s", job_id, ident.node,
                  released)
         return None
+    gpus = ident.gpus
+    with contextlib.ExitStack() as held:
+        if ident.gang:       # a gang worker: the GPUs its dispatch names, if free on the host
+            taken = _take_gang_gpus(svc, job_id, dispatch_token)
+            if taken is None:
+                return None
+            gpus = ",".join(taken)
+            held.callback(svc.gpu_ledger().give_back, taken, job_id)
+        try:
+            claim = with_store_retries(svc, "claim", job_id, lambda: svc.repo.claim(
+                job_id, dispatch_token=dispatch_token, worker=ident.node, gpus=gpus,
+                gpu_count=len([g for g in gpus.split(",") if g]), now=utcnow(),
+                lease_ttl_s=svc.settings.lease_ttl_s))
+        except StoreError as exc:  # the job stays queued; the scheduler publishes it again
+            log.warning("claim_failed job=%s node=%s: %s", job_id, ident.node, exc)
+            return None
+        if claim is None:
+            _skipped(svc, job_id, dispatch_token)
+            return None
+        log.info("job_claimed job=%s attempt=%d node=%s gpus=%r", job_id, claim.attempt,
+                 ident.node, gpus)
+        svc.busy(job_id)
+        try:
+            return _attempt(svc, claim, gpus)
+        finally:
+            svc.busy(None)
+            try:
+                wake(svc.redis)
+            except Exception:  # noqa: BLE001 - the next tick publishes anyway
+                pass
+
+
+def _take_gang_gpus(svc: AttemptServices, job_id: str, dispatch_token: str) -> list[str] | None:
+    """The GPU indexes the job's gang dispatch gives it, taken in the host's ledger; None
+    (and the publication handed back, so the scheduler places the job again) when the
+    message is not the job's current one or one of those GPUs is held by another attempt."""
+    node = svc.identity.node
     try:
-        claim = with_store_retries(svc, "claim", job_id, lambda: svc.repo.claim(
-            job_id, dispatch_token=dispatch_token, worker=ident.node, gpus=ident.gpus,
-            gpu_count=ident.gpu_count, now=utcnow(), lease_ttl_s=svc.settings.lease_ttl_s))
-    except StoreError as exc:  # the job stays queued; the scheduler publishes it again
-        log.warning("claim_failed job=%s node=%s: %s", job_id, ident.node, exc)
+        place = svc.repo.dispatch_place(job_id, dispatch_token)
+    except StoreError as exc:
+        log.warning("claim_failed job=%s node=%s: %s", job_id, node, exc)
         return None
-    if claim is None:
+    if place is None or place[0] != svc.identity.host:
         _skipped(svc, job_id, dispatch_token)
         return None
-    log.info("job_claimed job=%s attempt=%d node=%s gpus=%r", job_id, claim.attempt, ident.node,
-             ident.gpus)
-    svc.busy(job_id)
-    try:
-        return _attempt(svc, claim)
-    finally:
-        svc.busy(None)
-        try:
-            wake(svc.redis)
-        except Exception:  # noqa: BLE001 - the next tick publishes anyway
-            pass
+    gpus = [g for g in place[1].split(",") if g]
+    busy = svc.gpu_ledger().take(gpus, job_id)
+    if busy:
+        released = with_store_retries(svc, "release", job_id,
+                                      lambda: svc.repo.release_dispatch(job_id, dispatch_token))
+        log.warning("claim_refused job=%s node=%s why=gpu-busy gpus=%s released=%s", job_id,
+                    node, ",".join(busy), released)
+        return None
+    return gpus
 
 
 def _skipped(svc: AttemptServices, job_id: str, dispatch_token: str) -> None:
@@ -124,11 +157,12 @@ def _skipped(svc: AttemptServices, job_id: str, dispatch_token: str) -> None:
                  "elsewhere or not due yet)", job_id, node)
 
 
-def attempt_plan(svc: AttemptServices, claim: Claim) -> AttemptPlan:
-    """Where and how this worker runs the claimed attempt."""
+def attempt_plan(svc: AttemptServices, claim: Claim, gpus: str | None = None) -> AttemptPlan:
+    """Where and how this worker runs the claimed attempt, on `gpus` (default: its own)."""
     root = svc.settings.resolved_work_dir / claim.job_id / f"attempt-{claim.attempt}"
     return AttemptPlan(job_id=claim.job_id, attempt=claim.attempt, spec=claim.spec,
-                       gpus=svc.identity.gpus, root=root, kill_grace_s=svc.settings.kill_grace_s,
+                       gpus=svc.identity.gpus if gpus is None else gpus, root=root,
+                       kill_grace_s=svc.settings.kill_grace_s,
                        log_max_bytes=svc.settings.log_max_bytes,
                        tick_interval_s=svc.settings.heartbeat_interval_s,
                        job_log_max_bytes=svc.settings.job_log_max_bytes,
@@ -174,8 +208,8 @@ def _note_setup(svc: AttemptServices, claim: Claim, setup_s: float) -> None:
                     claim.attempt, setup_s, exc)
 
 
-def _attempt(svc: AttemptServices, claim: Claim) -> Ended:
-    plan = attempt_plan(svc, claim)
+def _attempt(svc: AttemptServices, claim: Claim, gpus: str) -> Ended:
+    plan = attempt_plan(svc, claim, gpus)
     shipper = Shipper(svc, claim, plan)
     keeper = LeaseKeeper(svc, claim, shipper)
     with contextlib.ExitStack() as held:   # what the setup holds for the attempt (its env)

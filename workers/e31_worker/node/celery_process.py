@@ -7,6 +7,7 @@ The launcher starts it with `CUDA_VISIBLE_DEVICES` already set, and it never cal
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loglevel", default="INFO")
     parser.add_argument("--simulated-gpu-mem-gb", default="",
                         help="comma-separated memory of each GPU when they are simulated")
+    parser.add_argument("--gang", default="",
+                        help="a gang worker: its host's GPU sets, as JSON [[gpus, [queue, ...]]]")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=args.loglevel,
@@ -52,7 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     queues = tuple(args.queues.split(","))
     identity = WorkerInfo(node=args.node, queues=queues, gpus=args.gpus,
                           gpu_count=args.gpu_count, size_class=args.size_class,
-                          isolation=settings.isolation)
+                          isolation=settings.isolation,
+                          gang=tuple((str(g), tuple(q)) for g, q in json.loads(args.gang or "[]")))
     # Per node: a restarted worker process finds what its predecessor left running.
     groups_dir = settings.resolved_work_dir / ".groups"
     node_lock = NodeLock(groups_dir / f"{identity.node}.lock")  # held until this process ends

@@ -4,6 +4,7 @@ each restarted if it dies, all stopped (drained) on SIGTERM / Ctrl-C.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -23,7 +24,7 @@ from e31.clock import utcnow
 from e31.drain import DRAIN_REQUEST_TTL_S, clear_drain
 from e31.errors import ConfigError, E31Error
 from e31.settings import Settings, SizeClass
-from e31.sizeclasses import class_for_gpu, cpu_class, queue_name, spill_queues
+from e31.sizeclasses import class_for_gpu, cpu_class, node_queue, queue_name, spill_queues
 from e31_worker.attempt.supervisor import PR_SET_PDEATHSIG, prctl_function
 from e31_worker.node.celery_process import EXIT_DRAINED
 from e31_worker.node.gpus import Gpu
@@ -48,17 +49,48 @@ class WorkerSlot:
     gpu_count: int
     size_class: str
     simulated_mem_gb: tuple[float, ...] = ()   # --simulate-gpus: each GPU's memory; () real
+    gang: tuple[tuple[str, tuple[str, ...]], ...] = ()   # a gang worker: its host's GPU sets
+
+
+GANG_SIZES = (1, 2, 4, 8)     # the GPU counts a job may ask for on one node
+
+
+def gang_sets(gpus: Sequence[Gpu], *, spill: bool,
+              classes: Sequence[SizeClass]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A gang host's GPU sets a job may be given, each with the queues it serves: every GPU
+    alone, and every aligned block of 2, 4 and 8 (GPUs 0-1, 2-3; 0-3, 4-7; 0-7), of the
+    smallest class among its GPUs. Aligned blocks keep a partly busy node's free GPUs whole
+    for the next big job (docs/scheduling.md, "Gangs on demand")."""
+    out = []
+    for size in (k for k in GANG_SIZES if k <= len(gpus)):
+        for start in range(0, len(gpus) - size + 1, size):
+            members = list(gpus[start:start + size])
+            own = min((class_for_gpu(g.mem_gb, classes) for g in members),
+                      key=lambda c: c.gpu_mem_gb)
+            queues = spill_queues(own, size, classes) if spill else [queue_name(own.name, size)]
+            out.append((",".join(str(g.index) for g in members), tuple(queues)))
+    return tuple(out)
 
 
 def plan_slots(gpus: Sequence[Gpu], *, cpu_slots: int, spill: bool, group: int,
-               classes: Sequence[SizeClass], host: str) -> list[WorkerSlot]:
-    """The worker processes to run: GPUs in groups of `group` (of one class), then CPU slots."""
+               classes: Sequence[SizeClass], host: str, gangs: bool = False) -> list[WorkerSlot]:
+    """The worker processes to run: GPUs in groups of `group` (of one class), or with `gangs`
+    one gang worker per GPU, which any of the host's GPU sets may be given; then CPU slots."""
     if group < 1:
         raise ConfigError("--group must be at least 1")
+    if gangs and group != 1:
+        raise ConfigError("--gangs places each job on the GPUs it asks for: leave out --group")
     if len(gpus) % group:
         raise ConfigError(f"--group {group}: {len(gpus)} GPUs do not split into groups of {group}")
     slots = []
-    for start in range(0, len(gpus), group):
+    sets = gang_sets(gpus, spill=spill, classes=classes) if gangs and gpus else ()
+    biggest = max((class_for_gpu(g.mem_gb, classes) for g in gpus),
+                  key=lambda c: c.gpu_mem_gb, default=None)
+    for i in range(len(gpus) if sets else 0):
+        assert biggest is not None
+        slots.append(WorkerSlot(node=f"gang{i}@{host}", queues=(node_queue(host),), gpus="",
+                                gpu_count=0, size_class=biggest.name, gang=sets))
+    for start in range(0, 0 if sets else len(gpus), group):
         members = list(gpus[start:start + group])
         own = min((class_for_gpu(g.mem_gb, classes) for g in members), key=lambda c: c.gpu_mem_gb)
         queues = spill_queues(own, group, classes) if spill else [queue_name(own.name, group)]
@@ -113,6 +145,8 @@ class Launcher:
                 "--loglevel", self._loglevel]
         if slot.simulated_mem_gb:
             argv += ["--simulated-gpu-mem-gb", ",".join(f"{m:g}" for m in slot.simulated_mem_gb)]
+        if slot.gang:
+            argv += ["--gang", json.dumps([[gpus, list(queues)] for gpus, queues in slot.gang])]
         # If the launcher dies, its workers drain and exit instead of living on as orphans
         # that a restarted launcher would double on the same GPU.
         prctl = prctl_function()
