@@ -47,3 +47,11 @@ def secret_hash(ctx: Any, name: str) -> str:
     job saw it, without the value in its result."""
     import hashlib
     return hashlib.sha256(os.environ[name].encode()).hexdigest()
+
+
+def gpu_window(ctx: Any, seconds: float) -> dict[str, Any]:
+    """Holds its GPUs for `seconds`: says which (CUDA_VISIBLE_DEVICES), and when (wall clock)."""
+    start = time.time()
+    time.sleep(seconds)
+    return {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "start": start,
+            "end": time.time()}
