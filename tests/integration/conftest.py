@@ -12,13 +12,14 @@ import logging
 import posixpath
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from e31.api import create_app
@@ -118,11 +119,25 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+MakeApp = Callable[..., FastAPI]
+
+
 @pytest.fixture
-def api(repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> TestClient:
+def make_app(repo: Repo, redis_url: str, redis_client: redis.Redis,
+             tmp_path: Path) -> MakeApp:
+    """The API app over the test's store and Redis, with `settings` overriding the defaults;
+    each call a process of its own (its own Service)."""
+    def make(**settings: Any) -> FastAPI:
+        s = Settings(redis_url=redis_url, home=tmp_path, **settings)
+        service = Service(settings=s, repo=repo,
+                          artifacts=ArtifactStore(f"file://{tmp_path / 'artifacts'}"),
+                          redis_client=redis_client)
+        return create_app(s, service=service)
+    return make
+
+
+@pytest.fixture
+def api(make_app: MakeApp) -> TestClient:
     """The real API app over the test's store and Redis, in process (modules with an `api`
     fixture of their own shape keep theirs)."""
-    settings = Settings(redis_url=redis_url, home=tmp_path)
-    service = Service(settings=settings, repo=repo, redis_client=redis_client,
-                      artifacts=ArtifactStore(f"file://{tmp_path / 'artifacts'}"))
-    return TestClient(create_app(settings, service=service))
+    return TestClient(make_app())

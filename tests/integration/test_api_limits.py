@@ -14,9 +14,8 @@ import socket
 import threading
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,10 +26,7 @@ from fastapi.testclient import TestClient
 from pydantic import TypeAdapter
 
 from e31 import spec as spec_module
-from e31.api import create_app
 from e31.api import service as service_module
-from e31.api.service import Service
-from e31.artifacts import ArtifactStore
 from e31.celeryapp import make_celery
 from e31.clock import utcnow
 from e31.heartbeat import WorkerInfo, write
@@ -39,26 +35,13 @@ from e31.scheduling.leader import Scheduler
 from e31.settings import Settings
 from e31.store import Repo
 from tests.conftest import wait_for
+from tests.integration.conftest import MakeApp
 
 MiB = 1 << 20
 DEFAULT_LIMIT_BYTES = Settings().max_request_bytes
 CPU = {"entrypoint": "m:f", "resources": {"gpus": 0}}
 FORGED = "train\n2026-01-01 00:00:00 e31_worker INFO job_succeeded job=j-FORGED"
 
-MakeApp = Callable[..., FastAPI]
-
-
-@pytest.fixture
-def make_app(repo: Repo, redis_url: str, redis_client: redis.Redis,
-             tmp_path: Path) -> MakeApp:
-    """The API app over the test's store and Redis, with `settings` overriding the defaults."""
-    def make(**settings: Any) -> FastAPI:
-        s = Settings(redis_url=redis_url, home=tmp_path, **settings)
-        service = Service(settings=s, repo=repo,
-                          artifacts=ArtifactStore(f"file://{tmp_path / 'artifacts'}"),
-                          redis_client=redis_client)
-        return create_app(s, service=service)
-    return make
 
 
 @pytest.fixture

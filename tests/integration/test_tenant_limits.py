@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
-from e31.api import create_app
 from e31.api.service import Service
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
@@ -31,24 +28,11 @@ from e31.store import Repo
 from e31.store import repo as repo_module
 from e31.store.limits import hold_queued
 from e31.store.models import Job, Tenant
+from tests.integration.conftest import MakeApp
 
 CPU = {"command": ["true"], "resources": {"gpus": 0}}
-MakeApp = Callable[..., FastAPI]
 RACERS = 8
 RACE_WINDOW_S = 0.2    # between a queue check and its insert: what a slow store would take
-
-
-@pytest.fixture
-def make_app(repo: Repo, redis_url: str, redis_client: redis.Redis,
-             tmp_path: Path) -> MakeApp:
-    """An API app (a process of its own: its own Service) over the test's store and Redis."""
-    def make(**settings: Any) -> FastAPI:
-        s = Settings(redis_url=redis_url, home=tmp_path, **settings)
-        service = Service(settings=s, repo=repo,
-                          artifacts=ArtifactStore(f"file://{tmp_path / 'artifacts'}"),
-                          redis_client=redis_client)
-        return create_app(s, service=service)
-    return make
 
 
 @pytest.fixture
