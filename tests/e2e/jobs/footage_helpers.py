@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 from typing import Any
+
+from workload_helpers import killed_once
 
 from e31_worker.workloads.models import frame_classifier
 
@@ -13,18 +13,7 @@ from e31_worker.workloads.models import frame_classifier
 def killed_once_frame_classifier(kill_at_call: int) -> Any:
     """`frame_classifier` whose process is SIGKILLed at forward call `kill_at_call`, on the
     first attempt only: a chunk killed mid-way, as by the OOM killer or a lost node."""
-    model = frame_classifier()
-    if os.environ.get("E31_ATTEMPT") != "1":
-        return model
-    calls = [0]
-
-    def hook(module: Any, args: Any) -> None:
-        calls[0] += 1
-        if calls[0] == kill_at_call:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    model.register_forward_pre_hook(hook)
-    return model
+    return killed_once(frame_classifier(), kill_at_call)
 
 
 def frame_classifier_failing_while(path: str) -> Any:

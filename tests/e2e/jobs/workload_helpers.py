@@ -12,7 +12,12 @@ from e31_worker.workloads.models import digits_mlp
 def killed_once_digits_mlp(kill_at_call: int, **kwargs: Any) -> Any:
     """`digits_mlp` whose process is SIGKILLed at forward call `kill_at_call`, on the first
     attempt only: a job killed mid-way, as by the kernel's OOM killer or a lost node."""
-    model = digits_mlp(**kwargs)
+    return killed_once(digits_mlp(**kwargs), kill_at_call)
+
+
+def killed_once(model: Any, kill_at_call: int) -> Any:
+    """`model`, whose process is SIGKILLed at its forward call `kill_at_call` on the first
+    attempt only."""
     if os.environ.get("E31_ATTEMPT") != "1":
         return model
     calls = [0]
