@@ -128,6 +128,14 @@ def gang_slot(host: str, gpus: str) -> str:
     return f"gang[{gpus}]@{host}"
 
 
+def gang_place(slot: str) -> tuple[str, str] | None:
+    """(host, GPU indexes) of a gang slot's name (`gang[0,1]@host`); None for a worker's."""
+    if not slot.startswith("gang[") or "]@" not in slot:
+        return None
+    gpus, host = slot.removeprefix("gang[").split("]@", 1)
+    return host, gpus
+
+
 def expand_gangs(workers: Sequence[WorkerInfo]) -> list[WorkerInfo]:
     """`workers` with each host's gang workers replaced by its GPU sets, one record each (as
     the scheduler and the node shapes count capacity); other workers as they are."""

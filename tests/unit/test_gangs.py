@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from e31.errors import ConfigError
-from e31.heartbeat import WorkerInfo, expand_gangs
+from e31.heartbeat import WorkerInfo, expand_gangs, gang_place
 from e31.scheduling.admission import decide
-from e31.scheduling.inputs import gang_place, gang_slots, slots
+from e31.scheduling.inputs import gang_slots, slots
 from e31.settings import DEFAULT_SIZE_CLASSES
 from e31.store.records import Candidate, Published, RunningJob
 from e31_worker.attempt.gangs import GpuLedger

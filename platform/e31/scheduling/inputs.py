@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
-from e31.heartbeat import WorkerInfo, expand_gangs, gang_slot, is_gang_worker
+from e31.heartbeat import WorkerInfo, expand_gangs, gang_place, gang_slot, is_gang_worker
 from e31.scheduling.admission import Slot
 from e31.scheduling.fairshare import Tenant
 from e31.store.records import Candidate, Published, RunningJob, TenantShare
@@ -103,14 +103,6 @@ def gang_slots(workers: Sequence[WorkerInfo], running: Sequence[RunningJob],
         out.append(Slot(node=set_name, queues=(), busy=True, free_at_s=until,
                         gpu_ids=frozenset(f"{host}:{i}" for i in gpus.split(","))))
     return out
-
-
-def gang_place(slot: str) -> tuple[str, str] | None:
-    """(host, GPU indexes) of a gang slot's name (`gang[0,1]@host`); None for a worker's."""
-    if not slot.startswith("gang[") or "]@" not in slot:
-        return None
-    gpus, host = slot.removeprefix("gang[").split("]@", 1)
-    return host, gpus
 
 
 def heads_per_queue(all_slots: Sequence[Slot], outstanding: Mapping[str, int], *,

@@ -24,7 +24,7 @@ from e31 import keys, metrics
 from e31.celeryapp import TASK_NAME
 from e31.clock import utcnow
 from e31.errors import SchedulingError, StoreError
-from e31.heartbeat import WorkerInfo, read_workers
+from e31.heartbeat import WorkerInfo, gang_place, read_workers
 from e31.scheduling import inputs
 from e31.scheduling.admission import AdmissionConfig, Decision, Dispatch, Slot, decide
 from e31.scheduling.fairshare import Reason
@@ -110,10 +110,9 @@ class Scheduler:
         workers = read_workers(self._redis)
         view = self._repo.scheduling_view(now=now, queues=self._queues)
         busy = {r.node for r in view.running if r.lease_live and r.node}
-        idle_queues = {q for w in inputs.idle_workers(workers, busy) for q in w.queues}
-        # a gang host with an idle gang worker: the class queues of its GPU sets
-        idle_queues |= {q for w in inputs.idle_workers(workers, busy)
-                        for _, queues in w.gang for q in queues}
+        # an idle gang worker serves the class queues of its host's GPU sets
+        idle_queues = {q for w in inputs.idle_workers(workers, busy)
+                       for q in (*w.queues, *(q for _, queues in w.gang for q in queues))}
         expired = self._repo.expire_dispatches(
             sorted(idle_queues), now=now,
             timeout_s=self._settings.dispatch_timeout_s) if recover else 0
@@ -214,7 +213,7 @@ class Scheduler:
         (the next tick tries again: the job is published again when its message does not
         arrive within the dispatch timeout)."""
         places = {c.id: place for c, d in chosen
-                  if (place := inputs.gang_place(d.node)) is not None}
+                  if (place := gang_place(d.node)) is not None}
         tokens = self._repo.mark_dispatched([c.id for c, _ in chosen], now=now, places=places)
         for c, _ in chosen:
             if c.id not in tokens:

@@ -79,8 +79,10 @@ def plan(*, now_s: float, slots: Sequence[Slot], running: Sequence[RunningJob],
          waiting: Sequence[Waiter], weights: Mapping[str, float],
          config: PreemptConfig) -> list[Preemption]:
     """The preemptions to ask for now (see the module's docstring); [] when none is due."""
-    if config.grace_s is None:
-        return []
+    grace_s = config.grace_s
+    if grace_s is None or not any(w.gpus > 0 and now_s - w.queued_since_s >= grace_s
+                                  for w in waiting):
+        return []      # the common tick: nobody waited long enough, nothing else to work out
     real = [s for s in slots if not s.node.startswith(HEADROOM_NODE)]   # workers, not headroom
     on_slot = {r.node: r for r in running if r.node and r.lease_live}
     held: dict[str, int] = defaultdict(int)
@@ -103,7 +105,7 @@ def plan(*, now_s: float, slots: Sequence[Slot], running: Sequence[RunningJob],
     for w in sorted(waiting, key=lambda w: (*order(w), w.id)):
         if len(out) >= config.max_per_tick:
             break
-        if now_s - w.queued_since_s < config.grace_s:
+        if now_s - w.queued_since_s < grace_s:
             continue
         under = held[w.tenant_id] < share[w.tenant_id] - 1e-9
         node, victims = _best_slot(w, real, on_slot, sharing, spoken, over, under, now_s, config)
