@@ -51,9 +51,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from e31.fanout import Sampler
-from e31_worker.child.context import JobContext
 from e31_worker.workloads import footage
 from e31_worker.workloads.models import frame_classifier
+
+from stack import job_context
 
 
 def _flush(model: Any, names: Any, name: str, times: list[float],
@@ -97,12 +98,7 @@ def hand_loop(clips: list[Path], out_dir: Path, fps: float | None, size: tuple[i
 def workload(clips: list[Path], root: Path, fps: float | None, size: tuple[int, int],
              batch_size: int) -> int:
     """The entrypoint's own function, in-process, with a JobContext on fresh directories."""
-    dirs = {name: root / name for name in ("output", "checkpoints", "work")}
-    for d in dirs.values():
-        d.mkdir(parents=True)
-    ctx = JobContext(job_id="bench", attempt=1, params={}, output_dir=dirs["output"],
-                     checkpoint_dir=dirs["checkpoints"], work_dir=dirs["work"],
-                     progress_path=root / "progress.json", gpus="")
+    ctx = job_context(root)
     result = footage.run(ctx, path=[str(c) for c in clips], fps=fps, size=list(size),
                          batch_size=batch_size)
     return int(result["frames"])

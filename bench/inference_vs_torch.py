@@ -31,10 +31,11 @@ from typing import Any
 
 import torch
 
-from e31_worker.child.context import JobContext
 from e31_worker.child.runner import load_entrypoint
 from e31_worker.workloads import batch_inference
 from e31_worker.workloads.data import digits_arrays
+
+from stack import job_context
 
 MODEL = "e31_worker.workloads.models:digits_mlp"
 
@@ -75,12 +76,7 @@ def hand_loop(src: Path, out_dir: Path, batch_size: int, model_kwargs: dict[str,
 def workload(src: Path, root: Path, batch_size: int, model_kwargs: dict[str, Any],
              threads: int) -> int:
     """The entrypoint's own function, in-process, with a JobContext on fresh temp dirs."""
-    dirs = {name: root / name for name in ("output", "checkpoints", "work")}
-    for d in dirs.values():
-        d.mkdir(parents=True)
-    ctx = JobContext(job_id="bench", attempt=1, params={}, output_dir=dirs["output"],
-                     checkpoint_dir=dirs["checkpoints"], work_dir=dirs["work"],
-                     progress_path=root / "progress.json", gpus="")
+    ctx = job_context(root)
     result = batch_inference.run(ctx, path=str(src), model=MODEL, model_kwargs=model_kwargs,
                                  batch_size=batch_size, cpu_threads=threads)
     return int(result["succeeded"])

@@ -56,3 +56,15 @@ def wait_all(handles: Sequence[JobHandle], poll_s: float = 0.5) -> list[dict[str
     with ThreadPoolExecutor(8) as pool:
         return list(pool.map(lambda h: next(st for st in h.watch(poll_s=poll_s)
                                              if st["state"] in FINAL_STATES), handles))
+
+
+def job_context(root: Path) -> Any:
+    """A `JobContext` on fresh directories under `root`, for running a workload's entrypoint
+    in this process as its worker would (the in-process side of a workload benchmark)."""
+    from e31_worker.child.context import JobContext
+    dirs = {name: root / name for name in ("output", "checkpoints", "work")}
+    for d in dirs.values():
+        d.mkdir(parents=True)
+    return JobContext(job_id="bench", attempt=1, params={}, output_dir=dirs["output"],
+                      checkpoint_dir=dirs["checkpoints"], work_dir=dirs["work"],
+                      progress_path=root / "progress.json", gpus="")
