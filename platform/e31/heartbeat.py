@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,9 +73,10 @@ class WorkerInfo:
     busy_job: str | None = None
     isolation: str = ""       # how its jobs run: sandbox | process ("" from an older worker)
     gpus_telemetry: tuple[GpuSample, ...] = ()   # its GPUs' latest readings (none: not known)
-    # A gang worker (`e31 worker --gangs`, docs/scheduling.md "Gangs on demand") pins no GPU:
-    # it consumes its host's queue and runs each job on the GPUs its dispatch names. This is
-    # its host's GPU sets a job may be given, each with the class queues it serves.
+    # A gang worker (docs/scheduling.md "Gangs on demand") pins no GPU: it consumes its host's
+    # queue and runs each job on the GPUs its dispatch names. This is its host's GPU sets a
+    # job may be given, each with the class queues it serves; its `gpus` is the one GPU it
+    # watches (its telemetry, its XID errors).
     gang: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
@@ -116,13 +117,6 @@ class WorkerInfo:
                                         if g is not None))
 
 
-GANG_WORKER = re.compile(r"^gang\d+@")   # a gang worker process's node name: gang<i>@<host>
-
-
-def is_gang_worker(node: str) -> bool:
-    return bool(GANG_WORKER.match(node))
-
-
 def gang_slot(host: str, gpus: str) -> str:
     """The name of one GPU set a host's gang workers may be given: `gang[0,1]@host`."""
     return f"gang[{gpus}]@{host}"
@@ -138,7 +132,13 @@ def gang_place(slot: str) -> tuple[str, str] | None:
 
 def expand_gangs(workers: Sequence[WorkerInfo]) -> list[WorkerInfo]:
     """`workers` with each host's gang workers replaced by its GPU sets, one record each (as
-    the scheduler and the node shapes count capacity); other workers as they are."""
+    the scheduler and the node shapes count capacity); other workers as they are. A set is
+    offered only while each of its GPUs has its own gang worker beating: a GPU whose worker
+    was drained (by an operator, or for an XID error on it) or died is out of service."""
+    watched: dict[str, set[str]] = defaultdict(set)
+    for w in workers:
+        if w.gang:
+            watched[w.host].update(i.strip() for i in w.gpus.split(",") if i.strip())
     out: list[WorkerInfo] = []
     seen: set[str] = set()
     for w in workers:
@@ -147,7 +147,7 @@ def expand_gangs(workers: Sequence[WorkerInfo]) -> list[WorkerInfo]:
             continue
         for gpus, queues in w.gang:
             node = gang_slot(w.host, gpus)
-            if node not in seen:
+            if node not in seen and set(gpus.split(",")) <= watched[w.host]:
                 seen.add(node)
                 out.append(WorkerInfo(node=node, queues=queues, gpus=gpus,
                                       gpu_count=len(gpus.split(",")), size_class=w.size_class,

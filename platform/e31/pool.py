@@ -4,9 +4,10 @@ the metrics (`e31.scrape`) and `e31 top` (`e31.api.top`) read Redis and the stor
 shape their answers with this.
 
 A worker that beats is `busy` when it holds a job (its heartbeat says so, or the store has
-a live lease in its name), `draining` when an operator or the worker itself asked it to
-drain, else `idle`. A node the store still shows holding a lease but that no longer beats is
-`lost` — unless it is draining, which withdraws its heartbeat on purpose while it finishes.
+a live lease in its name) or, a gang worker, while a job holds the GPU it watches;
+`draining` when an operator or the worker itself asked it to drain, else `idle`. A node the
+store still shows holding a lease but that no longer beats is `lost` — unless it is draining,
+which withdraws its heartbeat on purpose while it finishes.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class Lease(Protocol):
     @property
     def live(self) -> bool: ...
 
+    @property
+    def held_gpus(self) -> str: ...
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -60,23 +64,30 @@ def slots(workers: Iterable[WorkerInfo], leases: Iterable[Lease],
           draining: Collection[str]) -> list[Slot]:
     """Every worker slot the pool has or had a moment ago, with its state."""
     holding: dict[str, Lease] = {}
+    held: set[tuple[str, str]] = set()       # (host, GPU index) a live lease's attempt holds
     for lease in leases:
         if lease.node:
             holding.setdefault(lease.node, lease)
+            if lease.live:
+                host = lease.node.rpartition("@")[2]
+                held.update((host, i) for i in lease.held_gpus.split(",") if i)
     out = []
     beating = set()
     for w in workers:
         beating.add(w.node)
-        held = holding.get(w.node)
+        own = holding.get(w.node)
+        indexes = tuple(i.strip() for i in w.gpus.split(",") if i.strip())
         if w.node in draining:
             state = DRAINING
-        elif w.busy_job is not None or (held is not None and held.live):
+        elif w.gang:      # a gang worker's slot is the GPU it watches, busy while a job holds it
+            state = BUSY if any((w.host, i) in held for i in indexes) else IDLE
+        elif w.busy_job is not None or (own is not None and own.live):
             state = BUSY
         else:
             state = IDLE
-        indexes = tuple(i.strip() for i in w.gpus.split(",") if i.strip())
         out.append(Slot(node=w.node, size_class=own_class(w), gpu_count=w.gpu_count,
-                        state=state, gpu_indexes=indexes, job=w.busy_job))
+                        state=state, gpu_indexes=indexes,
+                        job=None if w.gang else w.busy_job))
     for node, lease in sorted(holding.items()):
         if node not in beating:
             out.append(Slot(node=node, size_class=lease.size_class, gpu_count=lease.gpus,

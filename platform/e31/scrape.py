@@ -124,6 +124,7 @@ class LeaseHolder:
     size_class: str
     gpus: int
     live: bool
+    held_gpus: str = ""     # its attempt's GPU indexes on the node's host ("0,1")
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ def pool(tmp_path: Path) -> Iterator[Cluster]:
                           "--simulate-gpus", gpus, "--hostname", host, "--loglevel", "INFO")
         for host, n in (("ha", 8), ("hb", 4)):
             for i in range(n):
-                wait_for(lambda node=f"gang{i}@{host}": cluster.redis_client().get(
-                    f"e31:worker:{node}"), timeout_s=WAIT_S, what=f"gang{i}@{host} to beat",
+                wait_for(lambda node=f"gpu{i}@{host}": cluster.redis_client().get(
+                    f"e31:worker:{node}"), timeout_s=WAIT_S, what=f"gpu{i}@{host} to beat",
                     evidence=lambda h=host: cluster.log(f"worker-{h}")[-3000:])
         yield cluster
     finally:

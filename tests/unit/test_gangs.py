@@ -14,12 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from e31 import pool
+from e31.api import top
 from e31.errors import ConfigError
 from e31.heartbeat import WorkerInfo, expand_gangs, gang_place
 from e31.scheduling.admission import decide
 from e31.scheduling.inputs import gang_slots, slots
+from e31.scrape import LeaseHolder, PoolView
 from e31.settings import DEFAULT_SIZE_CLASSES
-from e31.store.records import Candidate, Published, RunningJob
+from e31.store.pool import RunningRow
+from e31.store.records import Candidate, Published, RunningJob, TenantRecord
 from e31_worker.attempt.gangs import GpuLedger
 from e31_worker.node.gpus import parse_simulated
 from e31_worker.node.launcher import gang_sets, plan_slots
@@ -30,13 +34,13 @@ NOW = 1_000_000.0
 def gang_workers(host: str, simulated: str, *, busy: int = 0) -> list[WorkerInfo]:
     gpus = parse_simulated(simulated)
     sets = gang_sets(gpus, spill=False, classes=DEFAULT_SIZE_CLASSES)
-    return [WorkerInfo(node=f"gang{i}@{host}", queues=(f"e31.node.{host}",), gpus="",
-                       gang=sets, busy_job=f"j-{i}" if i < busy else None)
+    return [WorkerInfo(node=f"gpu{i}@{host}", queues=(f"e31.node.{host}",), gpus=str(i),
+                       gpu_count=1, gang=sets, busy_job=f"j-{i}" if i < busy else None)
             for i in range(len(gpus))]
 
 
 def running(host: str, gpus: str, worker: int = 0) -> RunningJob:
-    return RunningJob(id=f"r-{host}-{gpus}", tenant_id="t", node=f"gang{worker}@{host}",
+    return RunningJob(id=f"r-{host}-{gpus}", tenant_id="t", node=f"gpu{worker}@{host}",
                       size_class="gpu80", gpus=len(gpus.split(",")),
                       started_at=datetime.fromtimestamp(NOW - 10, UTC), timeout_s=100,
                       lease_live=True, held_gpus=gpus)
@@ -56,8 +60,9 @@ def test_a_gang_host_offers_every_gpu_and_every_aligned_block_of_two_four_and_ei
     # and the launcher runs one gang worker per GPU on the host's own queue, no group
     planned = plan_slots(parse_simulated("4x48"), cpu_slots=1, spill=False, group=1,
                          classes=DEFAULT_SIZE_CLASSES, host="h", gangs=True)
-    assert [s.node for s in planned] == ["gang0@h", "gang1@h", "gang2@h", "gang3@h", "cpu0@h"]
-    assert planned[0].queues == ("e31.node.h",) and planned[0].gpus == ""
+    assert [s.node for s in planned] == ["gpu0@h", "gpu1@h", "gpu2@h", "gpu3@h", "cpu0@h"]
+    # each watching its own GPU (its telemetry, its XID errors), pinned to none
+    assert planned[1].queues == ("e31.node.h",) and planned[1].gpus == "1"
     with pytest.raises(ConfigError, match="--gangs"):
         plan_slots(parse_simulated("4x48"), cpu_slots=0, spill=False, group=2,
                    classes=DEFAULT_SIZE_CLASSES, host="h", gangs=True)
@@ -105,6 +110,20 @@ def test_expanded_gang_workers_are_what_node_shapes_count() -> None:
     assert len(out) == 4 + 2 + 1 and out[-1].gpu_ids == {f"h:{i}" for i in range(4)}
 
 
+def test_a_gpu_whose_own_worker_is_gone_is_in_no_set_offered() -> None:
+    # Given a 4-GPU gang host whose worker watching GPU 2 was drained (an XID error on it)
+    workers = [w for w in gang_workers("h", "4x48") if w.node != "gpu2@h"]
+    # Then no set with GPU 2 is offered: the other single GPUs and the block 0-1 are
+    assert [w.node for w in expand_gangs(workers)] == [
+        "gang[0]@h", "gang[1]@h", "gang[3]@h", "gang[0,1]@h"]
+    # and a job still running on GPUs 2-3 holds GPU 3, so admission places nothing there
+    out = slots(workers, [running("h", "2,3", worker=0)], headroom=0)
+    free = decide(now_s=NOW, slots=out, tenants={}, heads={"e31.gpu48": [
+        job("a", 1, "gpu48"), job("b", 1, "gpu48"), job("c", 1, "gpu48")]})
+    assert sorted(gang_place(d.node) or ("", "") for d in free.publish) == [
+        ("h", "0"), ("h", "1")]
+
+
 def _claimer(path: str, seed: int, rounds: int, out: multiprocessing.Queue) -> None:
     ledger = GpuLedger(Path(path))
     rnd = random.Random(seed)
@@ -150,3 +169,25 @@ def test_a_gpu_held_by_a_process_that_died_is_free_again(tmp_path: Path) -> None
     assert ledger.take(["1", "2"], "j-other") == ["1"]  # a live holder keeps it
     ledger.give_back(["1"], "j-next")
     assert ledger.holders() == {}
+
+
+def test_the_pool_shows_a_gang_hosts_gpus_busy_by_the_jobs_holding_them() -> None:
+    # Given a 4-GPU gang host whose worker watching GPU 3 runs a job on GPUs 0-1
+    workers = gang_workers("h", "4x80")
+    workers[3] = workers[3].busy("j01")
+    leases = [LeaseHolder("gpu3@h", "gpu80", 2, True, held_gpus="0,1")]
+
+    # Then `e31 top` and the metrics count GPUs 0 and 1 busy, 2 and 3 idle
+    states = {s.node: s.state for s in pool.slots(workers, leases, draining=())}
+    assert states == {"gpu0@h": "busy", "gpu1@h": "busy", "gpu2@h": "idle", "gpu3@h": "idle"}
+    # And `e31 top` puts the job on the GPUs it holds, not on the GPU its worker watches
+    row = RunningRow(id="j01", name="n", tenant_id="t", tenant="team", size_class="gpu80",
+                     gpus=2, node="gpu3@h", attempt=1, started_at=None, progress_done=None,
+                     progress_total=None, lease_expires_at=datetime.fromtimestamp(NOW + 60, UTC),
+                     held_gpus="0,1")
+    shown = top.snapshot(classes=["gpu80"], backlog={}, running=[row],
+                         view=PoolView(tuple(workers), frozenset(), {}),
+                         viewer=TenantRecord(id="t", name="team", weight=1.0, admin=True),
+                         now=datetime.fromtimestamp(NOW, UTC))
+    assert {g["gpu"]: g["job"] for g in shown["gpus"]} == {"0": "j01", "1": "j01", "2": None,
+                                                          "3": None}

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
+from e31.heartbeat import WorkerInfo
+from e31.scheduling import inputs
 from e31.scheduling.admission import Slot
 from e31.scheduling.preemption import PreemptConfig, Preemption, Waiter, plan
+from e31.settings import DEFAULT_SIZE_CLASSES
 from e31.store.records import RunningJob
+from e31_worker.node.gpus import parse_simulated
+from e31_worker.node.launcher import gang_sets
 
 NOW = 10_000.0
 CONFIG = PreemptConfig(grace_s=60, min_runtime_s=300)
@@ -110,6 +116,32 @@ def test_the_fewest_jobs_are_stopped_for_a_multi_gpu_job() -> None:
     out = plan_of(slots, jobs, [waiter("jb", "b", gpus=2, queue=Q2)])
     # Then the one two-GPU job is stopped, not the two one-GPU ones
     assert out == [Preemption("jb", "x2b@h", ("ja23",))]
+
+
+def test_on_a_gang_host_the_fewest_jobs_holding_a_set_are_stopped() -> None:
+    # Given two 4-GPU gang hosts full of a's jobs: one per GPU on h (each run by a worker
+    # that watches another GPU), and on k one two-GPU job on GPUs 0-1 and one job per GPU
+    # on 2 and 3
+    workers = [WorkerInfo(node=f"gpu{i}@{h}", queues=(f"e31.node.{h}",), gpus=str(i),
+                          gpu_count=1, gang=gang_sets(parse_simulated("4x80"), spill=False,
+                                                      classes=DEFAULT_SIZE_CLASSES))
+               for h in ("h", "k") for i in range(4)]
+    jobs = [held(f"ja{g}", f"gpu{3 - g}@h", str(g)) for g in range(4)] + [
+        held("jk", "gpu0@k", "0,1"), held("jk2", "gpu2@k", "2"), held("jk3", "gpu3@k", "3")]
+    all_slots = inputs.slots(workers, jobs, headroom=0)
+    # When b's two-GPU job has waited past the grace
+    out = plan_of(all_slots, jobs, [waiter("jb", "b", gpus=2, queue=Q2)])
+    # Then the one job holding a whole aligned pair is stopped, not two one-GPU jobs
+    assert out == [Preemption("jb", "gang[0,1]@k", ("jk",))]
+    # and where a pair is free, nothing is stopped: admission places the job there
+    rest = [j for j in jobs if j.id != "jk"]
+    assert plan_of(inputs.slots(workers, rest, headroom=0), rest,
+                   [waiter("jb", "b", gpus=2, queue=Q2)]) == []
+
+
+def held(job_id: str, node: str, gpus: str) -> RunningJob:
+    return dataclasses.replace(running(job_id, "a", node, gpus=len(gpus.split(","))),
+                               held_gpus=gpus)
 
 
 def test_at_most_max_per_tick_jobs_start_a_preemption() -> None:

@@ -9,6 +9,7 @@ from collections import deque
 import pytest
 
 from e31.settings import Settings
+from e31_worker.attempt.watchdog import HeldGpus
 from e31_worker.node.celery_process import gpu_monitor
 from e31_worker.node.gpus import Gpu, parse_simulated
 from e31_worker.node.launcher import plan_slots
@@ -17,6 +18,7 @@ from e31_worker.node.telemetry import (
     SIM_WORKING_UTIL_PCT,
     GpuFault,
     GpuMonitor,
+    GpuView,
     NvmlSource,
     open_monitor,
 )
@@ -150,3 +152,27 @@ def test_simulated_gpus_reach_their_worker_process_as_their_memories() -> None:
     monitor = gpu_monitor("1", "80", Settings())
     assert monitor is not None and monitor.sample(None)[0].simulated
     assert gpu_monitor("", "", Settings()) is None
+
+
+def test_a_gang_worker_relays_its_own_gpu_and_its_attempt_watches_the_gpus_it_holds() -> None:
+    # Given a 4-GPU gang host: the worker watching GPU 2 reads all four (its jobs may be
+    # given any of them), and GPU 3 fell off the bus
+    planned = plan_slots(parse_simulated("4x80"), cpu_slots=0, spill=False, group=1,
+                         classes=Settings().size_classes, host="h", gangs=True)
+    assert planned[2].gpus == "2" and planned[2].simulated_mem_gb == (80.0,) * 4
+    gpus = {i: FakeGpu(util_pct=10 * i) for i in range(4)}
+    monitor = nvml_monitor(FakeNvml(gpus), [0, 1, 2, 3])
+    gpus[3].xids.append(79)
+    own = GpuView(monitor, [2])
+
+    # Then its heartbeat relays GPU 2 alone, and GPU 3's fault is not its to act on
+    assert [s.index for s in own.current(busy=False)] == [2]
+    assert own.faults() == []
+    # And an attempt it runs on GPUs 0-1 is watched on those two only
+    assert [s.util_pct for s in HeldGpus(monitor, "0,1").sample(True)] == [0.0, 10.0]
+    # while the worker watching GPU 3 (its own monitor) takes the fault
+    gpus_3 = {i: FakeGpu() for i in range(4)}
+    watching_3 = GpuView(nvml_monitor(FakeNvml(gpus_3), [0, 1, 2, 3]), [3])
+    gpus_3[3].xids.append(79)
+    watching_3.sample(True)
+    assert watching_3.faults() == [GpuFault(index=3, xid=79)]

@@ -64,12 +64,16 @@ def snapshot(*, classes: Sequence[str], backlog: dict[str, tuple[int, datetime |
              viewer: TenantRecord, now: datetime) -> dict[str, Any]:
     """The answer of `/v1/top` (pure: the route reads, this shapes)."""
     leases = [scrape.LeaseHolder(r.node or "", r.size_class, r.gpus,
-                                  bool(r.lease_expires_at and r.lease_expires_at > now))
+                                  bool(r.lease_expires_at and r.lease_expires_at > now),
+                                  held_gpus=r.held_gpus)
               for r in running]
     workers = view.workers if view is not None else ()
     slots = pool.slots(workers, leases, view.draining if view is not None else ())
     readings = {(w.host, g.index): g for w in workers for g in pool.gpu_readings(w)}
     job_on_node = {r.node: r for r in running if r.node}
+    # the job on each GPU: its attempt's GPUs (a gang host's worker runs jobs on others' GPUs)
+    job_on_gpu = {(r.node.rpartition("@")[2], i): r for r in running if r.node
+                  for i in r.held_gpus.split(",") if i}
     visible = {r.id for r in running if viewer.admin or r.tenant_id == viewer.id}
 
     gpus = []
@@ -77,7 +81,9 @@ def snapshot(*, classes: Sequence[str], backlog: dict[str, tuple[int, datetime |
         host = s.node.rpartition("@")[2]
         for index in s.gpu_indexes:
             g = readings.get((host, index))
-            held = job_on_node.get(s.node)
+            held = job_on_gpu.get((host, index))
+            if held is None and (r := job_on_node.get(s.node)) is not None and not r.held_gpus:
+                held = r          # an attempt that recorded no GPUs: its worker's
             gpus.append({"node": host, "worker": s.node, "gpu": index,
                          "size_class": s.size_class, "state": s.state,
                          "job": held.id if held is not None and held.id in visible else None,

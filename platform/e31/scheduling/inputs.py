@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 
-from e31.heartbeat import WorkerInfo, expand_gangs, gang_place, gang_slot, is_gang_worker
+from e31.heartbeat import WorkerInfo, expand_gangs, gang_place, gang_slot
 from e31.scheduling.admission import Slot
 from e31.scheduling.fairshare import Tenant
 from e31.store.records import Candidate, Published, RunningJob, TenantShare
@@ -79,9 +79,9 @@ def gang_slots(workers: Sequence[WorkerInfo], running: Sequence[RunningJob],
         return []
     holds: dict[str, float] = {}          # the set a job holds -> when it should be free
     for r in running:
-        if r.node and is_gang_worker(r.node) and r.lease_live and r.held_gpus:
+        set_name = held_set(r, {w.host for w in gangs})
+        if set_name is not None:
             until = (r.started_at.timestamp() + r.timeout_s) if r.started_at else math.inf
-            set_name = gang_slot(r.node.split("@", 1)[1], r.held_gpus)
             holds[set_name] = max(holds.get(set_name, until), until)
     for p in placed:
         if p.dispatch_host and p.dispatch_gpus:    # its start is not known yet
@@ -103,6 +103,15 @@ def gang_slots(workers: Sequence[WorkerInfo], running: Sequence[RunningJob],
         out.append(Slot(node=set_name, queues=(), busy=True, free_at_s=until,
                         gpu_ids=frozenset(f"{host}:{i}" for i in gpus.split(","))))
     return out
+
+
+def held_set(r: RunningJob, gang_hosts: Collection[str]) -> str | None:
+    """The GPU set (`gang[0,1]@host`) a running job holds on a gang host, where its lease is
+    live; None for any other job (a pinned worker's, a cpu slot's)."""
+    host = r.node.split("@", 1)[1] if r.node and "@" in r.node else ""
+    if not r.lease_live or not r.held_gpus or host not in gang_hosts:
+        return None
+    return gang_slot(host, r.held_gpus)
 
 
 def heads_per_queue(all_slots: Sequence[Slot], outstanding: Mapping[str, int], *,

@@ -11,10 +11,11 @@ The rule. A job that has waited `grace_s` since it was last queued, for lack of 
 preempt when its tenant is below its fair share or when a job of a lower priority band holds
 the GPUs. Victims are preemptible jobs of other tenants that are over their fair share (each
 taken while its tenant still is), that have run at least `min_runtime_s` in their attempt (so
-nothing thrashes), and whose stop frees a whole worker slot that can take the waiting job: the
-plan picks the slot that needs the fewest victims (then the fewest GPUs stopped). A slot whose
-every job is already being preempted counts as freeing: the waiting job is served by it
-instead of preempting again. Non-preemptible jobs are never chosen.
+nothing thrashes), and whose stop frees a whole worker slot that can take the waiting job (on
+a gang host, a GPU set: the jobs holding any of its GPUs are stopped): the plan picks the
+slot that needs the fewest victims (then the fewest GPUs stopped). A slot whose every job is
+already being preempted counts as freeing: the waiting job is served by it instead of
+preempting again. Non-preemptible jobs are never chosen.
 
 Fair shares here are of the pool's GPUs right now: each tenant with running or waiting GPU
 work gets weight / (sum of those tenants' weights) of them, as `bench/fairness/nodes.py`
@@ -28,8 +29,9 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from e31.heartbeat import gang_place
 from e31.scheduling.admission import Slot
-from e31.scheduling.inputs import HEADROOM_NODE
+from e31.scheduling.inputs import HEADROOM_NODE, held_set
 from e31.store.records import RunningJob
 
 DEFAULT_GRACE_S = 900.0          # how long a job waits before it may preempt
@@ -84,7 +86,9 @@ def plan(*, now_s: float, slots: Sequence[Slot], running: Sequence[RunningJob],
                                   for w in waiting):
         return []      # the common tick: nobody waited long enough, nothing else to work out
     real = [s for s in slots if not s.node.startswith(HEADROOM_NODE)]   # workers, not headroom
-    on_slot = {r.node: r for r in running if r.node and r.lease_live}
+    gang_hosts = {place[0] for s in real if (place := gang_place(s.node)) is not None}
+    # each running job on the slot it holds: a gang host's job on its GPU set
+    on_slot = {held_set(r, gang_hosts) or r.node: r for r in running if r.node and r.lease_live}
     held: dict[str, int] = defaultdict(int)
     for r in on_slot.values():
         if not r.preempt_requested and r.gpus:    # one asked to stop is as good as gone

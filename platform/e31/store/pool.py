@@ -49,6 +49,7 @@ class RunningRow:
     progress_total: float | None
     lease_expires_at: datetime | None
     idle_since: datetime | None = None     # flagged by its watchdog
+    held_gpus: str = ""                    # its attempt's GPU indexes on its host ("0,1")
 
 
 class PoolQueries:
@@ -75,9 +76,13 @@ class PoolQueries:
                             .where(Attempt.started_at >= since))
             run = _spreads(s, Job.run_seconds, RUN_BUCKETS_S, select().select_from(Job).where(
                 _ended_between(since, None), Job.started_at.is_not(None)))
-            holders = tuple(LeaseHolder(str(node), cls, int(gpus), bool(exp and exp > now))
-                            for node, cls, gpus, exp in s.execute(
-                select(Job.lease_owner, Job.size_class, Job.gpus, Job.lease_expires_at)
+            holders = tuple(LeaseHolder(str(node), cls, int(gpus), bool(exp and exp > now),
+                                        held_gpus=held or "")
+                            for node, cls, gpus, exp, held in s.execute(
+                select(Job.lease_owner, Job.size_class, Job.gpus, Job.lease_expires_at,
+                       Attempt.gpus)
+                .outerjoin(Attempt, and_(Attempt.job_id == Job.id,
+                                         Attempt.n == Job.attempts_used))
                 .where(Job.state == RUNNING, Job.lease_owner.is_not(None))).tuples())
         return PoolCounts(current=current, tenants=tenants, oldest_queued_at=oldest,
                           queue_wait=wait, run_time=run, holders=holders)
@@ -107,7 +112,7 @@ class PoolQueries:
                 select(Job.id, Job.name, Job.tenant_id, Tenant.name, Job.size_class, Job.gpus,
                        Job.lease_owner, Job.attempts_used, Attempt.started_at,
                        Job.progress_done, Job.progress_total, Job.lease_expires_at,
-                       Attempt.idle_since)
+                       Attempt.idle_since, Attempt.gpus)
                 .join(Tenant, Tenant.id == Job.tenant_id)
                 .outerjoin(Attempt, and_(Attempt.job_id == Job.id,
                                          Attempt.n == Job.attempts_used))
@@ -115,7 +120,7 @@ class PoolQueries:
             return [RunningRow(id=r[0], name=r[1], tenant_id=r[2], tenant=r[3], size_class=r[4],
                                gpus=r[5], node=r[6], attempt=r[7], started_at=r[8],
                                progress_done=r[9], progress_total=r[10], lease_expires_at=r[11],
-                               idle_since=r[12])
+                               idle_since=r[12], held_gpus=r[13] or "")
                     for r in rows]
 
 

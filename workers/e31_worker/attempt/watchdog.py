@@ -140,11 +140,25 @@ class Watchdog:
         return moved
 
 
+class HeldGpus:
+    """The readings of the GPUs an attempt holds, of a gang worker's monitor of all its host's
+    (docs/scheduling.md, "Gangs on demand")."""
+
+    def __init__(self, sampler: GpuSampler, gpus: str) -> None:
+        self._sampler = sampler
+        self._indexes = frozenset(int(i) for i in gpus.split(",") if i.strip())
+
+    def sample(self, job_active: bool | None) -> tuple[GpuSample, ...]:
+        return tuple(s for s in self._sampler.sample(job_active) if s.index in self._indexes)
+
+
 def attempt_watchdog(svc: AttemptServices, claim: Claim, plan: AttemptPlan) -> Watchdog:
     """The watchdog of the attempt `plan` runs: the spec's idle_timeout_s, else the pool's."""
     spec = plan.spec
     return Watchdog(job_id=claim.job_id, attempt=claim.attempt, log_path=plan.log_path,
-                    log_room_bytes=plan.log_limit[0], gpus=svc.gpus,
+                    log_room_bytes=plan.log_limit[0],
+                    gpus=(HeldGpus(svc.gpus, plan.gpus) if svc.gpus is not None
+                          and svc.identity.gang else svc.gpus),
                     idle_timeout_s=spec.idle_timeout_s or svc.settings.idle_timeout_s,
                     kill=spec.on_idle == "kill",
                     flag=lambda since: _store_flag(svc, claim, since))

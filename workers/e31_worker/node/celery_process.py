@@ -28,7 +28,7 @@ from e31_worker.attempt.settle import settle_left_attempts
 from e31_worker.attempt.task import register
 from e31_worker.attempt.warm import WarmPool, WarmStarter, warm_env
 from e31_worker.node.heartbeat import Heartbeat
-from e31_worker.node.telemetry import GpuMonitor, open_monitor
+from e31_worker.node.telemetry import GpuMonitor, GpuView, open_monitor
 
 EXIT_NODE_TAKEN = 3  # the launcher retries with back-off: the node may free up
 EXIT_DRAINED = 4     # an operator drained this node: the launcher does not restart it
@@ -73,14 +73,17 @@ def main(argv: list[str] | None = None) -> None:
         cgroups.reap()
     redis_client = wiring.redis_client(settings)
     repo = wiring.repo(settings, node=identity.node)
-    gpus = gpu_monitor(args.gpus, args.simulated_gpu_mem_gb, settings)
+    gpus = gpu_monitor(",".join(gang_gpus(identity)) or args.gpus, args.simulated_gpu_mem_gb,
+                       settings)
+    own_gpus = (GpuView(gpus, [int(i) for i in args.gpus.split(",") if i])
+                if gpus is not None and identity.gang else gpus)
     # An operator's drain takes Celery's own warm-shutdown path, exactly as SIGTERM does; so
     # does the node's own, for a GPU's XID error.
     beat = Heartbeat(redis_client=redis_client, identity=identity,
                      interval_s=settings.heartbeat_interval_s,
                      on_drain=lambda: os.kill(os.getpid(), signal.SIGTERM),
                      drain_authorized=lambda: drain_authorized(repo, identity.node),
-                     gpus=gpus,
+                     gpus=own_gpus,
                      record_drain=lambda why: request_drain(redis_client, repo, [identity.node],
                                                             reason=why))
     services = AttemptServices(settings=settings, identity=identity, repo=repo,
@@ -127,6 +130,11 @@ def warm_pool(settings: Settings) -> WarmPool:
     return WarmPool(WarmStarter(preload=settings.preload, env=env),
                     budget_bytes=settings.warm_memory_budget_mb * 2**20,
                     preload=settings.preload, env=env)
+
+
+def gang_gpus(identity: WorkerInfo) -> list[str]:
+    """A gang worker's host GPUs, in index order (none for any other worker)."""
+    return sorted({i for gpus, _ in identity.gang for i in gpus.split(",") if i}, key=int)
 
 
 def gpu_monitor(gpus: str, simulated_mem_gb: str, settings: Settings) -> GpuMonitor | None:

@@ -26,7 +26,7 @@ import redis
 from e31 import heartbeat, keys
 from e31.errors import E31Error, StoreError
 from e31.heartbeat import WorkerInfo
-from e31_worker.node.telemetry import GpuMonitor
+from e31_worker.node.telemetry import GpuMonitor, GpuView
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Heartbeat:
 
     def __init__(self, *, redis_client: redis.Redis, identity: WorkerInfo, interval_s: float,
                  on_drain: Callable[[], None], drain_authorized: Callable[[], bool],
-                 gpus: GpuMonitor | None = None,
+                 gpus: GpuMonitor | GpuView | None = None,
                  record_drain: Callable[[str], None] | None = None) -> None:
         self.identity = identity
         self.draining = threading.Event()

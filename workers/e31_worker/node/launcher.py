@@ -86,10 +86,15 @@ def plan_slots(gpus: Sequence[Gpu], *, cpu_slots: int, spill: bool, group: int,
     sets = gang_sets(gpus, spill=spill, classes=classes) if gangs and gpus else ()
     biggest = max((class_for_gpu(g.mem_gb, classes) for g in gpus),
                   key=lambda c: c.gpu_mem_gb, default=None)
-    for i in range(len(gpus) if sets else 0):
+    # A gang worker watches one GPU (its heartbeat relays that GPU's readings, an XID error on
+    # it drains the worker and so takes the GPU out of the sets offered) but runs each job on
+    # the GPUs its dispatch names; its monitor reads all of the host's, in index order.
+    host_mem_gb = tuple(g.mem_gb for g in sorted(gpus, key=lambda g: g.index) if g.simulated)
+    for g in gpus if sets else ():
         assert biggest is not None
-        slots.append(WorkerSlot(node=f"gang{i}@{host}", queues=(node_queue(host),), gpus="",
-                                gpu_count=0, size_class=biggest.name, gang=sets))
+        slots.append(WorkerSlot(node=f"gpu{g.index}@{host}", queues=(node_queue(host),),
+                                gpus=str(g.index), gpu_count=1, size_class=biggest.name,
+                                simulated_mem_gb=host_mem_gb, gang=sets))
     for start in range(0, 0 if sets else len(gpus), group):
         members = list(gpus[start:start + group])
         own = min((class_for_gpu(g.mem_gb, classes) for g in members), key=lambda c: c.gpu_mem_gb)
@@ -137,8 +142,10 @@ class Launcher:
                    E31_ISOLATION=self._settings.isolation,
                    E31_WARM_START="1" if self._settings.warm_start else "0",
                    E31_PRELOAD=",".join(self._settings.preload))
-        # Pinned before Python starts in the worker: it and its jobs see only these GPUs.
-        env.update(CUDA_VISIBLE_DEVICES=slot.gpus, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+        # Pinned before Python starts in the worker: it and its jobs see only these GPUs (a
+        # gang worker none: each of its jobs is given its own in the child's environment).
+        env.update(CUDA_VISIBLE_DEVICES="" if slot.gang else slot.gpus,
+                   CUDA_DEVICE_ORDER="PCI_BUS_ID")
         argv = [sys.executable, "-m", "e31_worker.node.celery_process", "--node", slot.node,
                 "--queues", ",".join(slot.queues), "--gpus", slot.gpus,
                 "--gpu-count", str(slot.gpu_count), "--size-class", slot.size_class,
