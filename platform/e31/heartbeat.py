@@ -150,7 +150,8 @@ def expand_gangs(workers: Sequence[WorkerInfo]) -> list[WorkerInfo]:
             if node not in seen and set(gpus.split(",")) <= watched[w.host]:
                 seen.add(node)
                 out.append(WorkerInfo(node=node, queues=queues, gpus=gpus,
-                                      gpu_count=len(gpus.split(",")), size_class=w.size_class,
+                                      gpu_count=len(gpus.split(",")),
+                                      size_class=queues[0].split(".")[1] if queues else "",
                                       isolation=w.isolation))
     return out
 

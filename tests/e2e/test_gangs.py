@@ -1,9 +1,9 @@
 """Gangs on demand on real worker processes (issue 15, docs/scheduling.md "Gangs on demand"):
-two simulated nodes, one of 8 × 80 GB and one of 4 × 48 GB, each running `e31 worker --gangs
---no-spill` (one worker per GPU, no fixed group layout; each class on its own node). Jobs of
-1, 2, 4 and 8 GPUs all run, each seeing exactly its GPUs, no GPU ever held by two jobs at
-once, and an 8-GPU job that waited behind one-GPU jobs gets the whole node before any later
-one-GPU job."""
+two simulated nodes, one of 8 × 80 GB and one of 4 × 48 GB, each running `e31 worker
+--no-spill` (the default layout: one gang worker per GPU, no fixed group layout; each class
+on its own node). Jobs of 1, 2, 4 and 8 GPUs all run, each seeing exactly its GPUs, no GPU
+ever held by two jobs at once, and an 8-GPU job that waited behind one-GPU jobs gets the
+whole node before any later one-GPU job."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def pool(tmp_path: Path) -> Iterator[Cluster]:
     try:
         cluster.start(hosts=())
         for host, gpus in (("ha", "8x80"), ("hb", "4x48")):
-            cluster.spawn(f"worker-{host}", "worker", "--gangs", "--no-spill",
+            cluster.spawn(f"worker-{host}", "worker", "--no-spill",
                           "--simulate-gpus", gpus, "--hostname", host, "--loglevel", "INFO")
         for host, n in (("ha", 8), ("hb", 4)):
             for i in range(n):

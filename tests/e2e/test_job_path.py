@@ -96,8 +96,9 @@ def test_a_40gb_job_runs_only_on_the_gpu48_worker_and_sees_its_gpu(stack: Stack)
         status = job.wait(timeout=WAIT_S)
         assert status["size_class"] == "gpu48"
         assert status["result"]["cuda_visible_devices"] == "1"
-        assert [a["worker"].split("@")[0] for a in status["attempts"]] == ["gpu1"]
-        assert status["attempts"][0]["gpus"] == "1"
+        # given GPU 1 (the 48 GB one) by whichever of the host's gang workers took it
+        [attempt] = status["attempts"]
+        assert attempt["gpus"] == "1" and attempt["worker"].startswith("gpu")
         assert status["gpu_seconds"] > 0
 
 

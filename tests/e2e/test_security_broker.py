@@ -34,7 +34,7 @@ from .conftest import Stack
 WAIT_S = 60
 HOST = "target"
 NODE = f"gpu0@{HOST}"
-QUEUE = "e31.gpu80"          # only the extra worker serves it: no stack worker takes its messages
+QUEUE = f"e31.node.{HOST}"    # the extra (gang) worker's host queue: no stack worker takes it
 FORGED = "a-token-nobody-issued"
 BEATS_S = 2.0                # four heartbeats of the stack (0.5 s): a drain would have begun
 
@@ -105,10 +105,11 @@ def test_a_hand_published_message_does_not_run_a_job_its_quota_holds(
     assert status["state"] == "queued" and status["attempts"] == []
     assert status["pending"]["reason"] == "quota"
 
-    # And the same forged message runs the job once the store holds its token (what the check
-    # guards): a run past the quota would show here
+    # And the same forged message runs the job once the store holds its token and place (what
+    # the check guards): a run past the quota would show here
     with sqlite3.connect(stack.home / "e31.db", timeout=30) as db:
-        db.execute("UPDATE jobs SET dispatch_token = ? WHERE id = ?", (FORGED, job.id))
+        db.execute("UPDATE jobs SET dispatch_token = ?, dispatch_host = ?, dispatch_gpus = '0' "
+                   "WHERE id = ?", (FORGED, HOST, job.id))
     app.send_task(TASK_NAME, args=[job.id, FORGED], queue=QUEUE, routing_key=QUEUE)
     done = job.wait(timeout=WAIT_S)
     assert done["state"] == "succeeded" and done["attempts"][0]["worker"] == NODE

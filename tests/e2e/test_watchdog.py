@@ -80,21 +80,24 @@ def test_an_attempt_on_a_simulated_gpu_records_its_gpu_use_and_the_heartbeat_its
     # to gpu24) that works (prints) for six seconds
     job = stack.client().submit(command=["sh", "-c", PRINTS],
                                 resources={"gpus": 1, "gpu_mem_gb": 24})
-    node = wait_for(lambda: (a := job.status()["attempts"]) and a[-1]["worker"],
-                    timeout_s=WAIT_S, what="the job to start")
-    gpu_gb = {f"gpu0@{socket.gethostname()}": 24, f"gpu1@{socket.gethostname()}": 48}[node]
+    gpu = wait_for(lambda: (a := job.status()["attempts"]) and a[-1]["gpus"],
+                   timeout_s=WAIT_S, what="the job to start")
+    gpu_gb = {"0": 24, "1": 48}[gpu]
 
-    # Then while it runs its worker's heartbeat carries the GPU's simulated reading
+    # Then while it runs, the heartbeat of the worker watching its GPU carries the GPU's
+    # simulated reading, held (whichever of the host's gang workers runs the job)
     r = redis.Redis.from_url(stack.redis_url)
+    node = f"gpu{gpu}@{socket.gethostname()}"
 
     def busy_reading() -> dict | None:
         raw = r.get(keys.worker(node))
         beat = json.loads(raw) if raw else {}
         readings = beat.get("gpus_telemetry") or []
-        return readings[0] if beat.get("busy_job") == job.id and readings else None
+        held = job.status()["state"] == "running" and readings and readings[0]["mem_used_bytes"]
+        return readings[0] if held else None
 
     reading = wait_for(busy_reading, timeout_s=WAIT_S, what="the busy worker's GPU reading")
-    assert reading["simulated"] is True
+    assert reading["simulated"] is True and reading["index"] == int(gpu)
     assert reading["mem_total_bytes"] == gpu_gb * 1024 ** 3
 
     # And its attempt records the peak memory and mean utilisation, shown by e31 status

@@ -22,12 +22,16 @@ WAIT_S = 60
 
 
 @pytest.fixture
-def gpu80_worker(stack: Stack) -> Iterator[tuple[subprocess.Popen[bytes], redis.Redis]]:
-    """An extra `e31 worker` with one simulated 80 GB GPU, a class the stack itself lacks."""
+def gpu80_worker(stack: Stack, request: pytest.FixtureRequest
+                 ) -> Iterator[tuple[subprocess.Popen[bytes], redis.Redis]]:
+    """An extra `e31 worker` with one simulated 80 GB GPU, a class the stack itself lacks; of
+    the default layout (gangs on demand), or of the one a test names (`--static`)."""
     env = stack.env_with_redis()
     log = open(stack.home / "logs" / "gpu80-worker.log", "ab")
+    layout = [getattr(request, "param", "--gangs")]
     proc = subprocess.Popen([sys.executable, "-m", "e31.cli", "worker", "--simulate-gpus", "1x80",
-                             "--hostname", "extra"], env=env, stdout=log, stderr=subprocess.STDOUT)
+                             "--hostname", "extra", *layout], env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
     r = redis.Redis.from_url(stack.redis_url)
     wait_for(lambda: r.get(keys.worker("gpu0@extra")), timeout_s=WAIT_S, what="the gpu80 worker")
     yield proc, r
@@ -41,16 +45,20 @@ def _heartbeat(r: redis.Redis) -> dict:
     return json.loads(raw) if raw else {}
 
 
+@pytest.mark.parametrize("gpu80_worker", ["--gangs", "--static"], indirect=True)
 def test_the_worker_process_is_pinned_and_never_loads_torch_or_cuda(
-        gpu80_worker, stack: Stack) -> None:
+        gpu80_worker, stack: Stack, request: pytest.FixtureRequest) -> None:
     _, r = gpu80_worker
     job = stack.client().submit(entrypoint="e31_worker.examples:matmul", params={"n": 64},
                                 resources={"gpu_mem_gb": 80})
     status = job.wait(timeout=WAIT_S)
     assert status["attempts"][0]["worker"] == "gpu0@extra"
+    assert status["attempts"][0]["gpus"] == "0"
     pid = _heartbeat(r)["pid"]
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    assert b"CUDA_VISIBLE_DEVICES=0" in environ
+    # a static worker is pinned to its GPU; a gang worker to none (each job to its own)
+    static = request.node.callspec.params["gpu80_worker"] == "--static"
+    assert (b"CUDA_VISIBLE_DEVICES=0" if static else b"CUDA_VISIBLE_DEVICES=") in environ
     maps = Path(f"/proc/{pid}/maps").read_text()
     assert "libtorch" not in maps and "libcuda" not in maps
     assert status["result"]["device"] == "cpu"  # the job imported torch, in its own process

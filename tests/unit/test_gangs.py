@@ -19,11 +19,19 @@ from e31.api import top
 from e31.errors import ConfigError
 from e31.heartbeat import WorkerInfo, expand_gangs, gang_place
 from e31.scheduling.admission import decide
+from e31.scheduling.explain import queue_overview
 from e31.scheduling.inputs import gang_slots, slots
 from e31.scrape import LeaseHolder, PoolView
 from e31.settings import DEFAULT_SIZE_CLASSES
+from e31.sizeclasses import class_for_gpu
 from e31.store.pool import RunningRow
-from e31.store.records import Candidate, Published, RunningJob, TenantRecord
+from e31.store.records import (
+    Candidate,
+    Published,
+    RunningJob,
+    SchedulingView,
+    TenantRecord,
+)
 from e31_worker.attempt.gangs import GpuLedger
 from e31_worker.node.gpus import parse_simulated
 from e31_worker.node.launcher import gang_sets, plan_slots
@@ -34,9 +42,11 @@ NOW = 1_000_000.0
 def gang_workers(host: str, simulated: str, *, busy: int = 0) -> list[WorkerInfo]:
     gpus = parse_simulated(simulated)
     sets = gang_sets(gpus, spill=False, classes=DEFAULT_SIZE_CLASSES)
-    return [WorkerInfo(node=f"gpu{i}@{host}", queues=(f"e31.node.{host}",), gpus=str(i),
-                       gpu_count=1, gang=sets, busy_job=f"j-{i}" if i < busy else None)
-            for i in range(len(gpus))]
+    return [WorkerInfo(node=f"gpu{g.index}@{host}", queues=(f"e31.node.{host}",),
+                       gpus=str(g.index), gpu_count=1,
+                       size_class=class_for_gpu(g.mem_gb, DEFAULT_SIZE_CLASSES).name, gang=sets,
+                       busy_job=f"j-{g.index}" if g.index < busy else None)
+            for g in gpus]
 
 
 def running(host: str, gpus: str, worker: int = 0) -> RunningJob:
@@ -191,3 +201,9 @@ def test_the_pool_shows_a_gang_hosts_gpus_busy_by_the_jobs_holding_them() -> Non
                          now=datetime.fromtimestamp(NOW, UTC))
     assert {g["gpu"]: g["job"] for g in shown["gpus"]} == {"0": "j01", "1": "j01", "2": None,
                                                           "3": None}
+    # And `e31 queue` counts the host's four GPUs once each, two of them busy
+    overview = queue_overview(classes=DEFAULT_SIZE_CLASSES, workers=workers,
+                              view=SchedulingView([], [running("h", "0,1", worker=3)], []),
+                              tenants={}, queued={}, viewer=None)
+    [gpu80] = [c for c in overview["classes"] if c["size_class"] == "gpu80"]
+    assert (gpu80["gpus"], gpu80["busy_gpus"]) == (4, 2)

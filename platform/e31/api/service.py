@@ -433,12 +433,14 @@ class Service:
             owns=lambda other: self._owns(tenant, other), workers=workers,
             nodes=self._shapes(workers)))
 
-    def _workers(self) -> builtins.list[WorkerInfo] | None:
+    def _workers(self, *, expand: bool = True) -> builtins.list[WorkerInfo] | None:
         """The live workers from their heartbeats, a gang host's as its GPU sets
-        (`heartbeat.expand_gangs`); None when Redis cannot be read (which is not the same as
-        no workers: a pending reason and the queue view say which)."""
+        (`heartbeat.expand_gangs`) unless `expand` is False (one per GPU, as the queue view
+        counts them); None when Redis cannot be read (which is not the same as no workers: a
+        pending reason and the queue view say which)."""
         try:
-            return expand_gangs(read_workers(self._redis))
+            workers = read_workers(self._redis)
+            return expand_gangs(workers) if expand else workers
         except redis.RedisError as exc:
             log.warning("pool_unreadable: %s", exc)
             return None
@@ -481,7 +483,7 @@ class Service:
         against weight. Only an admin token sees other tenants by name."""
         view = self._view(utcnow())
         overview = explain.queue_overview(
-            classes=self._settings.size_classes, workers=self._workers(), view=view,
+            classes=self._settings.size_classes, workers=self._workers(expand=False), view=view,
             tenants=self._tenant_views(view), queued=self._repo.queued_by_tenant(),
             viewer=None if tenant.admin else tenant.id)
         # Nodes out of service until their worker starts again: an operator's drain, or a

@@ -55,9 +55,10 @@ SimulateGpusOpt = typer.Option(None, "--simulate-gpus",
                                help="pretend GPUs, e.g. 2x24,1x80 (no GPU needed)")
 SpillOpt = typer.Option(True, "--spill/--no-spill", help="also take smaller GPU classes")
 GroupOpt = typer.Option(1, "--group", help="GPUs per worker process, for multi-GPU jobs")
-GangsOpt = typer.Option(False, "--gangs", help="gangs on demand: one worker per GPU, and the "
-                        "scheduler gives each job the GPUs it asks for (1, 2, 4 or 8 of one "
-                        "node) instead of fixed --group layouts (docs/scheduling.md)")
+GangsOpt = typer.Option(None, "--gangs/--static", help="gangs on demand (the default without "
+                        "--group): one worker per GPU, and the scheduler gives each job the GPUs "
+                        "it asks for (1, 2, 4 or 8 of one node); --static pins each worker "
+                        "process to its GPU (or --group) for good (docs/scheduling.md)")
 IsolationOpt = typer.Option(None, "--isolation", help="sandbox (each job as its own user, in "
                             "its own namespaces) or process (as the worker's user) "
                             "[env E31_ISOLATION]")

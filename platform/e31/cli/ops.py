@@ -53,7 +53,7 @@ def worker(gpus: str = GpusOpt,
                                          help="worker processes for the cpu class"),
            simulate_gpus: str | None = SimulateGpusOpt, spill: bool = SpillOpt,
            group: int = GroupOpt,
-           gangs: bool = GangsOpt,
+           gangs: bool | None = GangsOpt,
            hostname: str | None = typer.Option(None, "--hostname", help="node-name suffix "
                                                "(default: this host's name)"),
            home: Path | None = HomeOpt,
@@ -104,7 +104,7 @@ def worker(gpus: str = GpusOpt,
         chosen = select(found, gpus) if found else []
         slots = plan_slots(chosen, cpu_slots=cpu_slots, spill=spill, group=group,
                            classes=settings.size_classes, host=hostname or default_host(),
-                           gangs=gangs)
+                           gangs=group == 1 if gangs is None else gangs)
     except E31Error as exc:
         fail(exc.message, EXIT_INPUT)
     raise typer.Exit(Launcher(settings=settings, slots=slots, loglevel=loglevel,

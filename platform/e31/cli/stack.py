@@ -51,7 +51,7 @@ def up(gpus: str = GpusOpt,
        cpu_slots: int | None = typer.Option(None, "--cpu-slots", help="cpu-class workers "
                                             "(default: 1, or 2 without GPUs)"),
        simulate_gpus: str | None = SimulateGpusOpt, spill: bool = SpillOpt,
-       group: int = GroupOpt, gangs: bool = GangsOpt, home: Path | None = HomeOpt,
+       group: int = GroupOpt, gangs: bool | None = GangsOpt, home: Path | None = HomeOpt,
        port: int | None = typer.Option(None, "--port", help="API port [env E31_API_PORT]"),
        flower_port: int | None = typer.Option(None, "--flower-port",
                                               help="Flower's port [env E31_FLOWER_PORT]"),
@@ -113,10 +113,12 @@ def down(home: Path | None = HomeOpt, as_json: bool = JsonOpt) -> None:
 
 
 def _worker_argv(gpus: str, cpu_slots: int, simulate_gpus: str | None, spill: bool,
-                 group: int, gangs: bool = False) -> list[str]:
+                 group: int, gangs: bool | None = None) -> list[str]:
     """The `e31 worker` flags of the stack's worker launcher."""
     argv = ["--gpus", gpus, "--cpu-slots", str(cpu_slots), "--group", str(group),
-            "--spill" if spill else "--no-spill"] + (["--gangs"] if gangs else [])
+            "--spill" if spill else "--no-spill"]
+    if gangs is not None:
+        argv.append("--gangs" if gangs else "--static")
     if simulate_gpus:
         argv += ["--simulate-gpus", simulate_gpus]
     return argv

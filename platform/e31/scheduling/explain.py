@@ -128,6 +128,14 @@ def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo
     workers = workers or []
     names = {t.id: t.name for t in view.tenants}
     busy = {r.node for r in view.running if r.lease_live and r.node}
+    # a gang worker counts the GPU it watches, busy while a job holds it (on any worker)
+    held = {(r.node.rpartition("@")[2], i) for r in view.running if r.lease_live and r.node
+            for i in r.held_gpus.split(",") if i}
+
+    def is_busy(w: WorkerInfo) -> bool:
+        if w.gang:
+            return any((w.host, i) in held for i in w.gpus.split(",") if i)
+        return w.busy_job is not None or w.node in busy
 
     def who(tenant_id: str) -> str:
         return names.get(tenant_id, tenant_id) if viewer in (None, tenant_id) else OTHERS
@@ -136,8 +144,7 @@ def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo
     for c in classes:
         mine = [w for w in workers if (w.size_class or _own_class(w)) == c.name]
         gpus = sum(w.gpu_count or (0 if c.gpu_mem_gb else 1) for w in mine)
-        busy_gpus = sum(w.gpu_count or (0 if c.gpu_mem_gb else 1) for w in mine
-                        if w.busy_job is not None or w.node in busy)
+        busy_gpus = sum(w.gpu_count or (0 if c.gpu_mem_gb else 1) for w in mine if is_busy(w))
         rows: dict[str, dict[str, float]] = defaultdict(lambda: {"queued": 0, "running_gpus": 0,
                                                                  "weight": 0.0})
         for (cls, tenant_id), n in queued.items():

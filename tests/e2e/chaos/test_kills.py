@@ -172,5 +172,7 @@ def test_a_worker_killed_after_its_job_returned_is_settled_by_its_successor_with
     assert [a["reason"] for a in status["attempts"]] == ["succeeded"], status["attempts"]
     events = trail(cluster.trail_dir, job.id)
     assert [e.split()[0] for e in events] == ["start", "done"], events
-    assert f"attempt_settled job={job.id}" in cluster.log(f"worker-{host}")
+    # (its log line follows the record the wait saw)
+    wait_for(lambda: f"attempt_settled job={job.id}" in cluster.log(f"worker-{host}"),
+             timeout_s=30, what="the successor to log the settled attempt")
     assert [o["path"] for o in status["outputs"]] == ["big.bin"]

@@ -16,7 +16,7 @@ from tests.conftest import wait_for
 from .conftest import Cluster, make_cluster
 
 LOG_MAX_BYTES = 1 << 20
-QUEUE = "e31.gpu24"
+QUEUE = "e31.node.ha"   # the queue of the host's gang workers (the default layout)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from celery import signals
@@ -21,6 +22,7 @@ from e31.drain import drain_authorized, request_drain
 from e31.heartbeat import WorkerInfo
 from e31.settings import Settings
 from e31_worker.attempt.cgroups import JobCgroups
+from e31_worker.attempt.gangs import ledger_for
 from e31_worker.attempt.groups import GroupRegistry, NodeLock
 from e31_worker.attempt.sandbox import Sandbox
 from e31_worker.attempt.services import AttemptServices
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     redis_client = wiring.redis_client(settings)
     repo = wiring.repo(settings, node=identity.node)
     gpus = gpu_monitor(",".join(gang_gpus(identity)) or args.gpus, args.simulated_gpu_mem_gb,
-                       settings)
+                       settings, held=gang_held(identity, settings))
     own_gpus = (GpuView(gpus, [int(i) for i in args.gpus.split(",") if i])
                 if gpus is not None and identity.gang else gpus)
     # An operator's drain takes Celery's own warm-shutdown path, exactly as SIGTERM does; so
@@ -137,12 +139,23 @@ def gang_gpus(identity: WorkerInfo) -> list[str]:
     return sorted({i for gpus, _ in identity.gang for i in gpus.split(",") if i}, key=int)
 
 
-def gpu_monitor(gpus: str, simulated_mem_gb: str, settings: Settings) -> GpuMonitor | None:
+def gang_held(identity: WorkerInfo, settings: Settings) -> Callable[[], list[int]] | None:
+    """For a gang worker, the GPUs of its host held now (its ledger): what its simulated GPUs
+    read as busy. None for any other worker (its own job holds its GPUs)."""
+    if not identity.gang:
+        return None
+    ledger = ledger_for(settings.resolved_work_dir, identity.host)
+    return lambda: [int(g) for g in ledger.holders()]
+
+
+def gpu_monitor(gpus: str, simulated_mem_gb: str, settings: Settings,
+                held: Callable[[], list[int]] | None = None) -> GpuMonitor | None:
     """The telemetry of the node's GPUs (`--gpus` indexes), simulated when their memories are
-    given; a reading counts as current for one heartbeat and a half."""
+    given (`held`: which of them a gang host's attempts hold); a reading counts as current
+    for one heartbeat and a half."""
     indexes = [int(i) for i in gpus.split(",") if i.strip()]
     memories = [float(m) for m in simulated_mem_gb.split(",") if m.strip()]
-    return open_monitor(indexes, simulated_mem_gb=memories,
+    return open_monitor(indexes, simulated_mem_gb=memories, simulated_held=held,
                         max_age_s=settings.heartbeat_interval_s * TELEMETRY_MAX_AGE_BEATS)
 
 

@@ -84,16 +84,14 @@ def plan_slots(gpus: Sequence[Gpu], *, cpu_slots: int, spill: bool, group: int,
         raise ConfigError(f"--group {group}: {len(gpus)} GPUs do not split into groups of {group}")
     slots = []
     sets = gang_sets(gpus, spill=spill, classes=classes) if gangs and gpus else ()
-    biggest = max((class_for_gpu(g.mem_gb, classes) for g in gpus),
-                  key=lambda c: c.gpu_mem_gb, default=None)
     # A gang worker watches one GPU (its heartbeat relays that GPU's readings, an XID error on
     # it drains the worker and so takes the GPU out of the sets offered) but runs each job on
     # the GPUs its dispatch names; its monitor reads all of the host's, in index order.
     host_mem_gb = tuple(g.mem_gb for g in sorted(gpus, key=lambda g: g.index) if g.simulated)
     for g in gpus if sets else ():
-        assert biggest is not None
         slots.append(WorkerSlot(node=f"gpu{g.index}@{host}", queues=(node_queue(host),),
-                                gpus=str(g.index), gpu_count=1, size_class=biggest.name,
+                                gpus=str(g.index), gpu_count=1,
+                                size_class=class_for_gpu(g.mem_gb, classes).name,
                                 simulated_mem_gb=host_mem_gb, gang=sets))
     for start in range(0, 0 if sets else len(gpus), group):
         members = list(gpus[start:start + group])

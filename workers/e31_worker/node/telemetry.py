@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,17 +169,23 @@ class NvmlSource:
 
 class SimulatedSource:
     """Made-up readings of simulated GPUs (`--simulate-gpus`), each marked `simulated`:
-    deterministic, from whether a job holds the worker and shows work (module docstring)."""
+    deterministic, from whether a job holds the worker and shows work (module docstring).
+    A gang worker's GPUs are held by whichever attempt of its host was given them: `held`
+    then names the GPUs held now (the host's ledger), and a GPU another worker's job holds
+    reads as working."""
 
-    def __init__(self, mem_gb: dict[int, float]) -> None:
+    def __init__(self, mem_gb: dict[int, float],
+                 held: Callable[[], Collection[int]] | None = None) -> None:
         self._mem_gb = dict(mem_gb)
+        self._held = held
 
     def read(self, job_active: bool | None) -> tuple[GpuSample, ...]:
-        util = SIM_WORKING_UTIL_PCT if job_active else 0.0
-        held = job_active is not None
-        base_w = SIM_JOB_POWER_W if held else SIM_IDLE_POWER_W
+        taken = set(self._held()) if self._held is not None else None
         out = []
         for index, mem_gb in self._mem_gb.items():
+            held = job_active is not None if taken is None else index in taken
+            util = SIM_WORKING_UTIL_PCT if held and job_active is not False else 0.0
+            base_w = SIM_JOB_POWER_W if held else SIM_IDLE_POWER_W
             total = int(mem_gb * BYTES_PER_GB)
             out.append(GpuSample(
                 index=index, util_pct=util,
@@ -270,14 +276,17 @@ class GpuView:
 
 
 def open_monitor(indexes: Sequence[int], *, simulated_mem_gb: Sequence[float] = (),
-                 max_age_s: float, nvml: Any = None) -> GpuMonitor | None:
+                 max_age_s: float, nvml: Any = None,
+                 simulated_held: Callable[[], Collection[int]] | None = None
+                 ) -> GpuMonitor | None:
     """The monitor of the worker's GPUs: simulated ones when `simulated_mem_gb` gives their
     memories, else through NVML; None for a CPU slot, or where NVML cannot be read (the
     worker then runs without telemetry, and says so)."""
     if not indexes:
         return None
     if simulated_mem_gb:
-        return GpuMonitor(SimulatedSource(dict(zip(indexes, simulated_mem_gb, strict=True))),
+        return GpuMonitor(SimulatedSource(dict(zip(indexes, simulated_mem_gb, strict=True)),
+                                          held=simulated_held),
                           max_age_s=max_age_s)
     try:
         source = NvmlSource.open(indexes, nvml)
