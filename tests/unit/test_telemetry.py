@@ -176,3 +176,17 @@ def test_a_gang_worker_relays_its_own_gpu_and_its_attempt_watches_the_gpus_it_ho
     gpus_3[3].xids.append(79)
     watching_3.sample(True)
     assert watching_3.faults() == [GpuFault(index=3, xid=79)]
+
+
+def test_a_gang_hosts_simulated_gpus_are_held_as_its_ledger_says() -> None:
+    # Given a simulated 2-GPU gang host whose ledger says GPU 1 is held (by any worker's job)
+    monitor = open_monitor([0, 1], simulated_mem_gb=[24.0, 24.0], max_age_s=1.0,
+                           simulated_held=lambda: [1])
+    assert monitor is not None
+    # Then GPU 1 reads as under a job and GPU 0 as idle, whatever this worker holds
+    free, held = monitor.sample(None)
+    assert (free.mem_used_bytes, free.util_pct) == (0, 0.0)
+    assert held.mem_used_bytes == int(24 * GIB * SIM_JOB_MEM_FRACTION)
+    assert held.util_pct == SIM_WORKING_UTIL_PCT
+    # and an attempt that showed no work since its last reading reads its GPU at 0 %
+    assert monitor.sample(False)[1].util_pct == 0.0
