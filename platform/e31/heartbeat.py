@@ -80,13 +80,19 @@ class WorkerInfo:
     gang: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
+    def own_class(self) -> str:
+        """Its class: the heartbeat's, else its own queue's (`e31.gpu80.x4` -> gpu80)."""
+        return self.size_class or (queue_class(self.queues[0]) if self.queues else "")
+
+    @property
     def host(self) -> str:
         return self.node.split("@", 1)[1] if "@" in self.node else self.node
 
     @property
     def gpu_ids(self) -> frozenset[str]:
-        """The GPUs it pins, as `<host>:<index>`: two workers of one host may share one."""
-        return frozenset(f"{self.host}:{i.strip()}" for i in self.gpus.split(",") if i.strip())
+        """The GPUs it pins (a gang worker: watches), as `<host>:<index>`: two workers of one
+        host may share one."""
+        return gpu_ids(self.node, self.gpus)
 
     def busy(self, job_id: str | None) -> WorkerInfo:
         return dataclasses.replace(self, busy_job=job_id)
@@ -115,6 +121,19 @@ class WorkerInfo:
                    gpus_telemetry=tuple(g for g in map(GpuSample.from_dict,
                                                        data.get("gpus_telemetry") or ())
                                         if g is not None))
+
+
+def gpu_ids(node: str, gpus: str) -> frozenset[str]:
+    """GPU indexes `gpus` ("0,1") of `node`'s host as `<host>:<index>`: a worker's, or the GPUs
+    a job's attempt holds there (`attempts.gpus`), so that the two can be matched."""
+    host = node.rpartition("@")[2]
+    return frozenset(f"{host}:{i.strip()}" for i in gpus.split(",") if i.strip())
+
+
+def queue_class(queue: str) -> str:
+    """The size class of a class queue (`e31.gpu80.x4` -> gpu80); "" for any other name."""
+    parts = queue.split(".")
+    return parts[1] if len(parts) > 1 else ""
 
 
 def gang_slot(host: str, gpus: str) -> str:
@@ -151,7 +170,7 @@ def expand_gangs(workers: Sequence[WorkerInfo]) -> list[WorkerInfo]:
                 seen.add(node)
                 out.append(WorkerInfo(node=node, queues=queues, gpus=gpus,
                                       gpu_count=len(gpus.split(",")),
-                                      size_class=queues[0].split(".")[1] if queues else "",
+                                      size_class=queue_class(queues[0]) if queues else "",
                                       isolation=w.isolation))
     return out
 

@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from e31.heartbeat import WorkerInfo
+from e31.heartbeat import WorkerInfo, gpu_ids
 
 IDLE, BUSY, DRAINING, LOST = "idle", "busy", "draining", "lost"
 
@@ -52,25 +52,16 @@ class Slot:
     job: str | None = None     # the job it holds, where its heartbeat names it
 
 
-def own_class(w: WorkerInfo) -> str:
-    """A worker's class: its heartbeat's, else its own queue's (`e31.gpu80.x4` -> gpu80)."""
-    if w.size_class:
-        return w.size_class
-    parts = w.queues[0].split(".") if w.queues else []
-    return parts[1] if len(parts) > 1 else ""
-
-
 def slots(workers: Iterable[WorkerInfo], leases: Iterable[Lease],
           draining: Collection[str]) -> list[Slot]:
     """Every worker slot the pool has or had a moment ago, with its state."""
     holding: dict[str, Lease] = {}
-    held: set[tuple[str, str]] = set()       # (host, GPU index) a live lease's attempt holds
+    held: set[str] = set()                   # the GPUs (`host:index`) live leases' attempts hold
     for lease in leases:
         if lease.node:
             holding.setdefault(lease.node, lease)
             if lease.live:
-                host = lease.node.rpartition("@")[2]
-                held.update((host, i) for i in lease.held_gpus.split(",") if i)
+                held |= gpu_ids(lease.node, lease.held_gpus)
     out = []
     beating = set()
     for w in workers:
@@ -80,12 +71,12 @@ def slots(workers: Iterable[WorkerInfo], leases: Iterable[Lease],
         if w.node in draining:
             state = DRAINING
         elif w.gang:      # a gang worker's slot is the GPU it watches, busy while a job holds it
-            state = BUSY if any((w.host, i) in held for i in indexes) else IDLE
+            state = BUSY if w.gpu_ids & held else IDLE
         elif w.busy_job is not None or (own is not None and own.live):
             state = BUSY
         else:
             state = IDLE
-        out.append(Slot(node=w.node, size_class=own_class(w), gpu_count=w.gpu_count,
+        out.append(Slot(node=w.node, size_class=w.own_class, gpu_count=w.gpu_count,
                         state=state, gpu_indexes=indexes,
                         job=None if w.gang else w.busy_job))
     for node, lease in sorted(holding.items()):

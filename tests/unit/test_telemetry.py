@@ -9,7 +9,7 @@ from collections import deque
 import pytest
 
 from e31.settings import Settings
-from e31_worker.attempt.watchdog import HeldGpus
+from e31_worker.attempt.services import HeldGpus
 from e31_worker.node.celery_process import gpu_monitor
 from e31_worker.node.gpus import Gpu, parse_simulated
 from e31_worker.node.launcher import plan_slots
@@ -163,7 +163,7 @@ def test_a_gang_worker_relays_its_own_gpu_and_its_attempt_watches_the_gpus_it_ho
     gpus = {i: FakeGpu(util_pct=10 * i) for i in range(4)}
     monitor = nvml_monitor(FakeNvml(gpus), [0, 1, 2, 3])
     gpus[3].xids.append(79)
-    own = GpuView(monitor, [2])
+    own = GpuView(monitor, "2")
 
     # Then its heartbeat relays GPU 2 alone, and GPU 3's fault is not its to act on
     assert [s.index for s in own.current(busy=False)] == [2]
@@ -172,7 +172,7 @@ def test_a_gang_worker_relays_its_own_gpu_and_its_attempt_watches_the_gpus_it_ho
     assert [s.util_pct for s in HeldGpus(monitor, "0,1").sample(True)] == [0.0, 10.0]
     # while the worker watching GPU 3 (its own monitor) takes the fault
     gpus_3 = {i: FakeGpu() for i in range(4)}
-    watching_3 = GpuView(nvml_monitor(FakeNvml(gpus_3), [0, 1, 2, 3]), [3])
+    watching_3 = GpuView(nvml_monitor(FakeNvml(gpus_3), [0, 1, 2, 3]), "3")
     gpus_3[3].xids.append(79)
     watching_3.sample(True)
     assert watching_3.faults() == [GpuFault(index=3, xid=79)]

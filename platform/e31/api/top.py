@@ -19,6 +19,7 @@ from fastapi import APIRouter, Depends
 from e31 import metrics, pool, scrape
 from e31.api import errors
 from e31.clock import utcnow
+from e31.heartbeat import gpu_ids
 from e31.settings import Settings
 from e31.store.pool import RunningRow
 from e31.store.records import TenantRecord
@@ -72,8 +73,7 @@ def snapshot(*, classes: Sequence[str], backlog: dict[str, tuple[int, datetime |
     readings = {(w.host, g.index): g for w in workers for g in pool.gpu_readings(w)}
     job_on_node = {r.node: r for r in running if r.node}
     # the job on each GPU: its attempt's GPUs (a gang host's worker runs jobs on others' GPUs)
-    job_on_gpu = {(r.node.rpartition("@")[2], i): r for r in running if r.node
-                  for i in r.held_gpus.split(",") if i}
+    job_on_gpu = {g: r for r in running if r.node for g in gpu_ids(r.node, r.held_gpus)}
     visible = {r.id for r in running if viewer.admin or r.tenant_id == viewer.id}
 
     gpus = []
@@ -81,7 +81,7 @@ def snapshot(*, classes: Sequence[str], backlog: dict[str, tuple[int, datetime |
         host = s.node.rpartition("@")[2]
         for index in s.gpu_indexes:
             g = readings.get((host, index))
-            held = job_on_gpu.get((host, index))
+            held = job_on_gpu.get(f"{host}:{index}")
             if held is None and (r := job_on_node.get(s.node)) is not None and not r.held_gpus:
                 held = r          # an attempt that recorded no GPUs: its worker's
             gpus.append({"node": host, "worker": s.node, "gpu": index,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from e31.heartbeat import WorkerInfo
+from e31.heartbeat import WorkerInfo, gpu_ids
 from e31.scheduling import placement
 from e31.scheduling.fairshare import Pending, Reason, Tenant, estimated_start_s, position_in_queue
 from e31.settings import SizeClass
@@ -129,12 +129,12 @@ def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo
     names = {t.id: t.name for t in view.tenants}
     busy = {r.node for r in view.running if r.lease_live and r.node}
     # a gang worker counts the GPU it watches, busy while a job holds it (on any worker)
-    held = {(r.node.rpartition("@")[2], i) for r in view.running if r.lease_live and r.node
-            for i in r.held_gpus.split(",") if i}
+    held = {g for r in view.running if r.lease_live and r.node
+            for g in gpu_ids(r.node, r.held_gpus)}
 
     def is_busy(w: WorkerInfo) -> bool:
         if w.gang:
-            return any((w.host, i) in held for i in w.gpus.split(",") if i)
+            return bool(w.gpu_ids & held)
         return w.busy_job is not None or w.node in busy
 
     def who(tenant_id: str) -> str:
@@ -142,7 +142,7 @@ def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo
 
     out = []
     for c in classes:
-        mine = [w for w in workers if (w.size_class or _own_class(w)) == c.name]
+        mine = [w for w in workers if w.own_class == c.name]
         gpus = sum(w.gpu_count or (0 if c.gpu_mem_gb else 1) for w in mine)
         busy_gpus = sum(w.gpu_count or (0 if c.gpu_mem_gb else 1) for w in mine if is_busy(w))
         rows: dict[str, dict[str, float]] = defaultdict(lambda: {"queued": 0, "running_gpus": 0,
@@ -201,9 +201,3 @@ def _standing(tenants: Mapping[str, Tenant], who: Any, active: set[str]) -> list
         m["weight_share"] = round(m["weight"] / total_w, 3)
         m["usage_gpu_s"] = round(m["usage_gpu_s"], 1)
     return sorted(merged.values(), key=lambda m: m["tenant"])
-
-
-def _own_class(w: WorkerInfo) -> str:
-    """A worker's class from its own queue (`e31.gpu80.x4` -> gpu80), for old heartbeats."""
-    parts = w.queues[0].split(".") if w.queues else []
-    return parts[1] if len(parts) > 1 else ""

@@ -36,6 +36,22 @@ class GpuSampler(Protocol):
         ...
 
 
+class HeldGpus:
+    """The readings of some GPUs of a sampler that reads more: those an attempt on a gang host
+    holds, of its worker's monitor of all the host's GPUs (docs/scheduling.md, "Gangs on
+    demand"). `gpus`: the indexes, "0,1"."""
+
+    def __init__(self, sampler: GpuSampler, gpus: str) -> None:
+        self._sampler = sampler
+        self._indexes = frozenset(int(i) for i in gpus.split(",") if i.strip())
+
+    def sample(self, job_active: bool | None) -> tuple[GpuSample, ...]:
+        return self._only(self._sampler.sample(job_active))
+
+    def _only(self, samples: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
+        return tuple(s for s in samples if s.index in self._indexes)
+
+
 @dataclass(frozen=True)
 class AttemptServices:
     """The worker process's settings, identity and connections, as its attempts see them."""

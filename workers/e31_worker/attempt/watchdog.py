@@ -27,7 +27,7 @@ from e31.errors import StoreError
 from e31.heartbeat import GpuSample
 from e31.store.attempts import AttemptFacts
 from e31.store.records import Claim
-from e31_worker.attempt.services import AttemptServices, GpuSampler
+from e31_worker.attempt.services import AttemptServices, GpuSampler, HeldGpus
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Tick
 
 log = logging.getLogger(__name__)
@@ -138,18 +138,6 @@ class Watchdog:
         if progress is not None:
             self._progress = progress
         return moved
-
-
-class HeldGpus:
-    """The readings of the GPUs an attempt holds, of a gang worker's monitor of all its host's
-    (docs/scheduling.md, "Gangs on demand")."""
-
-    def __init__(self, sampler: GpuSampler, gpus: str) -> None:
-        self._sampler = sampler
-        self._indexes = frozenset(int(i) for i in gpus.split(",") if i.strip())
-
-    def sample(self, job_active: bool | None) -> tuple[GpuSample, ...]:
-        return tuple(s for s in self._sampler.sample(job_active) if s.index in self._indexes)
 
 
 def attempt_watchdog(svc: AttemptServices, claim: Claim, plan: AttemptPlan) -> Watchdog:

@@ -77,8 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     repo = wiring.repo(settings, node=identity.node)
     gpus = gpu_monitor(",".join(gang_gpus(identity)) or args.gpus, args.simulated_gpu_mem_gb,
                        settings, held=gang_held(identity, settings))
-    own_gpus = (GpuView(gpus, [int(i) for i in args.gpus.split(",") if i])
-                if gpus is not None and identity.gang else gpus)
+    own_gpus = GpuView(gpus, args.gpus) if gpus is not None and identity.gang else gpus
     # An operator's drain takes Celery's own warm-shutdown path, exactly as SIGTERM does; so
     # does the node's own, for a GPU's XID error.
     beat = Heartbeat(redis_client=redis_client, identity=identity,

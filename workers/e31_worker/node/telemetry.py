@@ -20,11 +20,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from e31.heartbeat import GpuSample
+from e31_worker.attempt.services import HeldGpus
 
 log = logging.getLogger(__name__)
 
@@ -252,17 +253,14 @@ class GpuMonitor:
             self._source.close()
 
 
-class GpuView:
+class GpuView(HeldGpus):
     """Some of a monitor's GPUs. A gang worker's monitor reads every GPU of its host: its
-    heartbeat relays (and its XID drain watches) only its own GPU, and its running attempt
-    watches only the GPUs it was given (docs/scheduling.md, "Gangs on demand")."""
+    heartbeat relays (and its XID drain watches) only its own GPU, as its running attempt
+    watches only the GPUs it was given (`HeldGpus`; docs/scheduling.md, "Gangs on demand")."""
 
-    def __init__(self, monitor: GpuMonitor, indexes: Iterable[int]) -> None:
+    def __init__(self, monitor: GpuMonitor, gpus: str) -> None:
+        super().__init__(monitor, gpus)
         self._monitor = monitor
-        self._indexes = frozenset(indexes)
-
-    def sample(self, job_active: bool | None) -> tuple[GpuSample, ...]:
-        return self._only(self._monitor.sample(job_active))
 
     def current(self, *, busy: bool) -> tuple[GpuSample, ...]:
         return self._only(self._monitor.current(busy=busy))
@@ -270,9 +268,6 @@ class GpuView:
     def faults(self) -> list[GpuFault]:
         """Its GPUs' faults; another GPU's are its own worker's to act on."""
         return [f for f in self._monitor.faults() if f.index in self._indexes]
-
-    def _only(self, samples: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
-        return tuple(s for s in samples if s.index in self._indexes)
 
 
 def open_monitor(indexes: Sequence[int], *, simulated_mem_gb: Sequence[float] = (),
