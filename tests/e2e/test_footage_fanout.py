@@ -76,6 +76,9 @@ def test_a_directory_of_three_clips_fanned_out_and_merged_matches_one_job_frame_
     one = json.loads((single / "summary.json").read_text())
     merged = json.loads((tmp_path / "summary.json").read_text())
     assert merged["class_counts"] == one["class_counts"] and merged["decoder"] == "cpu"
+    # And each file's mean score is the single job's to the bit (the chunks' exact sums)
+    assert [(f["file"], f["mean_score"]) for f in merged["files"]] == [
+        (f["file"], f["mean_score"]) for f in one["files"]]
     for name, seconds in CLIPS.items():
         video = tmp_path / "videos" / name
         # the first of the clip's 10 frames a second at or after each quarter second

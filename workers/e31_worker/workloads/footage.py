@@ -19,7 +19,7 @@ import math
 import posixpath
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy
@@ -254,6 +254,7 @@ class _Summary:
         self.name = name
         self.frames = 0
         self.scores: list[float] = []
+        self.first_t: float | None = None
         self.last_t = start_s
         self.counts: Counter[str] = Counter()
         self.decoder = "cpu"
@@ -270,16 +271,47 @@ class _Summary:
         self.counts[row["label"]] += 1
         self.frames += 1
         self.scores.append(row["score"])
+        if self.first_t is None:
+            self.first_t = row["t_s"]
         self.last_t = row["t_s"]
 
     def as_dict(self) -> dict[str, Any]:
-        return summary_of(self.name, self.counts, self.scores) | {
+        times = ((self.first_t, self.last_t) if self.first_t is not None else None)
+        return summary_of(self.name, self.counts, self.frames, self.scores, times) | {
             "path": self.url, "start_s": self.start_s, "end_s": self.end_s,
             "duration_s": round(self.duration_s, 6), "fps": self.fps, "decoder": self.decoder}
 
 
-def summary_of(name: str, counts: Counter[str], scores: list[float]) -> dict[str, Any]:
-    """A file's frames, class counts and mean score; the mean is exact (`math.fsum`), so it
-    does not depend on how the frames were batched or chunked."""
-    return {"file": name, "frames": len(scores), "class_counts": dict(sorted(counts.items())),
-            "mean_score": math.fsum(scores) / len(scores) if scores else None}
+def summary_of(name: str, counts: Counter[str], frames: int, score_parts: list[float],
+               times: tuple[float, float] | None = None) -> dict[str, Any]:
+    """A file's frames, class counts and mean score, its first and last frame's time, and
+    `score_sum_parts`: its scores' sum, exactly, as a few floats (`exact_parts`).
+
+    `score_parts` are the scores, or any floats whose exact sum is theirs (the parts of the
+    chunks of a file): the mean is `math.fsum` of them over `frames`, the correctly rounded
+    exact sum, so it does not depend on how the frames were batched or chunked, and a merge
+    reads the parts instead of every row's score."""
+    return {"file": name, "frames": frames, "class_counts": dict(sorted(counts.items())),
+            "mean_score": math.fsum(score_parts) / frames if frames else None,
+            "first_t_s": times[0] if times else None, "last_t_s": times[1] if times else None,
+            "score_sum_parts": exact_parts(score_parts)}
+
+
+def exact_parts(values: Iterable[float]) -> list[float]:
+    """Non-overlapping floats whose exact sum is the exact sum of `values` (finite ones),
+    smallest first: Shewchuk's partials, the ones `math.fsum` keeps. `math.fsum` of them (or
+    of the parts of several lists of values together) is `math.fsum` of the values."""
+    partials: list[float] = []
+    for x in values:
+        i = 0
+        for y in partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                partials[i] = lo
+                i += 1
+            x = hi
+        partials[i:] = [x]
+    return [p for p in partials if p] or [0.0]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,23 +38,22 @@ def merge(ctx: JobContext, files: list[dict[str, Any]], total_frames: int = 0,
     frames_done = 0
     with open(out / "frames.jsonl", "wb") as merged:
         for entry in files:
-            rows = _rows(root, entry)
-            counts = Counter(r["label"] for _, r in rows)
-            summary = summary_of(entry["name"], counts, [r["score"] for _, r in rows]) | {
+            joined = _join(root, entry)
+            summary = summary_of(entry["name"], joined.counts, joined.frames, joined.parts,
+                                 joined.times) | {
                 "kind": entry["kind"], "source": entry["url"], "fps": fps,
                 "chunks": len(entry["items"])}
             if entry["kind"] == "video":
                 summary["duration_s"] = entry["duration_s"]
-                _check_order(entry["name"], [r["t_s"] for _, r in rows])
                 video = out / "videos" / entry["name"]
                 video.mkdir(parents=True, exist_ok=True)
-                (video / "frames.jsonl").write_bytes(b"".join(line for line, _ in rows))
+                (video / "frames.jsonl").write_bytes(b"".join(joined.blocks))
                 (video / "summary.json").write_text(json.dumps(summary, indent=2))
-            merged.writelines(line for line, _ in rows)
-            decoders |= {_chunk_decoder(root, i) for i in entry["items"]}
-            totals.update(counts)
+            merged.writelines(joined.blocks)
+            decoders |= joined.decoders
+            totals.update(joined.counts)
             summaries.append(summary)
-            frames_done += len(rows)
+            frames_done += joined.frames
             ctx.progress(frames_done, max(total_frames, frames_done) or None)
     decoder = "cuda" if decoders == {"cuda"} else "cpu"
     whole = {"files": summaries, "frames": frames_done,
@@ -65,36 +65,80 @@ def merge(ctx: JobContext, files: list[dict[str, Any]], total_frames: int = 0,
             "seconds": round(time.monotonic() - started, 3)}
 
 
-def _rows(root: Path, entry: dict[str, Any]) -> list[tuple[bytes, dict[str, Any]]]:
-    """The rows of one file from its chunks, in chunk order, with their raw lines."""
-    rows: list[tuple[bytes, dict[str, Any]]] = []
+@dataclass
+class _Joined:
+    """One file's rows from its chunks (raw JSONL blocks, in chunk order) and what they add
+    up to."""
+
+    blocks: list[bytes] = field(default_factory=list)
+    frames: int = 0
+    counts: Counter[str] = field(default_factory=Counter)
+    parts: list[float] = field(default_factory=list)   # their scores' exact sum (summary_of)
+    times: tuple[float, float] | None = None            # first and last frame's time
+    decoders: set[str] = field(default_factory=set)
+
+
+def _join(root: Path, entry: dict[str, Any]) -> _Joined:
+    """The rows of one file from its chunks. A chunk of this file alone (every chunk of a
+    video) is taken whole, as bytes, with its summary's counts, score parts and first and
+    last time: its row count is checked against its summary, and the times across chunk
+    borders. A chunk of several files (images) is read row by row."""
+    name = entry["name"]
+    joined = _Joined()
     for item in entry["items"]:
         chunk = root / ITEM_DIR.format(item)
         path = chunk / "frames.jsonl"
         if not path.is_file():
-            raise FileNotFoundError(f"item {item} ({entry['name']}) left no frames.jsonl")
-        got = 0
-        with open(path, "rb") as f:
-            for line in f:
-                row = json.loads(line)
-                if row["file"] == entry["name"]:
-                    rows.append((line, row))
-                    got += 1
+            raise FileNotFoundError(f"item {item} ({name}) left no frames.jsonl")
         summary = json.loads((chunk / "summary.json").read_text())
-        expected = sum(s["frames"] for s in summary["files"] if s["file"] == entry["name"])
+        joined.decoders.add(str(summary.get("decoder", "cpu")))
+        mine = [s for s in summary["files"] if s["file"] == name]
+        expected = sum(s["frames"] for s in mine)
+        if len(summary["files"]) == 1 and mine and "score_sum_parts" in mine[0]:
+            block = path.read_bytes()
+            got, times = block.count(b"\n"), _span(mine[0])
+            joined.blocks.append(block)
+            joined.counts.update(mine[0]["class_counts"])
+            joined.parts.extend(mine[0]["score_sum_parts"])
+        else:
+            got, times = _read_rows(path, name, joined)
         if got != expected:
-            raise ValueError(f"item {item}: {expected} frames of {entry['name']} in its "
-                             f"summary, {got} rows")
-    return rows
+            raise ValueError(f"item {item}: {expected} frames of {name} in its summary, "
+                             f"{got} rows")
+        joined.frames += got
+        if times is None:
+            continue
+        if entry["kind"] == "video" and joined.times is not None and times[0] <= joined.times[1]:
+            raise ValueError(f"{name}: frame at {times[0]} s after one at {joined.times[1]} s: "
+                             "chunks overlap or are out of order")
+        joined.times = (joined.times or times)[0], times[1]
+    return joined
 
 
-def _check_order(name: str, times: list[float]) -> None:
-    for before, after in zip(times, times[1:], strict=False):
-        if after <= before:
-            raise ValueError(f"{name}: frame at {after} s after one at {before} s: chunks "
-                             "overlap or are out of order")
+def _span(summary: dict[str, Any]) -> tuple[float, float] | None:
+    first, last = summary.get("first_t_s"), summary.get("last_t_s")
+    return None if first is None or last is None else (float(first), float(last))
 
 
-def _chunk_decoder(root: Path, item: int) -> str:
-    summary = json.loads((root / ITEM_DIR.format(item) / "summary.json").read_text())
-    return str(summary.get("decoder", "cpu"))
+def _read_rows(path: Path, name: str, joined: _Joined) -> tuple[int, tuple[float, float] | None]:
+    """Add the rows of `name` in `path` to `joined`; returns how many, and the first and last
+    one's time. Their times must increase."""
+    got, first, last = 0, None, None
+    lines: list[bytes] = []
+    with open(path, "rb") as f:
+        for line in f:
+            row = json.loads(line)
+            if row["file"] != name:
+                continue
+            t = float(row["t_s"])
+            if last is not None and t <= last:
+                raise ValueError(f"{name}: frame at {t} s after one at {last} s: chunks "
+                                 "overlap or are out of order")
+            first = t if first is None else first
+            last = t
+            lines.append(line)
+            joined.counts[row["label"]] += 1
+            joined.parts.append(row["score"])
+            got += 1
+    joined.blocks.append(b"".join(lines))
+    return got, None if first is None or last is None else (first, last)
