@@ -26,15 +26,24 @@ sides pinned to one core (`os.sched_setaffinity`, which FFmpeg's automatic threa
 follows: one decode thread on each side), as one worker is one GPU. The fan-out's two
 workers are compared with both hand-loop figures.
 
+The machine's own ceiling for two workers (one-core framing, with two or more cores and
+clips): **two hand loops side by side**, forked from this process, each pinned to its own
+core over half of the clips. Two cores of a virtual machine are not twice one core (they
+share caches and memory bandwidth, and the host's other guests take turns on them), so the
+fan-out's ratio is read against this one as well.
+
     python bench/footage_vs_loop.py                       # 2 clips x 2 min, 30 fps, 2 workers
     python bench/footage_vs_loop.py --fps 0 --repeats 3   # every frame
     python bench/footage_vs_loop.py --preload e31_worker.workloads.footage   # warm imports
+    python bench/footage_vs_loop.py --seconds 3600 --chunk-s 1800 --framing one-core \
+        --repeats 3 --preload e31_worker.workloads.footage   # 2 x 1 h against the ceiling
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -93,6 +102,40 @@ def hand_loop(clips: list[Path], out_dir: Path, fps: float | None, size: tuple[i
             if images:
                 frames += _flush(model, names, clip.name, times, images, out)
     return frames
+
+
+def hand_pair(clips: list[Path], out_dir: Path, fps: float | None, size: tuple[int, int],
+              batch_size: int, cores: list[int]) -> tuple[float, int]:
+    """Two hand loops side by side, each pinned to its own core over half of the clips (the
+    even ones, the odd ones): what two workers could do on this machine with no platform at
+    all, its two-core ceiling. Wall seconds from their common start to the later one's end,
+    and the frames they wrote."""
+    ctx = multiprocessing.get_context("fork")   # this process's imports and warm model code
+    start_line = ctx.Barrier(3)
+    procs = []
+    for i, core in enumerate(cores[:2]):
+        out = out_dir / f"side{i}"
+        out.mkdir()
+        procs.append(ctx.Process(target=_pinned_hand, args=(
+            core, clips[i::2], out, fps, size, batch_size, start_line)))
+        procs[-1].start()
+    start_line.wait()
+    start = time.perf_counter()
+    for p in procs:
+        p.join()
+    wall = time.perf_counter() - start
+    if any(p.exitcode for p in procs):
+        sys.exit(f"a side-by-side hand loop failed: exit codes {[p.exitcode for p in procs]}")
+    frames = sum(sum(1 for _ in open(out_dir / f"side{i}" / "frames.jsonl"))
+                 for i in range(len(procs)))
+    return wall, frames
+
+
+def _pinned_hand(core: int, clips: list[Path], out: Path, fps: float | None,
+                 size: tuple[int, int], batch_size: int, start_line: Any) -> None:
+    os.sched_setaffinity(0, {core})
+    start_line.wait()
+    hand_loop(clips, out, fps, size, batch_size)
 
 
 def workload(clips: list[Path], root: Path, fps: float | None, size: tuple[int, int],
@@ -170,7 +213,9 @@ def main() -> None:
         clips = [footage.render_test_video(source / f"clip{i}.mp4", seconds=args.seconds, fps=30,
                                            size=(args.width, args.height))
                  for i in range(args.clips)]
+        pair = "one-core" in framings and len(every_core) >= 2 and len(clips) >= 2
         runs = [(framing, side) for framing in framings for side in ("hand", "workload")]
+        runs += [("one-core", "side by side")] if pair else []
         times: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
         counts: dict[tuple[str, str], int] = {}
         for rep in range(args.repeats + 1):   # repetition 0 warms up and is not counted
@@ -180,11 +225,16 @@ def main() -> None:
                 out = tmp / f"{framing}-{side}-{rep}"
                 out.mkdir()
                 start = time.perf_counter()
-                counts[framing, side] = (
-                    hand_loop(clips, out, fps, (w, h), args.batch_size) if side == "hand"
-                    else workload(clips, out, fps, (w, h), args.batch_size))
+                if side == "side by side":
+                    took, counts[framing, side] = hand_pair(
+                        clips, out, fps, (w, h), args.batch_size, sorted(every_core))
+                else:
+                    counts[framing, side] = (
+                        hand_loop(clips, out, fps, (w, h), args.batch_size) if side == "hand"
+                        else workload(clips, out, fps, (w, h), args.batch_size))
+                    took = time.perf_counter() - start
                 if rep:
-                    times[framing, side].append(time.perf_counter() - start)
+                    times[framing, side].append(took)
                 shutil.rmtree(out)
         os.sched_setaffinity(0, every_core)
         assert len(set(counts.values())) == 1, counts
@@ -203,6 +253,13 @@ def main() -> None:
             print(f"[{framing}] workload, one worker: median {work:.3f} s  "
                   f"{n / work:,.0f} frames/s  (all: {_list(times[framing, 'workload'])})")
             print(f"[{framing}] ratio workload/hand: {hand / work:.3f}")
+        both = None
+        if pair:
+            both = statistics.median(times["one-core", "side by side"])
+            print(f"[one-core] two hand loops side by side, one per core: median {both:.3f} s  "
+                  f"{n / both:,.0f} frames/s  (all: {_list(times['one-core', 'side by side'])})")
+            print(f"[one-core] the machine's two-core ceiling (hand / side by side): "
+                  f"{hands['one-core'] / both:.3f}")
         for preload in ("", args.preload) if args.preload else ("",):
             if not args.workers:
                 break
@@ -215,6 +272,9 @@ def main() -> None:
                   f"{args.clips * args.seconds / args.chunk_s:g} chunks)")
             for framing, hand in hands.items():
                 print(f"ratio fan-out/hand [{framing}]: {hand / wall:.3f}")
+            if both is not None:
+                print(f"fan-out, share of the two-core ceiling (side by side / fan-out): "
+                      f"{both / wall:.3f}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
