@@ -11,10 +11,12 @@ Skips where Chromium is absent (CI installs Debian's `chromium`, .ci/run).
 from __future__ import annotations
 
 import html
+import itertools
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from tests.conftest import wait_for
 from .conftest import Stack
 
 WAIT_S = 90
+PROBE_SEEN_S = 5      # how long a probe job may take to show in Flower before the next one
 CHROMIUM_TIMEOUT_S = 90
 USER, PASSWORD = "e31", "fl0wer-e2e"
 UNACKED = "unacked"   # kombu's Redis hash of delivered, not yet acknowledged messages
@@ -69,6 +72,29 @@ def flower(stack: Stack) -> Iterator[str]:
         log.close()
 
 
+def task_of(flower: str, name: str, state: str) -> dict[str, Any] | None:
+    """The task Flower's API lists with this name and state, with its uuid; None: none yet."""
+    tasks = httpx.get(f"{flower}/api/tasks", auth=(USER, PASSWORD), timeout=10).json()
+    return next(({"uuid": uuid, **t} for uuid, t in tasks.items()
+                 if t.get("name") == name and t.get("state") == state), None)
+
+
+def listening(client: Any, flower: str) -> None:
+    """Run short probe jobs until Flower lists one: its event receiver is then subscribed
+    (events sent before that are not kept for it), so every later job's events reach it."""
+    deadline = time.monotonic() + WAIT_S
+    for n in itertools.count(1):
+        name = f"flower-probe-{n}"
+        client.submit(command=["true"], resources={"gpus": 0}, name=name).wait(timeout=WAIT_S)
+        seen = time.monotonic() + PROBE_SEEN_S
+        while time.monotonic() < seen:
+            if task_of(flower, f"default/{name}", "SUCCESS"):
+                return
+            time.sleep(0.1)
+        if time.monotonic() > deadline:
+            pytest.fail(f"Flower listed none of {n} probe jobs in {WAIT_S} s")
+
+
 def chromium(tmp_path: Path, url: str, *args: str) -> str:
     """Run headless Chromium on `url` with `args`; its standard output (a DOM dump)."""
     result = subprocess.run([browser(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'ud'}",
@@ -83,8 +109,12 @@ def test_flower_shows_a_failed_job_as_failed_in_a_browser(stack: Stack, flower: 
     browser()   # skip before anything runs where there is none
     authed = flower.replace("http://", f"http://{USER}:{PASSWORD}@")
 
-    # Given a job that fails (no retry) and, after it, one that succeeds
+    # Given Flower listening for task events (it answers /healthcheck before its event
+    # receiver has subscribed, and a task that ends before then never shows)
     client = stack.client()
+    listening(client, flower)
+
+    # And a job that fails (no retry) and, after it, one that succeeds
     failed = client.submit(command=["sh", "-c", "echo flower-e2e; exit 3"],
                            resources={"gpus": 0}, name="fails-in-flower", retries={"max": 0})
     with pytest.raises(JobFailed, match="exited with code 3"):
@@ -93,14 +123,10 @@ def test_flower_shows_a_failed_job_as_failed_in_a_browser(stack: Stack, flower: 
     assert ok.wait(timeout=WAIT_S)["state"] == "succeeded"
 
     # When Flower has heard of both (its API, behind the same basic auth, as a cross-check)
-    def task_of(name: str, state: str) -> dict[str, Any] | None:
-        tasks = httpx.get(f"{flower}/api/tasks", auth=(USER, PASSWORD), timeout=10).json()
-        return next(({"uuid": uuid, **t} for uuid, t in tasks.items()
-                     if t.get("name") == name and t.get("state") == state), None)
-    bad = wait_for(lambda: task_of("default/fails-in-flower", "FAILURE"), timeout_s=WAIT_S,
-                   what="the failed job as a FAILURE task in Flower")
-    good = wait_for(lambda: task_of("default/succeeds-in-flower", "SUCCESS"), timeout_s=WAIT_S,
-                    what="the succeeded job as a SUCCESS task in Flower")
+    bad = wait_for(lambda: task_of(flower, "default/fails-in-flower", "FAILURE"),
+                   timeout_s=WAIT_S, what="the failed job as a FAILURE task in Flower")
+    good = wait_for(lambda: task_of(flower, "default/succeeds-in-flower", "SUCCESS"),
+                    timeout_s=WAIT_S, what="the succeeded job as a SUCCESS task in Flower")
     assert isinstance(bad, dict) and isinstance(good, dict)
     assert failed.id in bad["args"] and "JobNotSucceeded" in bad["exception"]
     assert f"job {ok.id} attempt 1 succeeded" in good["result"]
