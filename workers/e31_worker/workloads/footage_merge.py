@@ -109,10 +109,14 @@ def _join(root: Path, entry: dict[str, Any]) -> _Joined:
         if times is None:
             continue
         if entry["kind"] == "video" and joined.times is not None and times[0] <= joined.times[1]:
-            raise ValueError(f"{name}: frame at {times[0]} s after one at {joined.times[1]} s: "
-                             "chunks overlap or are out of order")
+            raise _out_of_order(name, times[0], joined.times[1])
         joined.times = (joined.times or times)[0], times[1]
     return joined
+
+
+def _out_of_order(name: str, t: float, before: float) -> ValueError:
+    return ValueError(f"{name}: frame at {t} s after one at {before} s: chunks overlap or are "
+                      "out of order")
 
 
 def _span(summary: dict[str, Any]) -> tuple[float, float] | None:
@@ -132,8 +136,7 @@ def _read_rows(path: Path, name: str, joined: _Joined) -> tuple[int, tuple[float
                 continue
             t = float(row["t_s"])
             if last is not None and t <= last:
-                raise ValueError(f"{name}: frame at {t} s after one at {last} s: chunks "
-                                 "overlap or are out of order")
+                raise _out_of_order(name, t, last)
             first = t if first is None else first
             last = t
             lines.append(line)
