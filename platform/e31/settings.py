@@ -6,6 +6,7 @@ process entrypoints and the result is passed to everything else.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
@@ -173,6 +174,27 @@ class Settings(BaseModel):
     # together (PSS). The worker's own environment's warm process is outside this budget.
     warm_memory_budget_mb: int = Field(default=2048, ge=0)
 
+    # Limits on what one attempt can exhaust (docs/security.md, "Limits on every resource"),
+    # enforced by the kernel where it can and recorded on each attempt.
+    attempt_pids_max: int = Field(default=4096, ge=16)  # processes and threads: the attempt's
+    #                                 pids cgroup; a fork past it fails inside the job only
+    default_mem_gb: float | None = Field(default=None, gt=0)  # host memory of a job that asks
+    #                                 no resources.mem_gb; None: the host's memory / its slots
+    attempt_disk_gb: float = Field(default=50.0, gt=0)  # scratch + outputs + checkpoints of
+    #                                 one attempt; past it: reason disk_quota
+    attempt_disk_max_gb: float = Field(default=500.0, gt=0)  # the most resources.disk_gb may ask
+    tenant_bundle_gb: float = Field(default=10.0, ge=0)  # a tenant's stored bundles, all
+    #                                 together; past it an upload answers 413
+    # A job's network (docs/security.md, "A job's own network"): `isolated`, its own network
+    # namespace with user-mode networking (slirp4netns) to the internet but not to the host's
+    # loopback, the pool's services or link-local addresses; `host`, the worker's network
+    # (every job reaches what the worker reaches); `none`, no network for any job.
+    job_network: Literal["isolated", "host", "none"] = "isolated"
+    # CIDRs an http(s) input may reach besides public addresses (loopback, link-local,
+    # private and unspecified addresses are refused otherwise), comma-separated in
+    # E31_INPUT_ALLOWED_NETWORKS
+    input_allowed_networks: tuple[str, ...] = ()
+
     retries: RetryPolicy = RetryPolicy()  # the pool's default; a spec's own fields win
     # What an attempt that ran out of memory (reason oom) leads to when its spec sets no
     # resources.on_oom (docs/scheduling.md, "Out of memory: the next size"): `fail` retries it
@@ -190,13 +212,23 @@ class Settings(BaseModel):
             return tuple(p for p in v.split(os.pathsep) if p)
         return v
 
-    @field_validator("preload", "job_env_passthrough", mode="before")
+    @field_validator("preload", "job_env_passthrough", "input_allowed_networks", mode="before")
     @classmethod
     def _modules_list(cls, v: Any) -> Any:
         """Modules in one variable (`E31_PRELOAD=transformers,mypkg.model`): comma-separated;
         so are the names of `E31_JOB_ENV_PASSTHROUGH=HF_HOME,WANDB_*`."""
         if isinstance(v, str):
             return tuple(m.strip() for m in v.split(",") if m.strip())
+        return v
+
+    @field_validator("input_allowed_networks")
+    @classmethod
+    def _networks(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for net in v:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"{net!r} is not a network (CIDR, e.g. 10.0.0.0/8)") from exc
         return v
 
     @field_validator("job_env_passthrough")

@@ -43,6 +43,7 @@ MAX_TIMEOUT_S = 14 * 86400    # two weeks: longer runs should checkpoint and res
 DEFAULT_TIMEOUT_S = 86400     # one day, like a typical SLURM partition default
 MAX_PARAMS_BYTES = 1024 * 1024  # params travel through the store; data belongs in files
 MAX_HOST_MEM_GB = 16384       # host memory per job: more than any node has, so a typo is caught
+MAX_DISK_GB = 1024 * 1024     # disk per attempt (a PiB): the pool's attempt_disk_max_gb is the real cap
 MAX_AFTER = 64                # dependencies per job: a wider fan-in belongs in one array
 MAX_PIP = 64                  # pip requirements per job: more belong in a requirements file
 MAX_REQUIREMENT_CHARS = 1000  # one pip requirement; a URL requirement fits in it
@@ -135,6 +136,11 @@ class Resources(_Strict):
         default=None, gt=0, le=MAX_HOST_MEM_GB,
         description="host memory the job may use; past it the kernel OOM-kills the job "
                     "(reason oom) where workers have cgroups")
+    disk_gb: float | None = Field(
+        default=None, gt=0, le=MAX_DISK_GB,
+        description="disk the attempt's scratch, outputs and checkpoints may fill together; "
+                    "past it the attempt ends with reason disk_quota; default: the pool's "
+                    "attempt_disk_gb, at most its attempt_disk_max_gb")
     on_oom: Literal["fail", "next_class"] | None = Field(
         default=None,
         description="after an attempt that ran out of memory (reason oom): 'next_class' queues "

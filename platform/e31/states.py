@@ -64,13 +64,15 @@ class AttemptReason(str, Enum):
     #                           or GPU use for its idle_timeout_s; retried like a timeout
     PREEMPTED = "preempted"   # the scheduler took its GPUs back for a job of a higher band or a
     #                           tenant below its share; requeued, resumes from its checkpoint
+    DISK_QUOTA = "disk_quota"  # its scratch, outputs and checkpoints passed its disk limit
+    #                           (attempt_disk_gb or resources.disk_gb): the user's, like error
 
     @property
     def is_retryable(self) -> bool:
         """Whether the job is queued again after an attempt ended this way (retries left)."""
         return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT, AttemptReason.OOM,
                         AttemptReason.LOST, AttemptReason.DRAINED, AttemptReason.IDLE,
-                        AttemptReason.PREEMPTED}
+                        AttemptReason.PREEMPTED, AttemptReason.DISK_QUOTA}
 
     @property
     def counts_against_retries(self) -> bool:
@@ -80,7 +82,7 @@ class AttemptReason(str, Enum):
         Lost attempts have their own cap (`retries.max_lost`), which stops a poison job.
         """
         return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT, AttemptReason.OOM,
-                        AttemptReason.IDLE}
+                        AttemptReason.IDLE, AttemptReason.DISK_QUOTA}
 
 
 class Isolation(str, Enum):
