@@ -9,15 +9,19 @@ file or the directory, at its top). Other inputs are URLs the worker reads (`fil
 
 `tar_problems` is the one check of a tar's members, used where a bundle arrives (the API)
 and again where it is unpacked (the worker, which also extracts with tarfile's `data` filter):
-no absolute path, no `..`, no link that leaves the bundle, no hard link, no device or FIFO.
+no absolute path, no `..`, no link that leaves the bundle, no hard link, no device or FIFO,
+no sparse file (GNU or PAX `GNU.sparse.*`: a bundle has no use for one, and tarfile's parser of
+their maps raises plain `ValueError`s on a malformed one). A header tarfile cannot read, whatever
+error its parser raises, is a problem naming where it lies, never an exception to the caller.
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
+import struct
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import IO, Annotated
 from urllib.parse import unquote, urlsplit
 
@@ -139,27 +143,71 @@ InputSource = Annotated[str, AfterValidator(check_input_source)]
 def tar_problems(fileobj: IO[bytes], *, limit: int = 20) -> list[str]:
     """What makes the tar in `fileobj` unfit to unpack, at most `limit` lines (empty: fit)."""
     problems: list[str] = []
+    tar: tarfile.TarFile | None = None
+    offset = 0     # where the header being read starts
     try:
-        with tarfile.open(fileobj=fileobj, mode="r:") as tar:
-            for member in _members(tar):
-                why = member_problem(member)
-                if why is not None:
-                    problems.append(f"{_shown(member.name)}: {why}")
-                    if len(problems) >= limit:
-                        break
-    except tarfile.TarError as exc:
-        problems.append(f"not a tar: {exc}")
+        tar = tarfile.open(fileobj=fileobj, mode="r:")   # reads the first header
+        while (member := tar.next()) is not None:
+            why = member_problem(member)
+            if why is not None:
+                problems.append(f"{_shown(member.name) or '(a member with no name)'}: {why}")
+                if len(problems) >= limit:
+                    break
+            offset = tar.offset   # the next header's
+    except MALFORMED as exc:   # a parser's error on hostile bytes: the member is malformed
+        if tar is None and isinstance(exc, tarfile.ReadError):
+            problems.append(f"not a tar: {exc}")
+        else:
+            problems.append(f"{_unreadable(fileobj, offset)}: a malformed header "
+                            f"({type(exc).__name__}: {_shown(str(exc))})")
+    finally:
+        if tar is not None:
+            tar.close()
     return problems
 
 
-def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
-    while (member := tar.next()) is not None:
-        yield member
+# What tarfile's header parsers raise on bytes they cannot read, besides its own TarError:
+# int() and the sparse maps' unpacking raise ValueError (UnicodeDecodeError is one), a short
+# block EOFError, a number field OverflowError, a PAX record IndexError or struct.error.
+MALFORMED = (tarfile.TarError, ValueError, EOFError, OverflowError, IndexError, KeyError,
+             struct.error)
+
+
+def _unreadable(fileobj: IO[bytes], offset: int) -> str:
+    """The member whose header at `offset` could not be read, named as its raw blocks name it:
+    the name field of its header block or, behind a PAX extended header, its `path` record,
+    else the name field of the block that follows the extended header."""
+    try:
+        name = _raw_name(fileobj, offset)
+    except (OSError, ValueError):
+        name = b""
+    shown = _shown(name.decode("utf-8", "replace"))
+    return f"the member at byte {offset}" + (f" ({shown})" if shown else "")
+
+
+def _raw_name(fileobj: IO[bytes], offset: int) -> bytes:
+    fileobj.seek(offset)
+    block = fileobj.read(tarfile.BLOCKSIZE)
+    if block[156:157] not in (tarfile.XHDTYPE, tarfile.XGLTYPE):
+        return block[:100].split(b"\0", 1)[0]
+    size = int(block[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+    found = _PAX_PATH.search(fileobj.read(min(size, _PAX_READ_MAX)))
+    if found:
+        return found.group(1)
+    fileobj.seek(offset + tarfile.BLOCKSIZE * (1 + -(-size // tarfile.BLOCKSIZE)))
+    return fileobj.read(100).split(b"\0", 1)[0]
+
+
+_PAX_PATH = re.compile(rb"(?:^|\n)[0-9]+ path=([^\n]*)\n")
+_PAX_READ_MAX = 64 * 1024   # of an unreadable member's extended header, to find its path
 
 
 def member_problem(member: tarfile.TarInfo) -> str | None:
     """Why one tar member may not be unpacked into a bundle's directory, or None."""
     name = member.name
+    if member.type == tarfile.GNUTYPE_SPARSE or member.sparse is not None or any(
+            key.startswith("GNU.sparse.") for key in member.pax_headers):
+        return "a sparse file; a bundle holds plain files, directories and links inside it"
     if member.type not in TAR_MEMBER_KINDS:
         kind = "a hard link" if member.type == tarfile.LNKTYPE else "a device, FIFO or other " \
                                                                      "special file"
