@@ -69,3 +69,8 @@ scratch_database
 # The API's listener for job ends (e31.api.waits.JobEnds), kept on the app's state so that
 # whoever runs the app in-process (the tests) can stop its thread.
 _.job_ends
+
+# httpcore: the network backend's interface (e31_worker.attempt.http_inputs.CheckedBackend),
+# and the connection pool httpx's transport keeps and sends each request through.
+_.connect_unix_socket
+_._pool

@@ -3,8 +3,9 @@
 An input is an uploaded bundle entry (`bundle:sha256:<hex>/<entry>`, fetched through the host's
 bundle cache, like the code) or a URL the worker reads with fsspec (`s3://`, `http(s)://`, and
 `file://` beneath a directory of `input_file_roots` only: the worker reads it with its own
-rights). `http(s)://` is read with httpx (one file); `s3://` with fsspec, which needs `s3fs`
-installed on the workers: anonymously or with the inputs' own credentials, never the artifact
+rights). `http(s)://` is read with httpx (one file), from a public address or one of
+`input_allowed_networks` only, checked at every connection (`e31_worker.attempt.http_inputs`);
+`s3://` with fsspec, which needs `s3fs` installed on the workers: anonymously or with the inputs' own credentials, never the artifact
 store's, and never from the store's bucket/prefix (`e31.s3inputs`). A local `file://` tree is
 copied without following a link, so a link planted in a shared directory does not hand a job
 what it points at. An input that
@@ -50,13 +51,13 @@ from e31.settings import Settings
 from e31.store.records import Claim
 from e31_worker.attempt.binds import exposes, protected_paths
 from e31_worker.attempt.bundle import cache_for, remove_tree, unpack
+from e31_worker.attempt.http_inputs import download
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.supervisor import AttemptPlan
 
 log = logging.getLogger(__name__)
 
 COPY_CHUNK_BYTES = 1024 * 1024
-HTTP_TIMEOUT_S = 60.0     # between two reads of an http(s) input, not for the whole of it
 STAGING_PREFIX = ".staging-"
 
 
@@ -109,7 +110,7 @@ def _stage(svc: AttemptServices, claim: Claim, source: str, target: Path,
         _copy_local(path, target, roots)
         return "file"
     if scheme in ("http", "https"):
-        _download(source, target)
+        download(source, target, svc.settings.input_allowed_networks)
     elif scheme == "s3":
         _copy_s3(svc.settings, source, target)
     else:
@@ -126,15 +127,6 @@ def _copy_s3(settings: Settings, source: str, target: Path) -> None:
     if refused is not None:
         raise SetupError(f"refused {source}: {refused}")
     _copy_remote(source, target, input_storage_options(settings))
-
-
-def _download(url: str, target: Path) -> None:
-    """GET one file (redirects followed), streamed to `target`."""
-    with httpx.stream("GET", url, follow_redirects=True, timeout=HTTP_TIMEOUT_S) as response:
-        response.raise_for_status()
-        with open(target, "xb") as out:
-            for chunk in response.iter_bytes(COPY_CHUNK_BYTES):
-                out.write(chunk)
 
 
 def _stage_bundle(svc: AttemptServices, claim: Claim, source: str, target: Path) -> None:
