@@ -97,7 +97,9 @@ class NewToken(BaseModel):
     name: _Name = Field(description="unique among the tenant's live tokens")
     expires_in_s: ExpiresIn | None = Field(
         default=None,
-        description="the token is refused (401) this many seconds from now; none: never")
+        description="the token is refused (401) this many seconds from now; none: never. "
+                    "Made with an expiring token, never later than that one: longer is "
+                    "refused (422) and none means when that one expires")
 
 
 class Limits(BaseModel):
@@ -191,7 +193,9 @@ def _token_routes(r: APIRouter, repo: Repo, caller: Callable[..., TenantRecord])
             responses=errors.responses(401, 403, 404, 409, 413, 422, 503))
     def create_token(body: NewToken, t: Caller, request: Request,
                      tenant: TenantQuery = None) -> dict[str, Any]:
-        """A new named token; the answer holds the token, shown this once."""
+        """A new named token, with the rights of its tenant and expiring no later than the
+        token that asks (422 naming expires_in_s otherwise); the answer holds the token,
+        shown this once."""
         now = utcnow()
         expires = now + timedelta(seconds=body.expires_in_s) if body.expires_in_s else None
         record, token = repo.add_token(_whose(t, tenant), now=now, name=body.name,
@@ -241,7 +245,8 @@ def _admin_routes(r: APIRouter, settings: Settings, repo: Repo,
     @r.post("/v1/admin/tenants", status_code=201, tags=["admin"], response_model=TenantCreated,
             responses=errors.responses(401, 403, 409, 413, 422, 503))
     def create_tenant(body: NewTenant, t: Caller, request: Request) -> dict[str, Any]:
-        """A new tenant and its first token (named default), shown this once."""
+        """A new tenant and its first token (named default), shown this once; it expires
+        when the admin token that asks does, if that one expires."""
         _admin(t)
         record, token = repo.create_tenant(
             body.name, admin=body.admin, now=utcnow(), weight=body.weight,

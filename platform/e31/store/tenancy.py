@@ -39,7 +39,8 @@ class TenancyQueries:
                       actor: Actor = LOCAL_ACTOR) -> tuple[TenantRecord, str]:
         """Create a tenant and its first token (named `default`); the token is returned once,
         only its hash kept. A tenant's name is a token's (`tokens.NAME`), so that every
-        tenant can be named in the admin API's paths."""
+        tenant can be named in the admin API's paths. Made with an expiring key (an admin's
+        over the API), the first token expires with that key."""
         tokens.check_name(name)
         tenant = Tenant(id="t-" + uuid.uuid4().hex[:12], name=name, admin=admin,
                         weight=tenants.check_weight(weight), created_at=now,
@@ -49,7 +50,9 @@ class TenancyQueries:
             with self._session(write=True) as s:
                 s.add(tenant)
                 s.flush()
-                _, token = tokens.add(s, tenant, name=tokens.DEFAULT_NAME, now=now)
+                # an expiring admin key makes no tenant whose first key outlives it
+                _, token = tokens.add(s, tenant, name=tokens.DEFAULT_NAME, now=now,
+                                      expires_at=tokens.creator_expiry(s, actor.key_id))
                 audit.write(s, actor, "tenant.create", name, now=now, detail={
                     "admin": admin, "weight": tenant.weight, "quotas": tenant.quotas,
                     "limits": tenant.limits})
@@ -103,9 +106,12 @@ class TenancyQueries:
                   expires_at: datetime | None = None,
                   actor: Actor = LOCAL_ACTOR) -> tuple[TokenRecord, str]:
         """A new named token of `tenant_name` (default name: `token-<8 hex>`), optionally
-        expiring; the record and the token, which is returned only here."""
+        expiring, and never after the `actor`'s own key (`tokens.bounded_expiry`); the record
+        and the token, which is returned only here."""
         with self._session(write=True) as s:
             tenant = tenants.find(s, tenant_name)
+            expires_at = tokens.bounded_expiry(
+                expires_at, tokens.creator_expiry(s, actor.key_id), now=now)
             record, token = tokens.add(s, tenant, name=name or f"token-{uuid.uuid4().hex[:8]}",
                                        now=now, expires_at=expires_at)
             audit.write(s, actor, "token.create", f"{tenant_name}/{record.name}", now=now,

@@ -4,6 +4,10 @@ Only a key's sha256 is stored; the token itself is returned once, when it is mad
 `prefix` (its first `PREFIX_CHARS` characters) tells keys apart in `e31 token list` without
 revealing them. A key authenticates while it is neither revoked nor expired, checked in the
 query that finds it, so a revoked or expired key is refused on the very next request.
+A key never outlives the key that made it (`bounded_expiry`): one made with an expiring key
+expires no later, and when none is asked, exactly then. Keys carry no scopes of their own: a
+key has its tenant's rights (admin or not) and nothing else, so no key can make a key with
+more rights than itself.
 `last_used_at` is written at most once per `LAST_USED_RESOLUTION_S` per key: a conditional
 UPDATE that matches nothing inside the window, so a busy key costs one write a minute.
 """
@@ -52,6 +56,31 @@ def check_expiry(expires_at: datetime | None, *, now: datetime) -> datetime | No
         raise SpecError.one("expires_at", "must be in the future")
     if expires_at - now > EXPIRY_MAX:
         raise SpecError.one("expires_at", "must be within ten years")
+    return expires_at
+
+
+def creator_expiry(s: Session, key_id: str | None) -> datetime | None:
+    """When the key `key_id` that asks for a new key expires (None: never, or no key asks:
+    the CLI on the store)."""
+    if key_id is None:
+        return None
+    return s.scalar(select(ApiKey.expires_at).where(ApiKey.id == key_id))
+
+
+def bounded_expiry(expires_at: datetime | None, creator_expires_at: datetime | None, *,
+                   now: datetime) -> datetime | None:
+    """The expiry of a new key made by a key that expires at `creator_expires_at`: the one
+    asked if it comes no later, the creator's when none is asked; asking for later is refused
+    (`SpecError` naming `expires_in_s`, the API's field)."""
+    if creator_expires_at is None:
+        return expires_at
+    if expires_at is None:
+        return creator_expires_at
+    if expires_at > creator_expires_at:
+        left_s = max(0, int((creator_expires_at - now).total_seconds()))
+        raise SpecError.one("expires_in_s", f"a token cannot outlive the token that makes it, "
+                            f"which expires at {creator_expires_at.isoformat()} (in {left_s} "
+                            f"s); ask for at most {left_s} s, or none to expire with it")
     return expires_at
 
 
