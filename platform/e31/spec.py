@@ -43,7 +43,8 @@ MAX_TIMEOUT_S = 14 * 86400    # two weeks: longer runs should checkpoint and res
 DEFAULT_TIMEOUT_S = 86400     # one day, like a typical SLURM partition default
 MAX_PARAMS_BYTES = 1024 * 1024  # params travel through the store; data belongs in files
 MAX_HOST_MEM_GB = 16384       # host memory per job: more than any node has, so a typo is caught
-MAX_DISK_GB = 1024 * 1024     # disk per attempt (a PiB): the pool's attempt_disk_max_gb is the real cap
+MAX_DISK_GB = 1024 * 1024     # disk per attempt (a PiB): the pool's attempt_disk_max_gb is the
+#                               real cap
 MAX_AFTER = 64                # dependencies per job: a wider fan-in belongs in one array
 MAX_PIP = 64                  # pip requirements per job: more belong in a requirements file
 MAX_REQUIREMENT_CHARS = 1000  # one pip requirement; a URL requirement fits in it
@@ -436,15 +437,17 @@ def spec_bytes(spec: JobSpec) -> int:
 @dataclass(frozen=True)
 class SpecLimits:
     """What one request may carry, as an installation sets it (settings `max_env_vars`,
-    `max_env_bytes`, `max_argv_bytes`, `max_after_per_request`, `max_spec_bytes_per_request`;
-    docs/security.md). `check` applies the caps on one job; a `RequestTally` the caps on all the
-    jobs of one request together, which an array's `defaults` would otherwise multiply."""
+    `max_env_bytes`, `max_argv_bytes`, `max_after_per_request`, `max_spec_bytes_per_request`,
+    `attempt_disk_max_gb`; docs/security.md). `check` applies the caps on one job; a
+    `RequestTally` the caps on all the jobs of one request together, which an array's
+    `defaults` would otherwise multiply."""
 
     env_vars: int
     env_bytes: int
     argv_bytes: int
     after_per_request: int
     spec_bytes_per_request: int
+    disk_gb: float | None = None     # the most `resources.disk_gb` may ask; None: the spec's own
 
     def check(self, spec: JobSpec) -> list[dict[str, str]]:
         """The caps on one job that `spec` passes, each as an error naming its field."""
@@ -460,6 +463,10 @@ class SpecLimits:
             errors.append({"field": "command", "reason": f"{size} bytes (each argument and a "
                                                          f"NUL); at most {self.argv_bytes} per "
                                                          "job (max_argv_bytes)"})
+        asked = spec.resources.disk_gb
+        if asked is not None and self.disk_gb is not None and asked > self.disk_gb:
+            errors.append({"field": "resources.disk_gb", "reason": (
+                f"{asked:g} GB; at most {self.disk_gb:g} GB on this pool (attempt_disk_max_gb)")})
         return errors
 
 

@@ -62,7 +62,8 @@ def test_the_status_carries_the_records_values_with_iso_times() -> None:
         "n": 1, "worker": "gpu0@h", "gpus": "0,1", "started_at": "2025-03-01T12:00:00+00:00",
         "ended_at": "2025-03-01T12:00:30+00:00", "reason": "lost", "error": None, "exit_code": None,
         "isolation": None, "start": None, "start_ms": None, "setup_s": None,
-        "gpu_mem_peak_gb": None, "gpu_util_mean": None, "idle_since": None, "moved_to": None}
+        "gpu_mem_peak_gb": None, "gpu_util_mean": None, "idle_since": None, "moved_to": None,
+        "limits": None}
     assert status["attempts"][1]["n"] == 2 and status["attempts"][1]["reason"] == "succeeded"
     assert status["idle_since"] is None
 

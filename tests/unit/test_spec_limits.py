@@ -193,7 +193,8 @@ def test_the_limits_come_from_the_settings_each_by_its_name() -> None:
     settings = Settings(max_env_vars=1, max_env_bytes=2, max_argv_bytes=3,
                         max_after_per_request=4, max_spec_bytes_per_request=5000)
     assert spec_limits(settings) == SpecLimits(env_vars=1, env_bytes=2, argv_bytes=3,
-                                               after_per_request=4, spec_bytes_per_request=5000)
+                                               after_per_request=4, spec_bytes_per_request=5000,
+                                               disk_gb=settings.attempt_disk_max_gb)
     defaults = Settings()
     assert (defaults.max_request_bytes, defaults.max_env_vars, defaults.max_env_bytes,
             defaults.max_argv_bytes, defaults.max_after_per_request,

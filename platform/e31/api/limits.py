@@ -46,7 +46,8 @@ def spec_limits(settings: Settings) -> SpecLimits:
     return SpecLimits(env_vars=settings.max_env_vars, env_bytes=settings.max_env_bytes,
                       argv_bytes=settings.max_argv_bytes,
                       after_per_request=settings.max_after_per_request,
-                      spec_bytes_per_request=settings.max_spec_bytes_per_request)
+                      spec_bytes_per_request=settings.max_spec_bytes_per_request,
+                      disk_gb=settings.attempt_disk_max_gb)
 
 
 def _decimal(value: Any) -> Any:

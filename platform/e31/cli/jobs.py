@@ -344,11 +344,11 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
     out.print(table)
     if st["attempts"]:
         at = Table("attempt", "worker", "gpus", "started", "setup", "ended", "reason",
-                   "GPU mem", "GPU util", "error")
+                   "GPU mem", "GPU util", "limits", "error")
         for a in st["attempts"]:
             setup = f"{a['setup_s']:.1f} s" if a.get("setup_s") is not None else "-"
             at.add_row(str(a["n"]), a["worker"], a["gpus"] or "-", a["started_at"] or "", setup,
-                       a["ended_at"] or "", _reason(a), *_gpu_use(a),
+                       a["ended_at"] or "", _reason(a), *_gpu_use(a), _limits(a),
                        (a["error"] or "")[:80])
         out.print(at)
 
@@ -366,6 +366,21 @@ def _running(attempt: dict[str, Any]) -> str:
     """A running attempt's reason cell: "running", or "running (idle)" once its watchdog
     flagged it (since when: the job's idle_since)."""
     return "running (idle)" if attempt.get("idle_since") else "running"
+
+
+def _limits(attempt: dict[str, Any]) -> str:
+    """The limits the attempt ran under (docs/jobs.md, "Limits"): "pids 4096, mem 12 GB,
+    disk 50 GB"; a limit not applied shows "none", an attempt older than them "-"."""
+    limits = attempt.get("limits")
+    if not limits:
+        return "-"
+    pids, mem, disk = limits.get("pids_max"), limits.get("mem_gb"), limits.get("disk_gb")
+    parts = [f"pids {pids if pids is not None else 'none'}",
+             f"mem {f'{mem:g} GB' if mem is not None else 'none'}",
+             f"disk {f'{disk:g} GB' if disk is not None else 'none'}"]
+    if limits.get("network"):
+        parts.append(f"net {limits['network']}")
+    return ", ".join(parts)
 
 
 def _gpu_use(attempt: dict[str, Any]) -> tuple[str, str]:

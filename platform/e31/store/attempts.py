@@ -1,6 +1,6 @@
 """Facts a worker notes on an attempt while it runs: its isolation, how its child started,
-how long its setup took, what it used of its GPUs. A mixin of `Repo` (which supplies
-`_session`), so there is one repository to pass around.
+how long its setup took, what it used of its GPUs, the limits it ran under. A mixin of
+`Repo` (which supplies `_session`), so there is one repository to pass around.
 
 The columns are nullable: an attempt started before they existed, or one whose worker did not
 get as far as measuring, shows null ("not known"), never a made-up zero.
@@ -11,6 +11,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
@@ -30,6 +31,9 @@ class AttemptFacts:
     setup_s: float | None = None            # bundle, environment and inputs; never billed
     gpu_mem_peak_gb: float | None = None
     gpu_util_mean: float | None = None      # percent, 0..100
+    # The limits it runs under: {"pids_max", "mem_gb", "disk_gb"[, "network"]}, each None
+    # where not applied (e31_worker.attempt.limits).
+    limits: dict[str, Any] | None = None
 
     def values(self) -> dict[str, object]:
         """The columns to write: the fields that are set, enums as their wire strings."""

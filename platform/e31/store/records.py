@@ -110,6 +110,7 @@ class AttemptRecord:
     gpu_util_mean: float | None = None
     idle_since: datetime | None = None      # flagged by its watchdog (docs/jobs.md)
     moved_to: str | None = None             # an oom attempt's job went on to this class
+    limits: dict[str, Any] | None = None    # what it ran under: pids_max, mem_gb, disk_gb
 
     def to_dict(self) -> dict[str, Any]:
         return {"n": self.n, "worker": self.worker, "gpus": self.gpus,
@@ -118,7 +119,7 @@ class AttemptRecord:
                 "isolation": self.isolation, "start": self.start, "start_ms": self.start_ms,
                 "setup_s": self.setup_s, "gpu_mem_peak_gb": self.gpu_mem_peak_gb,
                 "gpu_util_mean": self.gpu_util_mean, "idle_since": iso(self.idle_since),
-                "moved_to": self.moved_to}
+                "moved_to": self.moved_to, "limits": self.limits}
 
 
 @dataclass(frozen=True)

@@ -379,7 +379,7 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, PoolQueries, QuotaQueries
             attempts = [AttemptRecord(a.n, a.worker, a.gpus, a.gpu_count, a.started_at, a.ended_at,
                                       a.reason, a.error, a.exit_code, a.isolation, a.start,
                                       a.start_ms, a.setup_s, a.gpu_mem_peak_gb, a.gpu_util_mean,
-                                      a.idle_since, a.moved_to)
+                                      a.idle_since, a.moved_to, a.limits)
                         for a in s.scalars(select(Attempt).where(Attempt.job_id == job.id)
                                            .order_by(Attempt.n))]
         return _job_record(job, tenant, attempts)

@@ -68,6 +68,9 @@ class AttemptServices:
     sandbox: Sandbox | None = None  # None: jobs run as the worker's user (`--isolation process`)
     gpus: GpuSampler | None = None  # None: a cpu slot, or GPUs without telemetry (no NVML)
     warm: WarmStarter | WarmPool | None = None  # warm processes; None: all start cold
+    # The memory of an attempt that asks no resources.mem_gb, resolved at start
+    # (e31_worker.attempt.limits.default_mem_gb); None: such attempts have no memory limit.
+    default_mem_gb: float | None = None
 
     def gpu_ledger(self) -> GpuLedger:
         """A gang worker's host GPU ledger (`e31_worker.attempt.gangs`)."""

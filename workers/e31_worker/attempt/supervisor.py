@@ -37,6 +37,7 @@ from e31.store.records import Outcome
 from e31_worker.attempt.cgroups import JobCgroup, JobCgroups
 from e31_worker.attempt.groups import GroupRegistry
 from e31_worker.attempt.jobenv import inherited_env
+from e31_worker.attempt.limits import AttemptLimits, DiskWatch, discard_writes
 from e31_worker.attempt.sandbox import AttemptSandbox, exit_code, read_job_file, signal_job
 from e31_worker.attempt.warm import STARTED_TIMEOUT_S, WarmChild, WarmPool, WarmStarter
 
@@ -88,6 +89,9 @@ class AttemptPlan:
     env_passthrough: tuple[str, ...] = ()
     # Local input files staged as links, bound read-only into the sandbox (attempt/inputs.py).
     input_binds: tuple[Path, ...] = ()
+    # What it may use of processes, memory and disk (e31_worker.attempt.limits); a field left
+    # None is not applied, but for memory, which then falls back to `resources.mem_gb`.
+    limits: AttemptLimits = AttemptLimits()
 
     @property
     def python(self) -> str:
@@ -115,9 +119,15 @@ class AttemptPlan:
 
     @property
     def memory_max_bytes(self) -> int | None:
-        """The job's host-memory cap from `resources.mem_gb`, enforced by its cgroup."""
-        mem_gb = self.spec.resources.mem_gb
+        """The job's host-memory cap, enforced by its cgroup: its limits' (`resources.mem_gb`,
+        else the pool's default), else `resources.mem_gb`."""
+        mem_gb = self.limits.mem_gb or self.spec.resources.mem_gb
         return int(mem_gb * 1024 ** 3) if mem_gb else None
+
+    @property
+    def job_writes(self) -> tuple[Path, ...]:
+        """The trees the job writes whose room its disk limit counts (docs/jobs.md)."""
+        return (self.work_dir, self.output_dir, self.checkpoint_dir)
 
     @property
     def work_dir(self) -> Path:
@@ -157,6 +167,7 @@ class AttemptPlan:
 
 Tick = Callable[[tuple[float, float] | None], Directive]
 OnStart = Callable[[float, Start], None]
+OnLimits = Callable[[AttemptLimits], None]
 
 
 class Child(Protocol):
@@ -180,7 +191,8 @@ class Supervisor:
     def __init__(self, plan: AttemptPlan, *, tick: Tick, groups: GroupRegistry | None = None,
                  cgroups: JobCgroups | None = None, sandbox: AttemptSandbox | None = None,
                  on_start: OnStart | None = None,
-                 warm: WarmStarter | WarmPool | None = None) -> None:
+                 warm: WarmStarter | WarmPool | None = None,
+                 on_limits: OnLimits | None = None) -> None:
         self._plan = plan
         self._tick = tick
         self._groups = groups
@@ -190,6 +202,8 @@ class Supervisor:
         self._on_start = on_start    # told how many ms the child took to start, and how
         self._warm = warm            # None: every attempt starts cold; a starter: only
         #                              the worker's environment's attempts start warm
+        self._on_limits = on_limits  # told the limits the attempt runs under, before it starts
+        self._disk: DiskWatch | None = None
 
     def prepare(self) -> None:
         self._plan.make_dirs()
@@ -201,9 +215,7 @@ class Supervisor:
         if self._sandbox is None and plan.spec.network == "none":
             plan.log_path.write_text(f"e31: {NO_NETWORK_REFUSED}\n")
             return Outcome(AttemptReason.ERROR, error=NO_NETWORK_REFUSED)
-        if self._cgroups is not None:
-            self._cgroup = self._cgroups.create(plan.job_id, plan.attempt,
-                                                memory_max_bytes=plan.memory_max_bytes)
+        self._apply_limits()
         started = time.monotonic()
         proc: Child | None = None
         try:
@@ -258,8 +270,20 @@ class Supervisor:
                 self._groups.remove(proc.pid)
         if not isinstance(proc, WarmChild) and plan.spec.entrypoint:
             self._note_cold_start(started)
+        return self._ended(proc, stopped_for)
+
+    def _ended(self, proc: Child, stopped_for: AttemptReason | Directive | None) -> Outcome:
+        """The outcome of the attempt whose child `proc` ended; its cgroup removed, and what
+        it wrote discarded when it passed its disk limit."""
+        plan = self._plan
         oom_kills = self._cgroup.oom_kills() if self._cgroup is not None else 0
+        refused = self._cgroup.forks_refused() if self._cgroup is not None else 0
         self._remove_cgroup()
+        if stopped_for is AttemptReason.DISK_QUOTA:   # nothing of it is shipped
+            discard_writes(plan.job_writes)
+        if refused:
+            log.info("forks_refused job=%s attempt=%d count=%d pids_max=%s", plan.job_id,
+                     plan.attempt, refused, plan.limits.pids_max)
         assert proc.returncode is not None
         code = proc.returncode if self._sandbox is None else exit_code(proc.returncode)
         return self._result(code, stopped_for, oom_kills)
@@ -279,8 +303,8 @@ class Supervisor:
         env = self._env()
         request: dict[str, object] = {
             "job_file": argv[-1], "cwd": str(plan.cwd), "env": env, "sandbox": None,
-            "cgroup_procs": (str(self._cgroup.path / "cgroup.procs")
-                             if self._cgroup is not None else None)}
+            "cgroup_procs": ([str(p) for p in self._cgroup.procs_files]
+                             if self._cgroup is not None else [])}
         if self._sandbox is not None:
             view, env = self._sandbox.warm_view(
                 env, root=plan.root,
@@ -323,6 +347,26 @@ class Supervisor:
             at = started
         self._on_start((at - started) * 1000, Start.COLD)
 
+    def _apply_limits(self) -> None:
+        """Make the attempt's cgroup (its processes and memory), start watching its disk, and
+        say which limits hold (`on_limits`): those its cgroup applied, its disk limit always."""
+        plan = self._plan
+        if self._cgroups is not None:
+            self._cgroup = self._cgroups.create(plan.job_id, plan.attempt,
+                                                memory_max_bytes=plan.memory_max_bytes,
+                                                pids_max=plan.limits.pids_max)
+        cgroup = self._cgroup
+        disk_max = plan.limits.disk_max_bytes
+        if disk_max is not None:
+            self._disk = DiskWatch(trees=plan.job_writes, staged=(plan.input_dir,),
+                                   max_bytes=disk_max)
+        if self._on_limits is not None:
+            capped = cgroup is not None and cgroup.memory_max_bytes is not None
+            self._on_limits(AttemptLimits(
+                pids_max=cgroup.pids_max if cgroup is not None else None,
+                mem_gb=(plan.limits.mem_gb or plan.spec.resources.mem_gb) if capped else None,
+                disk_gb=plan.limits.disk_gb, network=plan.limits.network))
+
     def _remove_cgroup(self) -> None:
         """Kill whatever of the job is left, even processes that left its group, and clean up."""
         if self._cgroup is not None:
@@ -340,6 +384,12 @@ class Supervisor:
                 return AttemptReason.TIMEOUT
             if now >= next_tick:
                 next_tick = now + plan.tick_interval_s
+                if self._disk is not None and self._disk.over():
+                    log.warning("disk_quota job=%s attempt=%d used_bytes=%d disk_gb=%g",
+                                plan.job_id, plan.attempt, self._disk.used_bytes,
+                                plan.limits.disk_gb or 0)
+                    self._kill(proc, "disk_quota")
+                    return AttemptReason.DISK_QUOTA
                 directive = self._tick(self._progress())
                 if directive is not Directive.CONTINUE:
                     if proc.poll() is not None:
@@ -417,13 +467,17 @@ class Supervisor:
         plan = self._plan
         if stopped_for is None and oom_kills and code != 0:  # a helper process OOM-killed
             # under a job that still exited 0 is the job's business, not a failed attempt
-            limit = (f" (its limit: resources.mem_gb={plan.spec.resources.mem_gb:g})"
-                     if plan.memory_max_bytes else "")
             return Outcome(AttemptReason.OOM, exit_code=code,
-                           error=f"killed by the kernel's OOM killer: out of host memory{limit}")
+                           error="killed by the kernel's OOM killer: out of host memory"
+                                 f"{_memory_limit_text(plan)}")
         if stopped_for is AttemptReason.TIMEOUT:
             return Outcome(AttemptReason.TIMEOUT, exit_code=code,
                                  error=f"timed out after {plan.spec.timeout_s:g} s")
+        if stopped_for is AttemptReason.DISK_QUOTA:
+            return Outcome(AttemptReason.DISK_QUOTA, exit_code=code, error=(
+                f"wrote more than its disk limit of {plan.limits.disk_gb:g} GB to its scratch, "
+                "outputs and checkpoints (resources.disk_gb, else the pool's attempt_disk_gb); "
+                "what it wrote was removed"))
         if isinstance(stopped_for, Directive):
             return stopped_outcome(stopped_for, exit_code=code)
         if plan.spec.entrypoint:
@@ -506,20 +560,32 @@ def finished_outcome(root: Path) -> Outcome | None:
     return None
 
 
+def _memory_limit_text(plan: AttemptPlan) -> str:
+    """Which memory limit an OOM-killed attempt had, for its error."""
+    asked = plan.spec.resources.mem_gb
+    if asked:
+        return f" (its limit: resources.mem_gb={asked:g})"
+    if plan.limits.mem_gb:
+        return (f" (its limit: the pool's default of {plan.limits.mem_gb:g} GB for a job that "
+                "asks no resources.mem_gb)")
+    return ""
+
+
 def _child_setup(cgroup: JobCgroup | None,
                  enter: Callable[[], None] | None = None) -> Callable[[], None]:
-    """What the child does between fork and exec: enter its cgroup (so the memory cap and
-    OOM accounting cover it from its first byte), its sandbox's `enter` (which drops the
-    worker's rights), and then die with its supervisor (a change of user clears that).
+    """What the child does between fork and exec: enter its cgroups (so the memory and
+    process caps and OOM accounting cover it from its first byte), its sandbox's `enter`
+    (which drops the worker's rights), and then die with its supervisor (a change of user
+    clears that).
 
     It runs in a child forked from a threaded worker, so it only calls what was resolved
     before the fork and raw system calls (no locks, no Python I/O objects).
     """
     prctl = prctl_function()
-    procs = str(cgroup.path / "cgroup.procs").encode() if cgroup is not None else None
+    procs_files = [str(p).encode() for p in cgroup.procs_files] if cgroup is not None else []
 
     def setup() -> None:
-        if procs is not None:
+        for procs in procs_files:
             fd = os.open(procs, os.O_WRONLY)
             try:
                 os.write(fd, b"0")

@@ -27,6 +27,7 @@ from e31_worker.attempt.bundle import remove_tree, stage_code
 from e31_worker.attempt.environment import SetupStopped, job_environment, lease_beat
 from e31_worker.attempt.inputs import stage_inputs
 from e31_worker.attempt.lease import LeaseKeeper
+from e31_worker.attempt.limits import attempt_limits, note_limits
 from e31_worker.attempt.record import finish_attempt, with_store_retries, write_claim
 from e31_worker.attempt.sandbox import note_start
 from e31_worker.attempt.secrets import secret_env
@@ -167,7 +168,9 @@ def attempt_plan(svc: AttemptServices, claim: Claim, gpus: str | None = None) ->
                        tick_interval_s=svc.settings.heartbeat_interval_s,
                        job_log_max_bytes=svc.settings.job_log_max_bytes,
                        log_earlier_bytes=earlier_log_bytes(svc, claim),
-                       env_passthrough=svc.settings.job_env_passthrough)
+                       env_passthrough=svc.settings.job_env_passthrough,
+                       limits=attempt_limits(svc.settings, claim.spec,
+                                             default_mem=svc.default_mem_gb))
 
 
 def _prepare(svc: AttemptServices, claim: Claim, plan: AttemptPlan, shipper: Shipper,
@@ -221,7 +224,9 @@ def _attempt(svc: AttemptServices, claim: Claim, gpus: str) -> Ended:
                                 sandbox=svc.sandbox.for_attempt(claim) if svc.sandbox else None,
                                 on_start=lambda ms, start: note_start(
                                     svc.repo, claim, svc.isolation, ms, start),
-                                warm=svc.warm).run()
+                                warm=svc.warm,
+                                on_limits=lambda limits: note_limits(svc.repo, claim,
+                                                                     limits)).run()
             note_gpu_use(svc, claim, watchdog)
         except SetupError as exc:  # the user's error (a requirement that does not install)
             log.warning("setup_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt, exc)

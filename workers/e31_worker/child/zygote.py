@@ -273,8 +273,8 @@ def _outer(request: dict[str, Any], fds: list[int], worker_fd: int) -> Job:
         os.setsid()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # the job's group gets these; outer reports
-        if request.get("cgroup_procs"):
-            fd = os.open(request["cgroup_procs"], os.O_WRONLY)
+        for procs in request.get("cgroup_procs") or ():   # memory, and pids in cgroup v1
+            fd = os.open(procs, os.O_WRONLY)
             try:
                 os.write(fd, b"0")
             finally:

@@ -24,6 +24,7 @@ from e31.settings import Settings
 from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.gangs import ledger_for
 from e31_worker.attempt.groups import GroupRegistry, NodeLock
+from e31_worker.attempt.limits import default_mem_gb
 from e31_worker.attempt.sandbox import Sandbox
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.settle import settle_left_attempts
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated memory of each GPU when they are simulated")
     parser.add_argument("--gang", default="",
                         help="a gang worker: its host's GPU sets, as JSON [[gpus, [queue, ...]]]")
+    parser.add_argument("--host-slots", type=int, default=1,
+                        help="worker processes on this host: a job without resources.mem_gb "
+                             "gets the host's memory / this (unless default_mem_gb is set)")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=args.loglevel,
@@ -94,7 +98,12 @@ def main(argv: list[str] | None = None) -> None:
                                sandbox=(Sandbox.from_settings(settings)
                                         if settings.isolation == "sandbox" else None),
                                gpus=gpus,
-                               warm=(warm_pool(settings) if settings.warm_start else None))
+                               warm=(warm_pool(settings) if settings.warm_start else None),
+                               default_mem_gb=default_mem_gb(settings, args.host_slots))
+    logging.getLogger(__name__).info(
+        "attempt_limits node=%s pids_max=%s default_mem_gb=%s disk_gb=%s",
+        identity.node, settings.attempt_pids_max if cgroups and cgroups.caps_pids else None,
+        services.default_mem_gb if cgroups else None, settings.attempt_disk_gb)
     settle_left_attempts(services)     # what it finished but could not record
     if services.warm is not None:
         services.warm.start()          # imports torch in the background; cold starts meanwhile

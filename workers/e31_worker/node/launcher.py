@@ -147,7 +147,7 @@ class Launcher:
         argv = [sys.executable, "-m", "e31_worker.node.celery_process", "--node", slot.node,
                 "--queues", ",".join(slot.queues), "--gpus", slot.gpus,
                 "--gpu-count", str(slot.gpu_count), "--size-class", slot.size_class,
-                "--loglevel", self._loglevel]
+                "--loglevel", self._loglevel, "--host-slots", str(len(self._slots))]
         if slot.simulated_mem_gb:
             argv += ["--simulated-gpu-mem-gb", ",".join(f"{m:g}" for m in slot.simulated_mem_gb)]
         if slot.gang:
