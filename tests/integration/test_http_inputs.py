@@ -8,6 +8,8 @@ task body, the real API over a real store."""
 from __future__ import annotations
 
 import dataclasses
+import socket
+import socketserver
 import ssl
 import threading
 from collections.abc import Iterator
@@ -40,11 +42,19 @@ from tests.integration.test_task import services
 SECRET = b"flower_events_total{worker=\"gpu0\"} 42  # the pool's own metrics\n"
 
 
-class Server:
-    """A real HTTP server on one loopback address, in a thread: `/secret` answers SECRET,
-    `/go?to=URL` answers 302 to URL; every path it was asked for is in `asked`."""
+class _Httpd(ThreadingHTTPServer):
+    def server_bind(self) -> None:
+        """Bind without http.server's reverse lookup of the address (`getfqdn`), which waits
+        for a DNS timeout on 127.0.0.2 where no resolver answers."""
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
-    def __init__(self, host: str) -> None:
+
+class Server:
+    """A real HTTP server on one loopback address, in a thread: `/go?to=URL` answers 302 to
+    URL, any other path `body` (SECRET); every path it was asked for is in `asked`."""
+
+    def __init__(self, host: str, port: int = 0, body: bytes = SECRET) -> None:
         asked: list[str] = []
 
         class Handler(BaseHTTPRequestHandler):
@@ -57,15 +67,15 @@ class Server:
                     self.end_headers()
                     return
                 self.send_response(200)
-                self.send_header("Content-Length", str(len(SECRET)))
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(SECRET)
+                self.wfile.write(body)
 
             def log_message(self, *args: Any) -> None:
                 pass
 
         self.asked = asked
-        self.httpd = ThreadingHTTPServer((host, 0), Handler)
+        self.httpd = _Httpd((host, port), Handler)
         self.url = f"http://{host}:{self.httpd.server_address[1]}"
 
     def __enter__(self) -> Server:
@@ -171,6 +181,33 @@ def test_a_host_name_that_resolves_to_the_loopback_is_refused_by_the_worker(
     assert "localhost resolves to" in refused.value.message
     assert "a loopback address" in refused.value.message
     assert pool_service.asked == []
+
+
+def test_a_name_whose_dns_answer_changes_after_the_check_is_fetched_from_the_checked_address(
+        pool_service: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a public-data server on 127.0.0.2 (allowed) on the same port as the pool's own
+    # service on 127.0.0.1, and a DNS that answers 127.0.0.2 for a name once, then 127.0.0.1
+    # (DNS rebinding: the first answer passes the check, a second one would reach the pool)
+    port = pool_service.httpd.server_address[1]
+    lookups: list[str] = []
+    resolve = socket.getaddrinfo
+
+    def rebinding(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != "data.rebind.test":
+            return resolve(host, *args, **kwargs)
+        lookups.append(host)
+        return resolve("127.0.0.2" if len(lookups) == 1 else "127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    with Server("127.0.0.2", port, body=b"public data\n") as public:
+        # When the worker stages the name's URL on a pool that allows 127.0.0.2 alone
+        staged = stage(f"http://data.rebind.test:{port}/secret", tmp_path / "a",
+                       allowed=("127.0.0.2/32",))
+
+    # Then the name was resolved once, and the data came from the address that was checked
+    assert lookups == ["data.rebind.test"]
+    assert staged.read_bytes() == b"public data\n"
+    assert public.asked == ["/secret"] and pool_service.asked == []
 
 
 def test_a_refused_input_fails_the_attempt_with_reason_setup_and_no_retry(
