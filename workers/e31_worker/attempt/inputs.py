@@ -5,12 +5,12 @@ bundle cache, like the code) or a URL the worker reads with fsspec (`s3://`, `ht
 `file://` beneath a directory of `input_file_roots` only: the worker reads it with its own
 rights). `http(s)://` is read with httpx (one file), from a public address or one of
 `input_allowed_networks` only, checked at every connection (`e31_worker.attempt.http_inputs`);
-`s3://` with fsspec, which needs `s3fs` installed on the workers: anonymously or with the inputs' own credentials, never the artifact
-store's, and never from the store's bucket/prefix (`e31.s3inputs`). A local `file://` tree is
-copied without following a link, so a link planted in a shared directory does not hand a job
-what it points at. An input that
-cannot be staged fails the attempt with reason `setup`, naming it (docs/jobs.md, "Bring your
-code, environment and data").
+`s3://` with fsspec, which needs `s3fs` installed on the workers: anonymously or with the
+inputs' own credentials, never the artifact store's, and never from the store's bucket/prefix
+(`e31.s3inputs`). A local `file://` tree is copied without following a link, so a link planted
+in a shared directory does not hand a job what it points at. An input that cannot be staged
+fails the attempt with reason `setup`, naming it (docs/jobs.md, "Bring your code, environment
+and data").
 
 A local `file://` *file* that every user may read is not copied when the job runs in a
 sandbox: `$E31_INPUT_DIR/<name>` becomes a link to its resolved path, and that one file is
