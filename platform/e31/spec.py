@@ -23,7 +23,6 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import yaml
-from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -37,6 +36,7 @@ from pydantic import (
 
 from e31.bundles import MAX_INPUTS, CodeRef, InputName, InputSource
 from e31.errors import SpecError
+from e31.requirements import requirement_problem
 
 MAX_GPUS_PER_JOB = 8          # one node's worth; multi-node jobs are out of scope
 MAX_TIMEOUT_S = 14 * 86400    # two weeks: longer runs should checkpoint and resubmit
@@ -189,12 +189,9 @@ class PythonEnv(_Strict):
             if len(item) > MAX_REQUIREMENT_CHARS:
                 raise ValueError(f"pip[{i}]: {shown}... is longer than {MAX_REQUIREMENT_CHARS} "
                                  "characters")
-            try:
-                Requirement(_no_nul(item, "a requirement"))
-            except (InvalidRequirement, ValueError) as exc:
-                raise ValueError(f"pip[{i}]: {shown} is not a requirement "
-                                 f"('name', 'name==1.2', 'name[extra]>=1'): "
-                                 f"{str(exc).splitlines()[0]}") from None
+            why = requirement_problem(item)   # e31.requirements: packages, nothing else
+            if why is not None:
+                raise ValueError(f"pip[{i}]: {shown} {why}")
         return v
 
     @field_validator("requirements")

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from e31.api.bundles import BundleChecks
 from e31.api.limits import SubmitRate, spec_limits
+from e31.api.requirements import Memo, RequirementsCheck
 from e31.artifacts import ArtifactStore
 from e31.blobs import BundleStore
 from e31.bundles import ARRAY_INPUT, parse_array_input
@@ -88,8 +89,9 @@ class Service:
         self._redis = redis_client
         self._limits = spec_limits(settings)
         self._rate = SubmitRate(redis_client)
-        self.bundles = BundleChecks(settings=settings, store=BundleStore(
-            artifacts.url, artifacts.storage_options))
+        store = BundleStore(artifacts.url, artifacts.storage_options)
+        self.bundles = BundleChecks(settings=settings, store=store)
+        self._requirements = RequirementsCheck(store=store)   # python.requirements, line by line
         self._loads: dict[str, tuple[float, QueueLoad]] = {}   # queue -> (monotonic s, load)
         self._nodes_written = float("-inf")    # monotonic s of the last write to e31:nodes
 
@@ -127,6 +129,7 @@ class Service:
             return self._submit_fanout(tenant, spec, limits)
         RequestTally(self._limits).add(self._within_limits(spec, tenant, limits))
         self.bundles.check_spec(tenant.id, spec)
+        self._requirements.check(tenant.id, spec)
         self._check_secrets(tenant, spec)
         self._check_array_inputs(tenant, spec)
         spec, where = self._admit(spec, self._shapes(self._workers()))
@@ -175,11 +178,13 @@ class Service:
         tally = RequestTally(self._limits, field="params.source")
         nodes = self._shapes(self._workers())
         items: list[tuple[JobSpec, Route]] = []
+        memo: Memo = {}
         for i, item in enumerate(planned.items):
             data = {**base, "name": f"{name[:NAME_MAX - 8]}[{i}]", "params": item["params"],
                     "inputs": {**spec.inputs, **item["inputs"]}}
             chunk = self._within_limits(JobSpec.parse(data), tenant, limits)
             self.bundles.check_spec(tenant.id, chunk)
+            self._requirements.check(tenant.id, chunk, memo=memo)
             self._check_secrets(tenant, chunk)
             tally.add(chunk)
             items.append(self._admit(chunk, nodes))
@@ -225,6 +230,7 @@ class Service:
                 "total_frames": merge["params"]["total_frames"]}}
         RequestTally(self._limits).add(self._within_limits(spec, tenant, limits))
         missing = self.bundles.check_spec(tenant.id, spec, dry_run=True)
+        self._requirements.check(tenant.id, spec)
         workers = self._workers()
         nodes = self._shapes(workers)
         spec, where = self._admit(spec, nodes)
@@ -303,11 +309,13 @@ class Service:
         bad, named = 0, 0
         tally = RequestTally(self._limits, field="items")
         nodes = self._shapes(self._workers())
+        memo: Memo = {}
         for i, item in enumerate(items):
             data = merge_item(defaults or {}, _named(item, array_name, i, given=name is not None))
             try:
                 spec = self._within_limits(JobSpec.parse(data), tenant, limits)
                 self.bundles.check_spec(tenant.id, spec)
+                self._requirements.check(tenant.id, spec, memo=memo)
                 self._check_secrets(tenant, spec)
                 admitted.append(self._admit(spec, nodes))
             except SpecError as exc:

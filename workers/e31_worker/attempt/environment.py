@@ -12,8 +12,16 @@ constraint: a job adds packages, it never swaps one of the worker's), then insta
 the worker lacks and the request needs other than through a package the worker has (that
 package's own dependencies are the worker's, satisfied already).
 
-Wheels only (`--no-build`): building a source distribution runs its code with the worker's
-privileges, outside the job's sandbox.
+Wheels only (`--no-build`): building a source distribution would run its code.
+
+Requirements are requirements, nothing else (`e31.requirements`): the API refuses an option,
+a path or a URL in `python.pip` or the requirements file at submit, and `EnvRequest.of` and
+`UvBuild` refuse them again (a spec stored before that check) with a `SetupError` naming the
+field and the line, before uv runs. The index a build uses is the operator's: uv gets it from
+the worker's own uv configuration only (`UV_INDEX_URL`, `UV_EXTRA_INDEX_URL`, `UV_INDEX`,
+`UV_FIND_LINKS`, `UV_CONFIG_FILE`, `/etc/uv/uv.toml`), through an allowlist of the worker's
+variables (`build_env`). With `isolation = "sandbox"` the build runs in a sandbox as the
+tenant's uid (`e31_worker.attempt.buildbox`); with `process`, as the worker's user.
 
 The key hashes the normalised requirements, the requirements file's content and the worker's
 environment (interpreter, site directories, every distribution and version), so a worker
@@ -45,8 +53,10 @@ from packaging.version import InvalidVersion, Version
 
 from e31.clock import utcnow
 from e31.errors import SetupError
+from e31.requirements import REQUIREMENTS_MAX_BYTES, requirement_problem, requirements_refusals
 from e31.settings import Settings
 from e31.spec import PythonEnv
+from e31_worker.attempt.buildbox import BuildSandbox, operator_paths
 from e31_worker.attempt.envcache import Beat, EnvCache, JobEnv
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Tick
 
@@ -55,8 +65,17 @@ log = logging.getLogger(__name__)
 CACHE_DIR = ".envs"            # under work_dir: one host's built environments
 ENV_LAYOUT = 1                 # part of every key: a new layout never reuses an old build
 BASE_PTH = "_e31_base.pth"     # in a job environment's site-packages: the worker's site dirs
-REQUIREMENTS_MAX_BYTES = 1024 * 1024  # a requirements file larger than this is not one
 OUTPUT_MAX_BYTES = 64 * 1024   # of one uv run's output, copied into the attempt's log
+RESOLVED_MAX_BYTES = 16 * 1024 * 1024  # of uv's resolution: thousands of pinned packages
+REFUSALS_SHOWN = 5             # refused lines a setup error names
+# What a build keeps of the worker's environment: the operator's uv settings (its index among
+# them), the way out (proxies, CA certificates) and the locale; nothing else (no credential,
+# no E31_* setting). HOME is the build's scratch directory.
+BUILD_ENV_NAMES = frozenset({
+    "PATH", "LANG", "LC_ALL", "LC_CTYPE", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+    "http_proxy", "https_proxy", "all_proxy", "no_proxy"})
+BUILD_ENV_PREFIX = "UV_"
 _VIA = re.compile(r"^(?P<req>\S.*?)\s+# via (?P<via>.*)$")
 
 
@@ -78,11 +97,13 @@ def lease_beat(tick: Tick) -> Beat:
     return beat
 
 
-def job_environment(settings: Settings, plan: AttemptPlan, *, beat: Beat) -> JobEnv | None:
+def job_environment(settings: Settings, plan: AttemptPlan, *, beat: Beat,
+                    sandbox: BuildSandbox | None = None) -> JobEnv | None:
     """The job's own environment, built or found in this host's cache and held for the
     attempt (release it when the attempt ends); None when the spec asks for nothing (the job
-    runs in the worker's). What uv said, and whether the environment was built or reused, go
-    to the attempt's log; `SetupError` when what was asked cannot be installed."""
+    runs in the worker's). A build runs in `sandbox` (the tenant's; None: as the worker's
+    user). What uv said, and whether the environment was built or reused, go to the
+    attempt's log; `SetupError` when what was asked is refused or cannot be installed."""
     python = plan.spec.python
     if python is None or (not python.pip and python.requirements is None):
         return None
@@ -91,7 +112,7 @@ def job_environment(settings: Settings, plan: AttemptPlan, *, beat: Beat) -> Job
     base = BaseEnv.current()
     builder = UvBuild(request, base, uv=uv_binary(), log_path=plan.log_path, beat=beat,
                       beat_s=settings.heartbeat_interval_s,
-                      timeout_s=settings.env_build_timeout_s)
+                      timeout_s=settings.env_build_timeout_s, sandbox=sandbox)
     cache = EnvCache(settings.resolved_work_dir / CACHE_DIR,
                      max_bytes=settings.env_cache_max_bytes, beat_s=settings.heartbeat_interval_s)
     env = cache.acquire(cache_key(request, base), builder, beat=beat)
@@ -117,7 +138,11 @@ class EnvRequest:
     @classmethod
     def of(cls, python: PythonEnv, code_dir: Path | None) -> EnvRequest:
         """The request of a spec's `python` field, its requirements file read from the job's
-        unpacked code; `SetupError` when the file is not there or not a requirements file."""
+        unpacked code; `SetupError` when the file is not there or not a requirements file, or
+        when an item or a line is no plain requirement (`refusal`)."""
+        for i, item in enumerate(python.pip):
+            if (why := requirement_problem(item)) is not None:
+                raise SetupError(f"python.pip[{i}]: {item[:120]!r} {why}")
         pip = tuple(sorted({normalised(r) for r in python.pip}))
         if python.requirements is None:
             return cls(pip=pip)
@@ -136,7 +161,27 @@ class EnvRequest:
             raise SetupError(f"python.requirements: {name} is not in the job's code") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise SetupError(f"python.requirements: cannot read {name}: {exc}") from exc
-        return cls(pip=pip, requirements=text, requirements_name=name)
+        request = cls(pip=pip, requirements=text, requirements_name=name)
+        if (why := request.refusal()) is not None:
+            raise SetupError(why)
+        return request
+
+    def refusal(self) -> str | None:
+        """Why uv may not be given this request, naming the field and the line (quoting
+        nothing but the offending line of the tenant's own file), or None."""
+        for item in self.pip:
+            if (why := requirement_problem(item)) is not None:
+                return f"python.pip: {item[:120]!r} {why}"
+        if self.requirements is None:
+            return None
+        refused = requirements_refusals(self.requirements)
+        if not refused:
+            return None
+        name = self.requirements_name or "the requirements file"
+        more = f" (and {len(refused) - REFUSALS_SHOWN} more)" if len(refused) > REFUSALS_SHOWN \
+            else ""
+        return (f"python.requirements: {name}, "
+                + "; ".join(str(r) for r in refused[:REFUSALS_SHOWN]) + more)
 
 
 def normalised(requirement: str) -> str:
@@ -241,19 +286,30 @@ def to_install(resolved: str, pinned: Mapping[str, str]) -> list[str]:
 class UvBuild:
     """Builds one job environment with uv (an `EnvCache` build): a relocatable virtual
     environment over the worker's, what the request needs resolved against the worker's
-    pins, what the worker lacks installed. uv's output goes to the attempt's log."""
+    pins, what the worker lacks installed. uv's output goes to the attempt's log.
+
+    Each uv run happens in `sandbox` when one is given (the tenant's uid, bubblewrap), else as
+    the worker's user. The request is checked (`EnvRequest.refusal`) before uv runs, unless
+    `check` is off: only the tests turn it off, to show what the sandbox alone holds back."""
 
     def __init__(self, request: EnvRequest, base: BaseEnv, *, uv: str, log_path: Path,
-                 beat: Beat, beat_s: float, timeout_s: float) -> None:
+                 beat: Beat, beat_s: float, timeout_s: float,
+                 sandbox: BuildSandbox | None = None, check: bool = True) -> None:
         self._request, self._base, self._uv = request, base, uv
         self._log_path, self._beat, self._beat_s = log_path, beat, beat_s
         self._timeout_s = timeout_s
         self._deadline = 0.0
+        self._sandbox = sandbox
+        self._check = check
 
     def __call__(self, scratch: Path) -> dict[str, Any]:
         request, base = self._request, self._base
+        if self._check and (why := request.refusal()) is not None:
+            raise SetupError(why)
         started = time.monotonic()
         self._deadline = started + self._timeout_s
+        if self._sandbox is not None:
+            self._sandbox.own(scratch)
         # Paths relative to `scratch`, uv's working directory: the log stays readable.
         self._run(["venv", "--relocatable", "--python", base.executable,
                    *(["--system-site-packages"] if base.system_site else []), "env"], scratch)
@@ -273,12 +329,14 @@ class UvBuild:
                    "--annotation-style", "line", "--no-header", "--emit-index-url",
                    "--emit-find-links", "--output-file", "resolved.txt", "request.in"], scratch,
                   pins=pins)
-        install = to_install((scratch / "resolved.txt").read_text(), pins)
+        install = to_install(_read_text(scratch / "resolved.txt"), pins)
         packages = [line for line in install if not line.startswith("-")]
         if packages:
             (scratch / "install.txt").write_text("".join(f"{line}\n" for line in install))
             self._run(["pip", "install", "--python", python, "--no-deps", "-r", "install.txt"],
                       scratch)
+        if self._sandbox is not None:
+            self._sandbox.disown(scratch / "env")   # shared from the cache: root's now
         build_s = time.monotonic() - started
         log.info("env_built build_s=%.1f installed=%s", build_s, packages)
         return {"pip": list(request.pip), "requirements": request.requirements_name,
@@ -292,12 +350,17 @@ class UvBuild:
         argv = [self._uv, *args]
         if args[0] == "pip":
             argv[3:3] = ["--no-build"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}  # no credentials
-        env.update(UV_CACHE_DIR=str(cwd / "uv-cache"), UV_PYTHON_DOWNLOADS="never", NO_COLOR="1")
+        env = build_env(os.environ, scratch=cwd)
+        enter = None
+        if self._sandbox is not None:
+            launch = self._sandbox.launch(argv, env, scratch=cwd, read_only=[
+                Path(self._uv).parent, *operator_paths(env)])
+            argv, env, enter = launch.argv, launch.env, launch.enter
         out_path = cwd / "uv.out"
         with open(out_path, "wb") as out:
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=enter)
             try:
                 while True:
                     try:
@@ -325,6 +388,18 @@ class UvBuild:
                              f"{_last_words(output)}{_pinned_hint(output, pins or {})}")
 
 
+def build_env(environ: Mapping[str, str], *, scratch: Path) -> dict[str, str]:
+    """A build's environment: of `environ` (the worker's) only what `BUILD_ENV_NAMES` and the
+    operator's `UV_*` settings name, uv's cache in `scratch`, which is also HOME (so no file
+    of the worker's home, a `.netrc` or a user-level `uv.toml`, is read), and no Python
+    download."""
+    env = {k: v for k, v in environ.items()
+           if k in BUILD_ENV_NAMES or k.startswith(BUILD_ENV_PREFIX)}
+    env.update(HOME=str(scratch), UV_CACHE_DIR=str(scratch / "uv-cache"),
+               UV_PYTHON_DOWNLOADS="never", NO_COLOR="1")
+    return env
+
+
 def uv_binary() -> str:
     """The uv binary of the worker's environment (the `uv` package of the worker extra)."""
     try:
@@ -336,10 +411,21 @@ def uv_binary() -> str:
 
 
 def _tail(path: Path) -> str:
-    data = path.read_bytes()
-    if len(data) > OUTPUT_MAX_BYTES:
-        data = b"[...]\n" + data[-OUTPUT_MAX_BYTES:]
-    return data.decode(errors="replace")
+    """The last `OUTPUT_MAX_BYTES` of uv's output."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        f.seek(max(0, size - OUTPUT_MAX_BYTES))
+        data = f.read(OUTPUT_MAX_BYTES)
+    return ((b"[...]\n" if size > OUTPUT_MAX_BYTES else b"") + data).decode(errors="replace")
+
+
+def _read_text(path: Path) -> str:
+    """A file uv wrote in the scratch directory (sandboxed: as the tenant's uid), read without
+    following a link."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(RESOLVED_MAX_BYTES).decode(errors="replace")
 
 
 def _last_words(output: str) -> str:

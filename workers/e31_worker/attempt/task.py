@@ -23,6 +23,7 @@ from e31.states import AttemptReason
 from e31.store.attempts import AttemptFacts
 from e31.store.records import Claim, Outcome
 from e31.store.repo import JOB_ID
+from e31_worker.attempt.buildbox import BuildSandbox
 from e31_worker.attempt.bundle import remove_tree, stage_code
 from e31_worker.attempt.environment import SetupStopped, job_environment, lease_beat
 from e31_worker.attempt.inputs import stage_inputs
@@ -186,7 +187,8 @@ def _prepare(svc: AttemptServices, claim: Claim, plan: AttemptPlan, shipper: Shi
         stage_code(svc, claim, plan)     # its code, unpacked read-only (bundle.py)
         binds = stage_inputs(svc, claim, plan)   # its inputs, into $E31_INPUT_DIR (inputs.py)
         plan = dataclasses.replace(plan, input_binds=binds)   # local files bound read-only
-        env = job_environment(svc.settings, plan, beat=lease_beat(keeper))
+        env = job_environment(svc.settings, plan, beat=lease_beat(keeper), sandbox=(
+            BuildSandbox.for_tenant(svc.sandbox, claim.tenant_id) if svc.sandbox else None))
         if env is not None:
             held.callback(env.release)
             plan = dataclasses.replace(plan, venv=env.path)
