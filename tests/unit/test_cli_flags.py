@@ -44,6 +44,7 @@ FLAGS: dict[str, tuple[list[str], Any]] = {
     "resources.gpu_mem_gb": (["--gpu-mem", "40"], 40.0),
     "resources.size_class": (["--size-class", "gpu80"], "gpu80"),
     "resources.mem_gb": (["--mem-gb", "8"], 8.0),
+    "resources.disk_gb": (["--disk-gb", "200"], 200.0),
     "resources.on_oom": (["--on-oom", "next_class"], "next_class"),
     "allow_pending": (["--allow-pending"], True),
     "preemptible": (["--preemptible"], True),

@@ -137,6 +137,9 @@ def submit(
     size_class: str | None = typer.Option(None, "--size-class", help="e.g. gpu80"),
     mem_gb: float | None = typer.Option(
         None, "--mem-gb", help="GB of host memory the job may use (past it: reason oom)"),
+    disk_gb: float | None = typer.Option(
+        None, "--disk-gb", help="GB its scratch, outputs and checkpoints may fill (past it: "
+                                "reason disk_quota); default: the pool's attempt_disk_gb"),
     on_oom: str | None = typer.Option(
         None, "--on-oom", help="after an attempt that ran out of memory: next_class (queue it "
                                "in the next bigger size class) or fail (retry it in its own); "
@@ -218,7 +221,7 @@ def submit(
                           "pip": [*(body.get("python") or {}).get("pip", []), *pip]}
     _set_given(body, "python", requirements=requirements)
     _set_given(body, "resources", gpus=gpus, gpu_mem_gb=gpu_mem_gb, size_class=size_class,
-               mem_gb=mem_gb, on_oom=on_oom)
+               mem_gb=mem_gb, disk_gb=disk_gb, on_oom=on_oom)
     _set_given(body, "retries", max=retries, backoff_s=backoff_s, backoff_max_s=backoff_max_s,
                max_lost=max_lost)
     _set_given(body, None, timeout_s=timeout_s, priority=priority, name=name, network=network,
