@@ -74,3 +74,6 @@ _.job_ends
 # and the connection pool httpx's transport keeps and sends each request through.
 _.connect_unix_socket
 _._pool
+
+# Tornado: a request handler's hook it calls before a POST (e31.flowerauth.Unauthorized).
+_.check_xsrf_cookie

@@ -27,6 +27,7 @@ from .conftest import Stack
 from .stacks import OwnStack, own_stack
 
 WAIT_S = 90
+FLOWER_LOGIN = ("e31", "s3cret")   # E31_FLOWER_USER's default and the password set below
 
 
 def test_flower_shows_jobs_as_tenant_and_name_behind_basic_auth(stack: Stack) -> None:
@@ -37,9 +38,11 @@ def test_flower_shows_jobs_as_tenant_and_name_behind_basic_auth(stack: Stack) ->
                               stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _answers(f"{base}/healthcheck"), timeout_s=WAIT_S, what="Flower")
-        assert httpx.get(f"{base}/api/workers").status_code == 401
-        assert httpx.get(f"{base}/metrics").status_code == 200   # why it must stay private
+        wait_for(lambda: _answers(f"{base}/healthcheck", auth=FLOWER_LOGIN), timeout_s=WAIT_S,
+                 what="Flower")
+        # every route asks for the login, its metrics and health too (e31.flowerauth)
+        for route in ("/api/workers", "/metrics", "/healthcheck"):
+            assert httpx.get(f"{base}{route}").status_code == 401, route
         # Flower answers before its event receiver has bound its queue, and a task event sent
         # before then is gone (a fanout exchange keeps nothing): wait until it has heard a
         # worker's heartbeat, so the job's events below are ones it receives.
@@ -51,7 +54,7 @@ def test_flower_shows_jobs_as_tenant_and_name_behind_basic_auth(stack: Stack) ->
         # Celery's events. A job it missed is followed by another, three at most: a name the
         # platform did not give never shows, however many.
         def tasks() -> dict[str, dict]:
-            return httpx.get(f"{base}/api/tasks", auth=("e31", "s3cret")).json()
+            return httpx.get(f"{base}/api/tasks", auth=FLOWER_LOGIN).json()
 
         def evidence() -> str:
             ours = [t for t in tasks().values() if "seen-in-flower" in str(t.get("name"))
@@ -79,7 +82,7 @@ def test_flower_shows_jobs_as_tenant_and_name_behind_basic_auth(stack: Stack) ->
 
 
 def _heard_a_worker(metrics_url: str) -> bool:
-    text = httpx.get(metrics_url).text
+    text = httpx.get(metrics_url, auth=FLOWER_LOGIN).text
     return any(line.startswith("flower_worker_online{") and line.endswith(" 1.0")
                for line in text.splitlines())
 
@@ -108,9 +111,9 @@ def test_up_detached_then_down_stops_every_process_it_started(tmp_path: Path) ->
         wait_for(lambda pid=pid: not process_alive(pid), timeout_s=30, what=f"pid {pid} to exit")
 
 
-def _answers(url: str) -> bool:
+def _answers(url: str, auth: tuple[str, str] | None = None) -> bool:
     try:
-        return httpx.get(url, timeout=2).status_code == 200
+        return httpx.get(url, auth=auth, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -149,8 +149,9 @@ def test_flower_shows_a_failed_job_as_failed_in_a_browser(stack: Stack, flower: 
     tasks_page = html.unescape(chromium(tmp_path, f"{authed}/tasks", "--dump-dom"))
     assert "default/fails-in-flower" in tasks_page and "FAILURE" in tasks_page
     assert "default/succeeds-in-flower" in tasks_page and "SUCCESS" in tasks_page
-    # And without the password Flower shows nothing of it
+    # And without the password Flower shows nothing of it, not even in its metrics
     assert httpx.get(f"{flower}/task/{bad['uuid']}", timeout=10).status_code == 401
+    assert httpx.get(f"{flower}/metrics", timeout=10).status_code == 401
 
     # The screenshots, kept as the test's artifacts
     for name, url in (("flower-tasks.png", f"{authed}/tasks"),
@@ -162,7 +163,8 @@ def test_flower_shows_a_failed_job_as_failed_in_a_browser(stack: Stack, flower: 
 
 
 def _answers(url: str) -> bool:
+    """Whether Flower answers `url` with its credentials (it answers nothing without them)."""
     try:
-        return httpx.get(url, timeout=2).status_code == 200
+        return httpx.get(url, auth=(USER, PASSWORD), timeout=2).status_code == 200
     except httpx.HTTPError:
         return False

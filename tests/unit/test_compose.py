@@ -175,8 +175,8 @@ def test_prometheus_presents_the_metrics_token_the_api_reads_and_scrapes_the_api
     assert "metrics_token" in services["prometheus"]["secrets"]
     assert scrape["authorization"] == {"type": "Bearer", "credentials_file": token_path}
     assert compose["secrets"]["metrics_token"]["file"]
-    # And it scrapes the API where compose runs it; Flower (whose /metrics has no auth) is
-    # no target
+    # And it scrapes the API where compose runs it; Flower (its /metrics names every tenant's
+    # tasks, behind Flower's login) is no target
     targets = [t for c in config["scrape_configs"] for s in c["static_configs"]
                for t in s["targets"]]
     assert "api:8031" in targets

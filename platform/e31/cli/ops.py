@@ -240,17 +240,19 @@ def scheduler(home: Path | None = HomeOpt) -> None:
 
 @app.command()
 def flower(home: Path | None = HomeOpt) -> None:
-    """Flower on the same broker and settings, with basic auth, on a private address."""
+    """Flower on the same broker and settings, with basic auth on every route (its /metrics and
+    /healthcheck too), on a private address."""
     from e31 import wiring
     from e31.client.profile import read_profile
+    from e31.flowerauth import run
     settings = load_settings(home=home)
     password = settings.flower_password or read_profile(settings.home).get("flower_password")
     if not settings.redis_url or not password:
         fail("Flower needs E31_REDIS_URL and E31_FLOWER_PASSWORD", EXIT_INPUT)
-    wiring.celery(settings).start(["flower", f"--address={settings.flower_host}",
-                                   f"--port={settings.flower_port}",
-                                   f"--basic-auth={settings.flower_user}:{password}",
-                                   "--persistent=False", "--purge_offline_workers=60"])
+    run(wiring.celery(settings), [f"--address={settings.flower_host}",
+                                  f"--port={settings.flower_port}",
+                                  f"--basic-auth={settings.flower_user}:{password}",
+                                  "--persistent=False", "--purge_offline_workers=60"])
 
 
 @db_app.command("upgrade")
