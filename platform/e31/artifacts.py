@@ -56,6 +56,10 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
+# A tenant's outputs on an object store with no `tenant_outputs_max_bytes`: no cap (the
+# store's own typo guard, e31.store.quotas.MAX_OUTPUTS_BYTES, is the same number).
+NO_CAP_BYTES = 1 << 62
+
 SYMLINK = "symbolic link"
 HARD_LINK = "hard link"
 NOT_REGULAR = "not a regular file"
@@ -125,6 +129,26 @@ class ArtifactStore:
     def storage_options(self) -> dict[str, Any]:
         """The arguments this store was opened with, for the bundles kept beside it."""
         return dict(self._options)
+
+    def capacity_bytes(self) -> int | None:
+        """The most this store can hold: a local store's file system's size (of its root, or
+        of the nearest directory above it that exists yet); None for an object store, which
+        sets no bound of its own."""
+        if not self._local:
+            return None
+        path = Path(self._root)
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        return shutil.disk_usage(path).total
+
+    def outputs_cap_bytes(self, setting: int | None) -> int:
+        """The pool's cap of one tenant's stored outputs (a tenant's own cap wins over it):
+        `setting` (`tenant_outputs_max_bytes`) when given, else what this store can hold,
+        else (an object store) `NO_CAP_BYTES`."""
+        if setting is not None:
+            return setting
+        capacity = self.capacity_bytes()
+        return NO_CAP_BYTES if capacity is None else capacity
 
     def _path(self, tenant_id: str, job_id: str, *parts: str) -> str:
         return posixpath.join(self._root, tenant_id, job_id, *parts)

@@ -5,6 +5,13 @@ A bundle is kept per tenant, so a tenant can name only what it uploaded itself, 
 nothing of another tenant's bundles. An upload is written under a temporary name and renamed
 into place once its hash and its members have been checked, so a reader never sees half a
 bundle and a refused one leaves nothing behind.
+
+`used_bytes` is what a tenant's bundles take, for its quota (`tenant_bundle_gb`): the sizes
+listed under its directory, its uploads in progress included. Each upload checks it after
+its own bytes are written and before it is committed, so of two concurrent uploads the later
+check counts the other's whole file: both cannot pass the quota together (both may be refused
+while both are in flight, which the client's retry settles). An upload file untouched for
+`STALE_UPLOAD_S` is one an API process left when it died, and no longer counts.
 """
 
 from __future__ import annotations
@@ -12,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import posixpath
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import IO, Any
 
 import fsspec
@@ -23,6 +32,10 @@ from e31.bundles import DIGEST
 
 PREFIX = "bundles"
 TMP_PREFIX = ".upload-"   # an upload in progress: never a bundle
+# An upload file not written to for this long belongs to no live upload (its API process
+# died): it no longer counts toward its tenant's quota. A live upload writes every chunk and
+# is checked within seconds of its last one.
+STALE_UPLOAD_S = 600.0
 
 
 @dataclass
@@ -72,6 +85,21 @@ class BundleStore:
             return None
         return int(info.get("size") or 0) if info.get("type") == "file" else None
 
+    def used_bytes(self, tenant_id: str, *, now_s: float | None = None) -> int:
+        """The bytes the tenant's bundles take, with its uploads in progress (the module says
+        why); read afresh from the store, never from a cached listing."""
+        parent = posixpath.join(self._root, tenant_id)
+        self._fs.invalidate_cache(parent)
+        try:
+            listed = self._fs.ls(parent, detail=True)
+        except FileNotFoundError:
+            return 0
+        now_s = time.time() if now_s is None else now_s
+        return sum(int(info.get("size") or 0) for info in listed
+                   if info.get("type") == "file" and not (
+                       posixpath.basename(info["name"]).startswith(TMP_PREFIX)
+                       and now_s - _modified_s(info) > STALE_UPLOAD_S))
+
     def exists(self, tenant_id: str, digest: str) -> bool:
         return self.size(tenant_id, digest) is not None
 
@@ -110,3 +138,12 @@ class BundleStore:
             raise FileNotFoundError(path)
         opened: IO[bytes] = self._fs.open(path, "rb")
         return opened
+
+
+def _modified_s(info: Mapping[str, Any]) -> float:
+    """When a listed file was last written, in seconds since 1970 (a local file's `mtime`, an
+    object's `LastModified`); 0 when the store says nothing."""
+    modified = info.get("mtime", info.get("LastModified", info.get("last_modified")))
+    if isinstance(modified, datetime):
+        return modified.timestamp()
+    return float(modified or 0)

@@ -3,9 +3,13 @@
 `HEAD /v1/bundles/sha256:<hex>` answers 200 when the caller's tenant holds the bundle (then the
 client uploads nothing; `X-E31-Bundle-Bytes` is its size) and 404 otherwise.
 `PUT /v1/bundles/sha256:<hex>` streams the body into the store while hashing it: over
-`bundle_max_bytes` it answers 413 naming the limit; a body whose sha256 is not the one named
-(409: the body conflicts with its name), or a tar with a path that escapes, a link out, a hard
-link or a device (422 naming the member), is removed and nothing is stored.
+`bundle_max_bytes` it answers 413 naming the limit, and past the tenant's quota of all its
+bundles together (`tenant_bundle_gb`; 0: no bundles) 413 naming the quota and the bytes in use,
+checked before the body is read, while it is, and once more, counting the tenant's other
+uploads in progress, just before it is committed (`BundleStore.used_bytes`); a body whose
+sha256 is not the one named (409: the body conflicts with its name), or a tar with a path that
+escapes, a link out, a hard link, a device, a sparse file or a header that cannot be read (422
+naming the member), is removed and nothing is stored.
 `BundleChecks.check_spec` is what a submission checks of the bundles and inputs its spec names
 (docs/jobs.md, "Bring your code, environment and data").
 """
@@ -42,6 +46,7 @@ log = logging.getLogger(__name__)
 BUNDLES_PATH = "/v1/bundles/"
 SIZE_HEADER = "X-E31-Bundle-Bytes"
 PROBLEMS_SHOWN = 20      # bad members named in one answer
+GIB = 1024 ** 3
 
 
 class BundleChecks:
@@ -54,6 +59,11 @@ class BundleChecks:
     @property
     def max_bytes(self) -> int:
         return self._settings.bundle_max_bytes
+
+    @property
+    def quota_bytes(self) -> int:
+        """The most bytes one tenant's bundles may take together (`tenant_bundle_gb`)."""
+        return int(self._settings.tenant_bundle_gb * GIB)
 
     def size(self, tenant: TenantRecord, digest: str) -> int | None:
         """The tenant's bundle's size, or None when it holds none of that hash."""
@@ -69,10 +79,13 @@ class BundleChecks:
             return {"bundle": digest, "bytes": size, "stored": False}
         if declared_bytes is not None and declared_bytes > self.max_bytes:
             raise TooLarge(self._too_large(), limit_bytes=self.max_bytes)
+        used = await anyio.to_thread.run_sync(self._store.used_bytes, tenant.id)
+        self._check_quota(used, declared_bytes or 0)
         with self._store.upload(tenant.id) as upload:
             async for chunk in chunks:
                 if upload.size_bytes + len(chunk) > self.max_bytes:
                     raise TooLarge(self._too_large(), limit_bytes=self.max_bytes)
+                self._check_quota(used, upload.size_bytes + len(chunk))
                 await anyio.to_thread.run_sync(upload.write, chunk)
             if upload.digest != digest:
                 raise SpecConflict.one("bundle", f"the body's sha256 is {upload.digest}, not "
@@ -81,6 +94,10 @@ class BundleChecks:
             problems = await anyio.to_thread.run_sync(self._problems, upload)
             if problems:
                 raise SpecError([{"field": "bundle", "reason": p} for p in problems])
+            # Once more, with the whole upload written: every other upload of the tenant now
+            # counts, as this one counts in theirs (e31.blobs says why two cannot both pass).
+            used = await anyio.to_thread.run_sync(self._store.used_bytes, tenant.id)
+            self._check_quota(used - upload.size_bytes, upload.size_bytes)
             await anyio.to_thread.run_sync(self._store.commit, upload, tenant.id)
         log.info("bundle_stored tenant=%s bundle=%s bytes=%d", tenant.name, digest,
                  upload.size_bytes)
@@ -89,6 +106,19 @@ class BundleChecks:
     def _problems(self, upload: Upload) -> list[str]:
         with self._store.open_upload(upload) as f:
             return tar_problems(f, limit=PROBLEMS_SHOWN)
+
+    def _check_quota(self, used_bytes: int, adding_bytes: int) -> None:
+        """`TooLarge` naming the tenant's bundle quota when `adding_bytes` to the `used_bytes`
+        its bundles (and other uploads) take would pass it."""
+        quota = self.quota_bytes
+        if quota == 0:
+            raise TooLarge("bundles are off on this pool (tenant_bundle_gb = 0): pass code and "
+                           "data as s3:// or http(s):// inputs", limit_bytes=0)
+        if used_bytes + adding_bytes > quota:
+            raise TooLarge(f"your tenant's bundles would take {used_bytes + adding_bytes} bytes, "
+                           f"over its quota of {quota} bytes (tenant_bundle_gb = "
+                           f"{self._settings.tenant_bundle_gb:g}); {used_bytes} bytes are in "
+                           "use already", limit_bytes=quota)
 
     def _too_large(self) -> str:
         return (f"the bundle is larger than {self.max_bytes} bytes (bundle_max_bytes); leave "

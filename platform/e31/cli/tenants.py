@@ -113,8 +113,9 @@ def tenant_update(name: str, weight: float | None = WeightOpt, quota: list[str] 
     shown = tenant.to_dict()
     text = f"tenant {tenant.name}: weight {tenant.weight:g}{_quota_text(tenant.quotas)}"
     if outputs is not None:   # asked about: its outputs quota and what it uses of it
-        cap = (settings.tenant_outputs_max_bytes if outputs.max_bytes is None
-               else outputs.max_bytes)
+        from e31 import wiring
+        cap = (wiring.artifacts(settings).outputs_cap_bytes(settings.tenant_outputs_max_bytes)
+               if outputs.max_bytes is None else outputs.max_bytes)
         shown.update(outputs_max_bytes=cap, outputs_bytes=outputs.used_bytes,
                      outputs_max_is_default=outputs.max_bytes is None)
         text += (f", outputs {outputs.used_bytes} of {cap} bytes"

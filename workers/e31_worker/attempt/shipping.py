@@ -127,7 +127,8 @@ class Shipper:
             job_bytes += delta
             wanted.append((rel, st.st_size, delta))
         charge = svc.repo.charge_outputs(claim.tenant_id, [d for _, _, d in wanted],
-                                         default_max_bytes=svc.settings.tenant_outputs_max_bytes)
+                                         default_max_bytes=svc.artifacts.outputs_cap_bytes(
+                                             svc.settings.tenant_outputs_max_bytes))
         charged: dict[str, tuple[int, int]] = {}
         for (rel, size, delta), ok in zip(wanted, charge.accepted, strict=True):
             if ok:
