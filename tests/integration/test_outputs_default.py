@@ -6,6 +6,7 @@ worker attempts over a `file://` artifact store.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from e31.artifacts import NO_CAP_BYTES, ArtifactStore
 from e31.clock import utcnow
 from e31.settings import Settings
 from e31.store import Repo
+from tests.integration.test_cli_ops import e31
 from tests.integration.test_quotas import read_log, run_to_the_end, services, submit
 
 HUGE = 1 << 50
@@ -88,3 +90,20 @@ def test_an_explicit_setting_and_a_tenants_own_cap_win_over_the_default(
     assert "over the tenant's outputs quota (1000 bytes, 0 in use)" in read_log(
         artifacts, plain.id, first, 1).decode()
     assert artifacts.list_outputs(own.id, second) == [{"path": "out.bin", "size": 2000}]
+
+
+def test_tenant_update_shows_the_disk_size_as_the_default_cap(database_url: str,
+                                                             tmp_path: Path) -> None:
+    # Given a tenant, on a pool whose artifact store is local and has no cap set
+    created = e31("tenant", "create", "t", home=tmp_path, database_url=database_url)
+    assert created.returncode == 0, created.stderr
+
+    # When the operator returns its outputs cap to the pool's default
+    shown = e31("tenant", "update", "t", "--outputs-max-bytes", "default", "--json",
+                home=tmp_path, database_url=database_url)
+
+    # Then the cap shown is the size of the file system the artifact store lives on
+    assert shown.returncode == 0, shown.stderr
+    printed = json.loads(shown.stdout)
+    assert printed["outputs_max_is_default"] is True
+    assert printed["outputs_max_bytes"] == shutil.disk_usage(tmp_path).total
