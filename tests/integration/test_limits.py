@@ -28,7 +28,7 @@ from e31.spec import JobSpec
 from e31.states import AttemptReason, Start
 from e31.store import Repo
 from e31.store.attempts import AttemptFacts
-from e31.store.records import Outcome
+from e31.store.records import Claim, Outcome
 from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.limits import AttemptLimits, attempt_limits, default_mem_gb
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
@@ -206,23 +206,37 @@ def test_with_the_pools_default_pids_max_the_same_loop_forks_all_it_asks(
     assert note.read_text().split() == ["200", "None"]
 
 
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["process", "sandbox"])
 def test_a_warm_started_job_is_held_to_pids_max_too(tmp_path: Path, pids_cgroups: JobCgroups,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    # Given a warm process, and an entrypoint job forking 500 children under a limit of 64
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    sandboxed: bool) -> None:
+    # Given a warm process (and a sandbox), and an entrypoint job forking 500 children under a
+    # limit of 64
     jobs = tmp_path / "jobs"
     jobs.mkdir()
+    jobs.chmod(0o755)
     (jobs / "forkjobs.py").write_text(FORK_MODULE)
     monkeypatch.setenv("PYTHONPATH", str(jobs), prepend=os.pathsep)
+    spec = {"entrypoint": "forkjobs:fork_loop", "params": {"want": 500}}
+    sandbox = None
+    if sandboxed:
+        from tests.integration.test_sandbox import TENANT, Jail
+        jail = Jail(tmp_path)
+        p = dataclasses.replace(jail.plan(**spec, resources={"gpus": 0}),
+                                limits=AttemptLimits(pids_max=64))
+        sandbox = jail.sandbox.for_attempt(Claim(job_id=p.job_id, tenant_id=TENANT, token=1,
+                                                 attempt=1, spec=p.spec, gpus=0))
+    else:
+        p = plan(tmp_path, "j-warmfork", Settings(attempt_pids_max=64), **spec)
     warm = WarmStarter(preload=[], env=warm_env(os.environ))
     warm.start()
     try:
         assert warm.wait_ready(120), "the warm process did not start"
         starts: list[Start] = []
-        p = plan(tmp_path, "j-warmfork", Settings(attempt_pids_max=64),
-                 entrypoint="forkjobs:fork_loop", params={"want": 500})
 
         # When it is forked from the warm process
-        outcome = supervisor(p, pids_cgroups, warm=warm,
+        outcome = Supervisor(p, tick=lambda progress: Directive.CONTINUE, cgroups=pids_cgroups,
+                             sandbox=sandbox, warm=warm,
                              on_start=lambda ms, how: starts.append(how)).run()
     finally:
         warm.close()

@@ -166,10 +166,10 @@ class JobCgroups:
                                 else None)
 
     @classmethod
-    def for_node(cls, node: str) -> JobCgroups | None:
+    def for_node(cls, node: str, layout: Layout | None = None) -> JobCgroups | None:
         """The node's cgroups where this process may create them, else None (said once in the
-        log)."""
-        layout = detect()
+        log); under `layout`, else this process's own cgroups (`detect`)."""
+        layout = layout or detect()
         if layout is None:
             log.info("cgroups_unavailable node=%s: no memory cgroup; jobs run in process groups "
                      "only", node)
