@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from e31.cli.jobs import _limits
 from e31.settings import Settings
 from e31.spec import JobSpec
@@ -91,3 +93,16 @@ def test_status_shows_the_limits_and_says_none_where_one_was_not_applied() -> No
                                "network": "isolated"}}) == \
         "pids none, mem none, disk 0.05 GB, net isolated"
     assert _limits({"limits": None}) == "-"
+
+
+def test_an_attempt_holding_more_files_than_a_walk_counts_is_over_its_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a walk that counts at most 50 entries, and a job that made 60 empty files
+    import e31_worker.attempt.limits as limits
+    monkeypatch.setattr(limits, "DISK_WALK_MAX_ENTRIES", 50)
+    for i in range(60):
+        (tmp_path / f"f{i}").touch()
+    watch = DiskWatch(trees=[tmp_path], staged=[], max_bytes=1 << 30)
+
+    # Then it is over its limit though it holds no bytes: the walk stayed bounded
+    assert watch.over() and watch.entries == 50
