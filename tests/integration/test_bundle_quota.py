@@ -21,7 +21,7 @@ from e31.clock import utcnow
 from e31.errors import TooLarge
 from e31.settings import Settings
 from e31.store import Repo
-from tests.integration.conftest import MakeApp, bearer
+from tests.integration.conftest import MakeApp, S3Server, bearer
 
 BUNDLE_BYTES = 20 * 1024                 # each test bundle: a tar of this size exactly
 QUOTA_BYTES = 3 * BUNDLE_BYTES // 2      # room for one bundle, not two
@@ -167,3 +167,21 @@ def test_an_upload_file_left_by_a_dead_api_process_stops_counting(repo: Repo,
     assert store.used_bytes(tenant.id) == 0
     assert asyncio.run(checks.receive(tenant, digest(data), paused(data, None),
                                       None))["stored"] is True
+
+
+def test_an_object_stores_bundles_are_counted_as_a_local_stores(s3: S3Server,
+                                                                s3_url: str) -> None:
+    # Given a tenant's bundle committed on s3, and an upload of it in progress
+    store = BundleStore(s3_url, s3.options)
+    assert store.used_bytes("t-1") == 0
+    with store.upload("t-1") as upload:
+        upload.write(b"x" * 5)
+        store.commit(upload, "t-1")
+    with store.upload("t-1") as upload:
+        upload.write(b"y" * 7)
+        store.open_upload(upload).close()   # written out, as before the last check
+
+        # Then both count, read afresh from the store; a stale upload does not
+        assert store.used_bytes("t-1") == 12
+        assert store.used_bytes("t-1", now_s=time.time() + STALE_UPLOAD_S + 60) == 5
+    assert store.used_bytes("t-1") == 5
