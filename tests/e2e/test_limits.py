@@ -18,8 +18,10 @@ import pytest
 
 from e31.errors import ClientError, JobFailed
 from e31_worker.attempt.cgroups import JobCgroups
+from e31_worker.attempt.limits import host_memory_gb
 from tests.conftest import wait_for
 
+from .conftest import Stack
 from .stacks import OwnStack, own_stack
 
 # Forks up to argv[1] children that stay alive, notes "<forked> <errno name or None>" in
@@ -167,3 +169,22 @@ def test_a_disk_gb_above_the_pools_maximum_is_refused_at_submit(tight: OwnStack)
         tight.client().submit(command=["true"], **{**ONCE, "resources": {"gpus": 0,
                                                                         "disk_gb": 2}})
     assert "resources.disk_gb" in str(refused.value)
+
+
+def test_without_default_mem_gb_a_job_gets_the_hosts_memory_shared_by_its_slots(
+        stack: Stack) -> None:
+    # Given the session's stack: two GPU workers and two cpu slots on this host, no
+    # default_mem_gb set
+    if JobCgroups.for_node("test-probe@limits") is None:
+        pytest.skip("this machine lets the worker create no cgroups")
+    total = host_memory_gb()
+    assert total is not None
+
+    # When a job that asks no memory runs
+    job = stack.client().submit(command=["true"], resources={"gpus": 0})
+    done = job.wait(timeout=60)
+
+    # Then its attempt ran under a quarter of the host's memory, and the pool's other limits
+    [attempt] = done["attempts"]
+    assert attempt["limits"]["mem_gb"] == pytest.approx(total / 4, abs=0.001)
+    assert attempt["limits"]["pids_max"] == 4096 and attempt["limits"]["disk_gb"] == 50.0
