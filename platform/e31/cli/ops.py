@@ -95,10 +95,12 @@ def worker(gpus: str = GpusOpt,
         _undrain(settings, nodes=node, host=hostname or default_host(), as_json=as_json)
         return
     if settings.isolation == "sandbox":
-        from e31_worker.attempt.sandbox import sandbox_unavailable
+        from e31_worker.attempt.sandbox import network_unavailable, sandbox_unavailable
         if (why := sandbox_unavailable(settings)) is not None:
             fail(f"cannot run jobs in a sandbox on this host: {why}. `--isolation process` "
                  "runs them as the worker's own user instead (docs/security.md)", EXIT_INPUT)
+        if (why := network_unavailable(settings)) is not None:
+            fail(f"cannot give jobs their own network on this host: {why}", EXIT_INPUT)
     try:
         found = parse_simulated(simulate_gpus) if simulate_gpus else discover()
         chosen = select(found, gpus) if found else []

@@ -137,9 +137,12 @@ def _isolation(settings: Settings, *, chosen: bool) -> str:
     sandbox was asked for by flag, each job as the user who runs `e31 up`, with a warning."""
     if settings.isolation != "sandbox":
         return settings.isolation
-    from e31_worker.attempt.sandbox import sandbox_unavailable
+    from e31_worker.attempt.sandbox import network_unavailable, sandbox_unavailable
     why = sandbox_unavailable(settings)
     if why is None:
+        if (no_net := network_unavailable(settings)) is not None:
+            err.print(f"error: {no_net}")
+            raise typer.Exit(EXIT_INPUT)
         return "sandbox"
     if chosen:
         err.print(f"error: cannot run jobs in a sandbox on this host: {why}")

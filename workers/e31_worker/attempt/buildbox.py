@@ -15,7 +15,8 @@ The scratch directory is handed to the tenant's uid before the build (`own`); th
 built in it is handed back to root afterwards (`disown`: every file root's, no set-id bit),
 before the cache publishes it, since every later job of every tenant asking the same uses it.
 
-Network: `build_network_args` is the one place that says what network a build has.
+Network: the host's on a pool of `job_network = host`; else an isolated one, as a job's, from
+which the operator's package indexes are reachable too (`e31_worker.attempt.network`).
 """
 
 from __future__ import annotations
@@ -28,21 +29,14 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from e31_worker.attempt.binds import enter_as, outermost, source
-from e31_worker.attempt.sandbox import Launch, Sandbox
+from e31_worker.attempt.network import UV_INDEX_VARS
+from e31_worker.attempt.sandbox import RESOLV_CONF, Launch, Sandbox
+from e31_worker.child.netns import enter_isolated
 
 # The operator's uv settings that may name a local index or wheel directory (a file:// URL or
 # a path), bound read-only into a build's sandbox; an index named in a uv.toml instead lies in
 # a directory the operator lists in `sandbox_read_only_dirs`.
 UV_CONFIG_FILE = "UV_CONFIG_FILE"
-UV_INDEX_VARS = ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_EXTRA_INDEX_URL", "UV_INDEX",
-                 "UV_FIND_LINKS")
-
-
-def build_network_args() -> list[str]:
-    """bubblewrap's arguments for a build's network: today the host's (`--share-net`), since
-    uv must reach the operator's package index. This is the one place to swap in the job
-    network namespace (`job_network = isolated`) once the pool has it."""
-    return ["--share-net"]
 
 
 class BuildSandbox:
@@ -71,15 +65,30 @@ class BuildSandbox:
         """`argv` wrapped in bubblewrap, run in `scratch` (bound read-write) with `read_only`
         (the uv binary, the operator's uv configuration) bound read-only."""
         staged: list[Path] = []
-        args = [self._sandbox.bwrap, "--unshare-all", *build_network_args(),
+        network = self._sandbox.network
+        # the host's network, or the isolated one `enter` moves into; on a `none` pool
+        # without slirp4netns none at all (a local index only)
+        isolated = network.mode != "host" and network.unavailable(mode="isolated") is None
+        share = network.mode == "host" or isolated
+        args = [self._sandbox.bwrap, "--unshare-all", *(["--share-net"] if share else []),
                 "--die-with-parent", "--new-session"]
         args += self._sandbox.bind_args(self.uid, staged=staged)
+        if isolated and network.resolv_conf is not None and Path(RESOLV_CONF).exists():
+            args += ["--ro-bind", source(network.resolv_conf, self.uid, staged), RESOLV_CONF]
         args += ["--bind", source(scratch, self.uid, staged), str(scratch)]
         for path in outermost(p for p in read_only if p.exists()):
             args += ["--ro-bind", source(path, self.uid, staged), str(path)]
         args += ["--chdir", str(scratch), "--", *argv]
-        return Launch(argv=args, env={**env, "HOME": str(scratch)},
-                      enter=enter_as(self.uid, staged))
+        become = enter_as(self.uid, staged)
+        if not isolated:
+            return Launch(argv=args, env={**env, "HOME": str(scratch)}, enter=become)
+        plan = network.plan(build=True)
+
+        def enter() -> None:
+            enter_isolated(plan)
+            become()
+
+        return Launch(argv=args, env={**env, "HOME": str(scratch)}, enter=enter)
 
 
 def operator_paths(env: Mapping[str, str]) -> list[Path]:

@@ -98,8 +98,8 @@ def default_mem_gb(settings: Settings, host_slots: int, meminfo: Path = MEMINFO)
     return round(total / max(1, host_slots), 3) if total is not None else None
 
 
-def attempt_limits(settings: Settings, spec: JobSpec, *,
-                   default_mem: float | None) -> AttemptLimits:
+def attempt_limits(settings: Settings, spec: JobSpec, *, default_mem: float | None,
+                   network: str | None = None) -> AttemptLimits:
     """The limits an attempt of `spec` is to run under on this worker (`default_mem`: its
     `default_mem_gb`, resolved once at start). A `disk_gb` over the pool's maximum (asked
     before an operator lowered it) gets the maximum."""
@@ -107,7 +107,8 @@ def attempt_limits(settings: Settings, spec: JobSpec, *,
     return AttemptLimits(
         pids_max=settings.attempt_pids_max,
         mem_gb=spec.resources.mem_gb or default_mem,
-        disk_gb=min(asked, settings.attempt_disk_max_gb) if asked else settings.attempt_disk_gb)
+        disk_gb=min(asked, settings.attempt_disk_max_gb) if asked else settings.attempt_disk_gb,
+        network=network)
 
 
 def note_limits(repo: Repo, claim: Claim, limits: AttemptLimits) -> None:

@@ -11,12 +11,16 @@ mount, PID, IPC, UTS and cgroup namespaces (bubblewrap makes them; with `network
 network namespace too, which holds only a loopback of its own). What it sees of the host's
 files: the system and the worker's Python read-only (`/usr`, `/etc`, the `/lib*`, `/bin`,
 `/sbin`, the interpreter's prefixes, site directories and the worker's PYTHONPATH), a fresh
-`/proc` of its own PID namespace, a minimal `/dev` (plus the NVIDIA device nodes, and `/sys`
-read-only on a GPU host), private `/tmp` and `/dev/shm`, and its attempt's directory
-read-write. Its code bundle and its environment are bound read-only. `E31_HOME`, the store,
-the artifact store, other attempts' directories, the Redis password file and the worker's
-processes do not exist for it: a protected path inside a directory bound for the system is
-hidden under an empty tmpfs.
+`/proc` of its own PID namespace, a minimal `/dev` (plus the NVIDIA driver's nodes and the
+`/dev/nvidiaN` of the GPUs it holds, no other GPU's, and `/sys` read-only on a GPU host),
+private `/tmp` and `/dev/shm`, and its attempt's directory read-write. Where its GPUs' device
+nodes are there (a real GPU host), CUDA sees only those, numbered from 0 as in a container or
+under SLURM's ConstrainDevices, so its CUDA_VISIBLE_DEVICES says `0,1,…` and `E31_GPUS` the
+host's indexes; with simulated GPUs (no nodes) CUDA_VISIBLE_DEVICES keeps the host's indexes.
+Its network is `e31_worker.attempt.network`'s. Its code bundle and its environment are
+bound read-only. `E31_HOME`, the store, the artifact store, other attempts' directories, the
+Redis password file and the worker's processes do not exist for it: a protected path inside a
+directory bound for the system is hidden under an empty tmpfs.
 
 The environment it starts with is exactly the one the supervisor built for it (what the
 allowlist of `e31_worker.attempt.jobenv` and `job_env_passthrough` keep of the worker's
@@ -56,6 +60,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import signal
 import stat
@@ -82,16 +87,23 @@ from e31_worker.attempt.binds import (
     source,
 )
 from e31_worker.attempt.jobenv import inherited_env
+from e31_worker.attempt.network import JobNetwork, Mode
+from e31_worker.child.netns import enter_isolated
 
 log = logging.getLogger(__name__)
 
 BWRAP = "bwrap"
 GPU_DEVICE_PREFIX = "nvidia"   # /dev/nvidia0.., nvidiactl, nvidia-uvm, nvidia-caps/
+DEV_DIR = Path("/dev")
+DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")  # <bus id>/information: "Device Minor: N"
+_GPU_NODE = re.compile(GPU_DEVICE_PREFIX + r"(\d+)")
+_DEVICE_MINOR = re.compile(r"^Device Minor:\s*(\d+)", re.MULTILINE)
 SIGNAL_EXIT_BASE = 128         # bubblewrap's exit status for a job killed by signal N: 128 + N
 ROOT_MODE = 0o1770             # the attempt root: root:<job gid>, sticky
 WORKER_FILES = ("attempt.log", "claim.json")  # the worker's files in the root: never the job's
 PROBE_TIMEOUT_S = 60.0         # the start-up check: one sandboxed Python that imports the runner
 JOB_FILE_MAX_BYTES = 64 * 1024 ** 2  # a result or progress file the worker reads back
+RESOLV_CONF = "/etc/resolv.conf"  # an isolated job's names the slirp4netns forwarder answers
 
 @dataclass(frozen=True)
 class Launch:
@@ -110,8 +122,11 @@ class Sandbox:
 
     def __init__(self, *, bwrap: str, uid_base: int, uid_count: int,
                  read_only: Sequence[Path], writable: Sequence[Path],
-                 protected: Sequence[Path]) -> None:
+                 protected: Sequence[Path], network: JobNetwork | None = None) -> None:
         self.bwrap = bwrap
+        self.network = network if network is not None else JobNetwork(mode="host")
+        self.dev_dir = DEV_DIR            # where the GPUs' device nodes are (a test's stand-in)
+        self.driver_dir = DRIVER_GPUS
         self._uid_base = uid_base
         self._uid_count = uid_count
         self._protected = tuple(protected)
@@ -129,11 +144,13 @@ class Sandbox:
             if (why := exposes(path, protected)) is not None:
                 raise ConfigError(f"sandbox directory {path} {why}: no job may see it")
         base = [p for p in python_paths() if exposes(p, protected) is None]
+        network = JobNetwork.from_settings(settings)
+        network.prepare()   # the routes and resolv.conf its isolated namespaces use
         return cls(bwrap=shutil.which(BWRAP) or "", uid_base=settings.sandbox_uid_base,
                    uid_count=settings.sandbox_uid_count,
                    read_only=[*base, *(Path(p) for p in settings.sandbox_read_only_dirs)],
                    writable=[Path(p) for p in settings.sandbox_writable_dirs],
-                   protected=protected)
+                   protected=protected, network=network)
 
     def uid_for(self, tenant_id: str) -> int:
         """The tenant's uid (and gid): the same on every host and after every restart."""
@@ -141,14 +158,15 @@ class Sandbox:
         return self._uid_base + int.from_bytes(digest[:8], "big") % self._uid_count
 
     def for_attempt(self, claim: Claim) -> AttemptSandbox:
-        """The sandbox of a claimed attempt: its tenant's uid; no network for `network: none`."""
+        """The sandbox of a claimed attempt: its tenant's uid, and the pool's network unless
+        it asks for none."""
         return AttemptSandbox(self, uid=self.uid_for(claim.tenant_id),
-                              network=claim.spec.network != "none")
+                              network=self.network.for_job(claim.spec.network))
 
     def unavailable(self, work_dir: Path) -> str | None:
         """Why no job can run in this sandbox here, or None: root, bubblewrap and user
         namespaces are checked by running one sandboxed Python that imports the job runner,
-        as a job would (under `work_dir`, as root, then removed)."""
+        as a job would (under `work_dir`, as root, then removed), in the pool's job network."""
         if os.geteuid() != 0:
             return ("the worker does not run as root, so it cannot start jobs as other users "
                     "(run it as root, or start it with --isolation process)")
@@ -158,7 +176,8 @@ class Sandbox:
         root = Path(tempfile.mkdtemp(prefix=".sandbox-probe-", dir=work_dir))
         try:
             (root / "work").mkdir()
-            launch = AttemptSandbox(self, uid=self.uid_for("probe"), network=False).launch(
+            probe = AttemptSandbox(self, uid=self.uid_for("probe"), network=self.network.mode)
+            launch = probe.launch(
                 [sys.executable, "-c", "import e31_worker.child.runner"],
                 inherited_env(os.environ), root=root,   # a job's environment: its PYTHONPATH
                 cwd=root / "work", writable=[root / "work"], read_only=[])
@@ -177,9 +196,11 @@ class Sandbox:
                     "container's seccomp/AppArmor profile may forbid them (docs/operations.md)")
         return None
 
-    def bind_args(self, uid: int, *, staged: list[Path] | None) -> list[str]:
+    def bind_args(self, uid: int, *, staged: list[Path] | None,
+                  gpus: Sequence[int] = ()) -> list[str]:
         """The arguments for the system, the Python and the operator's directories, with the
-        protected paths they contain hidden; sources the uid cannot reach go into `staged`."""
+        protected paths they contain hidden, and the device nodes of the GPUs `gpus` (by
+        index); sources the uid cannot reach go into `staged`."""
         # Fresh /proc, /dev, /tmp and /dev/shm first: binds below them (a module directory in
         # /tmp on a worker's PYTHONPATH, a GPU's device node) go on top.
         args = ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
@@ -195,9 +216,8 @@ class Sandbox:
             if any(hidden.is_relative_to(p) for p in shown) and hidden.exists():
                 args += (["--tmpfs", str(hidden)] if hidden.is_dir()
                          else ["--ro-bind", "/dev/null", str(hidden)])
-        devices = sorted(Path("/dev").glob(GPU_DEVICE_PREFIX + "*"))
-        for device in devices:
-            args += ["--dev-bind-try", str(device), str(device)]
+        devices = gpu_device_args(gpus, dev_dir=self.dev_dir, driver_dir=self.driver_dir)
+        args += devices
         if devices:  # the driver's libraries read the GPUs' PCI details there, as in a container
             args += ["--ro-bind-try", "/sys", "/sys"]
         for path in self._writable:
@@ -206,9 +226,9 @@ class Sandbox:
 
 
 class AttemptSandbox:
-    """One attempt's sandbox: its tenant's uid, and whether it has the network."""
+    """One attempt's sandbox: its tenant's uid, and its network (`e31_worker.attempt.network`)."""
 
-    def __init__(self, sandbox: Sandbox, *, uid: int, network: bool) -> None:
+    def __init__(self, sandbox: Sandbox, *, uid: int, network: Mode) -> None:
         self._sandbox = sandbox
         self.uid = uid
         self.network = network
@@ -223,12 +243,24 @@ class AttemptSandbox:
         self._own(root, writable)
         staged: list[Path] = []
         args = [self._sandbox.bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
-        if self.network:
+        if self.network != "none":   # the host's, or the isolated one `enter` moves into
             args.append("--share-net")
-        args += self._view(root, read_only, staged)
+        args += self._view(root, read_only, staged, env)
         args += ["--chdir", str(cwd), "--", *argv]
-        return Launch(argv=args, env=self._env(env, home=root / "work"),
-                      enter=enter_as(self.uid, staged))
+        become = enter_as(self.uid, staged)
+        if self.network != "isolated":
+            return Launch(argv=args, env=self._env(env, home=root / "work"), enter=become)
+        net = self._sandbox.network.plan()
+
+        def enter() -> None:
+            enter_isolated(net)
+            become()
+
+        return Launch(argv=args, env=self._env(env, home=root / "work"), enter=enter)
+
+    def net_plan(self) -> dict[str, str] | None:
+        """For a warm start: what its outer process needs to enter the isolated network."""
+        return self._sandbox.network.plan() if self.network == "isolated" else None
 
     def warm_view(self, env: Mapping[str, str], *, root: Path, writable: Iterable[Path],
                   read_only: Iterable[Path]) -> tuple[list[str], dict[str, str]]:
@@ -236,11 +268,14 @@ class AttemptSandbox:
         bubblewrap, as its bind arguments from the real sources (the forked child binds them
         while still root, so nothing is staged), and the same environment."""
         self._own(root, writable)
-        return self._view(root, read_only, None), self._env(env, home=root / "work")
+        return self._view(root, read_only, None, env), self._env(env, home=root / "work")
 
-    def _view(self, root: Path, read_only: Iterable[Path],
-              staged: list[Path] | None) -> list[str]:
-        args = self._sandbox.bind_args(self.uid, staged=staged)
+    def _view(self, root: Path, read_only: Iterable[Path], staged: list[Path] | None,
+              env: Mapping[str, str]) -> list[str]:
+        args = self._sandbox.bind_args(self.uid, staged=staged, gpus=held_gpus(env))
+        resolv = self._sandbox.network.resolv_conf
+        if self.network == "isolated" and resolv is not None and Path(RESOLV_CONF).exists():
+            args += ["--ro-bind", source(resolv, self.uid, staged), RESOLV_CONF]
         args += ["--bind", source(root, self.uid, staged), str(root)]
         for path in outermost(p for p in read_only if p.exists()):
             args += ["--ro-bind", source(path, self.uid, staged), str(path)]
@@ -265,14 +300,62 @@ class AttemptSandbox:
                     os.chown(os.path.join(top, name), self.uid, self.uid, follow_symlinks=False)
 
     def _env(self, env: Mapping[str, str], *, home: Path) -> dict[str, str]:
-        """The job's environment with the worker's own HOME and user name replaced."""
+        """The job's environment with the worker's own HOME and user name replaced, and its
+        GPUs numbered as the job sees them when only their device nodes are there."""
         out = dict(env)
+        held = held_gpus(env)
+        minors = gpu_minors(self._sandbox.driver_dir)
+        if held and all((self._sandbox.dev_dir / f"{GPU_DEVICE_PREFIX}{minors.get(i, i)}")
+                        .exists() for i in held):
+            out["CUDA_VISIBLE_DEVICES"] = ",".join(str(sorted(held).index(i)) for i in held)
+            out["E31_GPUS"] = env["CUDA_VISIBLE_DEVICES"]
         if out.get("HOME") in (None, os.environ.get("HOME")):
             out["HOME"] = str(home)
         for var in ("USER", "LOGNAME"):
             if out.get(var) == os.environ.get(var):
                 out[var] = f"e31-{self.uid}"
         return out
+
+
+def held_gpus(env: Mapping[str, str]) -> list[int]:
+    """The host's indexes of the GPUs an attempt holds, from its CUDA_VISIBLE_DEVICES."""
+    return [int(i) for i in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.isdigit()]
+
+
+def gpu_minors(driver_dir: Path = DRIVER_GPUS) -> dict[int, int]:
+    """Each GPU's device minor (its /dev/nvidiaN) by its index in PCI bus order (the order
+    of CUDA_DEVICE_ORDER=PCI_BUS_ID and of the worker's GPU indexes), from the driver's
+    /proc/driver/nvidia/gpus/<bus id>/information; empty where there is no driver (then a
+    GPU's minor is taken to be its index)."""
+    minors: dict[int, int] = {}
+    try:
+        buses = sorted(p for p in driver_dir.iterdir() if p.is_dir())
+    except OSError:
+        return minors
+    for index, bus in enumerate(buses):
+        try:
+            match = _DEVICE_MINOR.search((bus / "information").read_text())
+        except OSError:
+            continue
+        if match:
+            minors[index] = int(match.group(1))
+    return minors
+
+
+def gpu_device_args(gpus: Sequence[int], *, dev_dir: Path = DEV_DIR,
+                    driver_dir: Path = DRIVER_GPUS) -> list[str]:
+    """bubblewrap's arguments for the NVIDIA device nodes a job gets: the driver's own
+    (nvidiactl, nvidia-uvm, nvidia-uvm-tools, nvidia-modeset, nvidia-caps/) and the
+    /dev/nvidiaN of the GPUs it holds, no other GPU's."""
+    minors = gpu_minors(driver_dir)
+    wanted = {minors.get(i, i) for i in gpus}
+    args: list[str] = []
+    for device in sorted(dev_dir.glob(GPU_DEVICE_PREFIX + "*")):
+        match = _GPU_NODE.fullmatch(device.name)
+        if match and int(match.group(1)) not in wanted:
+            continue
+        args += ["--dev-bind-try", str(device), f"/dev/{device.name}"]
+    return args
 
 
 def signal_job(bwrap_pid: int, sig: int) -> None:
@@ -328,18 +411,30 @@ def note_start(repo: Repo, claim: Claim, isolation: Isolation, start_ms: float,
 
 
 def _namespace_init(bwrap_pid: int) -> int | None:
-    """The init of the PID namespace bubblewrap `bwrap_pid` made: its child."""
+    """The init of the PID namespace bubblewrap `bwrap_pid` made: its child in another PID
+    namespace (an isolated job's slirp4netns is bubblewrap's child too, in the host's)."""
     try:
         children = Path(f"/proc/{bwrap_pid}/task/{bwrap_pid}/children").read_text().split()
+        ours = os.readlink(f"/proc/{bwrap_pid}/ns/pid")
     except OSError:
         return None
-    return int(children[0]) if children else None
+    for child in map(int, children):
+        try:
+            if os.readlink(f"/proc/{child}/ns/pid") != ours:
+                return child
+        except OSError:
+            continue
+    return None
 
 
 def _namespace_members(init: int) -> list[int]:
-    """Every process in the PID namespace whose init is `init`, but the init."""
+    """Every process in the PID namespace whose init is `init`, but the init; none when that
+    namespace is the worker's own (never signal the host's processes)."""
     try:
         namespace = os.readlink(f"/proc/{init}/ns/pid")
+        if namespace == os.readlink("/proc/self/ns/pid"):
+            log.error("signal_refused init=%d: not a job's PID namespace", init)
+            return []
     except OSError:
         return []
     members = []
@@ -361,4 +456,12 @@ def sandbox_unavailable(settings: Settings) -> str | None:
         sandbox = Sandbox.from_settings(settings)
     except ConfigError as exc:
         return exc.message
+    if sandbox.network.unavailable() is not None:  # said by network_unavailable
+        sandbox = Sandbox.from_settings(settings.model_copy(update={"job_network": "host"}))
     return sandbox.unavailable(settings.resolved_work_dir)
+
+
+def network_unavailable(settings: Settings) -> str | None:
+    """Why this host cannot give sandboxed jobs the pool's `job_network`, or None: a worker
+    refuses to start rather than run jobs on the host's network unasked."""
+    return JobNetwork.from_settings(settings).unavailable()

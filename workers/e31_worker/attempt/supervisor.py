@@ -312,7 +312,8 @@ class Supervisor:
                 read_only=[*(p for p in (plan.code_dir, plan.venv) if p is not None),
                            *plan.input_binds])
             request.update(env=env, sandbox={"uid": self._sandbox.uid,
-                                             "network": self._sandbox.network, "view": view})
+                                             "network": self._sandbox.network,
+                                             "net": self._sandbox.net_plan(), "view": view})
         child = warm.fork(request)
         if child is None:
             return None

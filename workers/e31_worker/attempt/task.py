@@ -171,7 +171,9 @@ def attempt_plan(svc: AttemptServices, claim: Claim, gpus: str | None = None) ->
                        log_earlier_bytes=earlier_log_bytes(svc, claim),
                        env_passthrough=svc.settings.job_env_passthrough,
                        limits=attempt_limits(svc.settings, claim.spec,
-                                             default_mem=svc.default_mem_gb))
+                                             default_mem=svc.default_mem_gb,
+                                             network=(svc.sandbox.for_attempt(claim).network
+                                                      if svc.sandbox else "host")))
 
 
 def _prepare(svc: AttemptServices, claim: Claim, plan: AttemptPlan, shipper: Shipper,

@@ -20,7 +20,8 @@ The processes of one warm attempt, like bubblewrap's in a cold one:
             the attempt's memory cgroup, the log pipe as stdout/stderr, every other fd closed,
             the job's environment shown in /proc/<pid>/environ (so a restarted worker's
             GroupRegistry finds its processes by E31_JOB_ID), then, when sandboxed, new
-            mount, PID, IPC, UTS and cgroup namespaces (and network for `network: none`).
+            mount, PID, IPC, UTS and cgroup namespaces (and network: none's, or the isolated
+            one of `e31_worker.child.netns`, entered first while still in the host's network).
             It waits for `init` and writes `X<exit status>` to the status pipe, and kills
             the attempt if the worker process dies (it watches a pidfd of the worker, so the
             zygote's own death does not touch a running job).
@@ -61,7 +62,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from e31_worker.child import runner
+from e31_worker.child import netns, runner
 
 TORCH_AND_NUMPY = ("numpy", "torch")
 MESSAGE_MAX_BYTES = 1 << 20
@@ -287,11 +288,13 @@ def _outer(request: dict[str, Any], fds: list[int], worker_fd: int) -> Job:
         _show_environ(request["env"])
         sandbox = request.get("sandbox")
         if sandbox is not None:
+            if sandbox.get("net"):   # job_network = isolated: its own, through slirp4netns
+                netns.enter_isolated(sandbox["net"])
             flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
-            if not sandbox["network"]:
+            if sandbox["network"] == "none":
                 flags |= CLONE_NEWNET
             _check(_libc.unshare(flags), "unshare")
-            if not sandbox["network"]:
+            if sandbox["network"] == "none":
                 _loopback_up()
         outer = os.getpid()
         pid = os.fork()
