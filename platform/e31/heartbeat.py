@@ -72,6 +72,7 @@ class WorkerInfo:
     size_class: str = ""
     busy_job: str | None = None
     isolation: str = ""       # how its jobs run: sandbox | process ("" from an older worker)
+    network: str = ""         # its jobs' network: isolated | host | none ("" from an older one)
     gpus_telemetry: tuple[GpuSample, ...] = ()   # its GPUs' latest readings (none: not known)
     # A gang worker (docs/scheduling.md "Gangs on demand") pins no GPU: it consumes its host's
     # queue and runs each job on the GPUs its dispatch names. This is its host's GPU sets a
@@ -116,6 +117,7 @@ class WorkerInfo:
                    gpu_count=int(data.get("gpu_count") or 0),
                    size_class=data.get("size_class", ""), busy_job=data.get("busy_job"),
                    isolation=str(data.get("isolation") or ""),
+                   network=str(data.get("network") or ""),
                    gang=tuple((str(gpus), tuple(map(str, queues)))
                               for gpus, queues in data.get("gang") or ()),
                    gpus_telemetry=tuple(g for g in map(GpuSample.from_dict,
@@ -171,7 +173,7 @@ def expand_gangs(workers: Sequence[WorkerInfo]) -> list[WorkerInfo]:
                 out.append(WorkerInfo(node=node, queues=queues, gpus=gpus,
                                       gpu_count=len(gpus.split(",")),
                                       size_class=queue_class(queues[0]) if queues else "",
-                                      isolation=w.isolation))
+                                      isolation=w.isolation, network=w.network))
     return out
 
 

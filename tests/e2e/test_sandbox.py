@@ -27,11 +27,13 @@ from e31 import keys
 from e31.heartbeat import read_workers
 from e31.settings import Settings
 from tests.conftest import wait_for
+from tests.internet import Internet
 
 from .conftest import Stack
 
 WAIT_S = 90
 PROCESS_NODE = "gpu0@unsandboxed"
+HOST_NETWORK_NODE = "gpu0@hostnetwork"
 
 
 @pytest.fixture(scope="module")
@@ -190,20 +192,79 @@ def test_a_warm_started_job_reaches_nothing_either_and_a_command_job_starts_cold
 
 
 def test_network_none_keeps_a_job_from_the_stacks_own_redis(
-        stack: Stack, sandboxed: None) -> None:
+        stack: Stack, sandboxed: None, host_network_worker: None) -> None:
     # Given the stack's Redis, listening on this host's loopback
     port = urlsplit(stack.redis_url).port
     client = stack.client()
 
-    # When a job without network and one with it connect to it
+    # When a job without network and one on the host's network (a worker of a pool set to
+    # job_network = host) connect to it, on the same worker
     closed = client.submit(entrypoint="sandboxjobs:connect", params={"port": port},
-                           resources={"gpus": 0}, network="none").wait(timeout=WAIT_S)
+                           resources={"gpu_mem_gb": 80}, network="none").wait(timeout=WAIT_S)
     open_ = client.submit(entrypoint="sandboxjobs:connect", params={"port": port},
-                          resources={"gpus": 0}).wait(timeout=WAIT_S)
+                          resources={"gpu_mem_gb": 80}).wait(timeout=WAIT_S)
 
     # Then only the one with network reaches it
     assert closed["result"] != "connected"
     assert open_["result"] == "connected"
+
+
+@pytest.fixture
+def host_network_worker(stack: Stack, broker: redis.Redis) -> Iterator[None]:
+    """An extra sandboxed `e31 worker` of a pool whose operator chose `job_network = host`,
+    with one simulated 80 GB GPU (a class the stack lacks): a job asking for gpu_mem_gb 80
+    runs there, in a sandbox but on the host's network."""
+    log = open(stack.home / "logs" / "host-network-worker.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "e31.cli", "worker", "--simulate-gpus", "1x80",
+                             "--hostname", HOST_NETWORK_NODE.partition("@")[2]],
+                            env=stack.env_with_redis(E31_JOB_NETWORK="host"), stdout=log,
+                            stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: broker.get(keys.worker(HOST_NETWORK_NODE)), timeout_s=WAIT_S,
+                 what="the host-network worker")
+        yield
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def internet() -> Iterator[Internet]:
+    if (why := Internet.unavailable()) is not None:
+        pytest.skip(why)
+    with Internet.create() as net:
+        yield net
+
+
+def test_a_job_on_the_default_network_reaches_the_internet_but_not_the_stacks_services(
+        stack: Stack, sandboxed: None, internet: Internet,
+        host_network_worker: None) -> None:
+    # Given the stack's Redis and API on this host's loopback, and a server on the internet
+    api = urlsplit(stack.url)
+    targets = [["127.0.0.1", urlsplit(stack.redis_url).port], [api.hostname, api.port],
+               [internet.address, internet.port]]
+    client = stack.client()
+
+    # When a job of the default network, and the same job on a worker of job_network = host,
+    # connect to each
+    isolated = client.submit(entrypoint="sandboxjobs:reach", params={"targets": targets},
+                             resources={"gpus": 0}).wait(timeout=WAIT_S)
+    shared = client.submit(entrypoint="sandboxjobs:reach", params={"targets": targets},
+                           resources={"gpu_mem_gb": 80}).wait(timeout=WAIT_S)
+
+    # Then the first reaches the internet only, and its attempt says on which network it ran
+    redis_at, api_at, internet_at = (f"{h}:{p}" for h, p in targets)
+    assert isolated["result"][internet_at] == "connected"
+    assert isolated["result"][redis_at] != "connected"
+    assert isolated["result"][api_at] != "connected"
+    assert isolated["attempts"][-1]["limits"]["network"] == "isolated"
+    # While the second reaches the stack's Redis and API: the attack is real where the
+    # operator chose the host's network
+    assert shared["result"][redis_at] == shared["result"][api_at] == "connected"
+    assert shared["attempts"][-1]["limits"]["network"] == "host"
+    queue = stack.e31("queue")
+    assert "gpu80 host" in queue.stdout and "warning: jobs of gpu80 share" in queue.stderr
 
 
 def test_status_and_queue_say_how_jobs_are_isolated(stack: Stack, sandboxed: None) -> None:
@@ -219,5 +280,7 @@ def test_status_and_queue_say_how_jobs_are_isolated(stack: Stack, sandboxed: Non
     assert "sandbox" in stack.e31("status", job.id).stdout
     queue = json.loads(stack.e31("queue", "--json").stdout)
     cpu = next(c for c in queue["classes"] if c["size_class"] == "cpu")
-    assert cpu["isolation"] == ["sandbox"]
-    assert "cpu sandbox" in stack.e31("queue").stdout
+    assert cpu["isolation"] == ["sandbox"] and cpu["network"] == ["isolated"]
+    shown = stack.e31("queue")
+    assert "cpu sandbox" in shown.stdout and "cpu isolated" in shown.stdout
+    assert "share their worker's network" not in shown.stderr

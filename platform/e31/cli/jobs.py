@@ -684,6 +684,15 @@ def queue(as_json: bool = JsonOpt) -> None:
                  if c.get("isolation")]
     if isolation:   # how each class's workers keep jobs apart (docs/security.md)
         out.print("isolation: " + ", ".join(isolation), highlight=False)
+    network = [f"{c['size_class']} {'/'.join(c['network'])}" for c in view["classes"]
+               if c.get("network")]
+    if network:     # each class's jobs' network (docs/security.md, "A job's own network")
+        out.print("network: " + ", ".join(network), highlight=False)
+    shared = [c["size_class"] for c in view["classes"] if "host" in c.get("network", ())]
+    if shared:
+        err.print(f"warning: jobs of {', '.join(shared)} share their worker's network "
+                  "(job_network = host, or isolation process): they reach the host's loopback "
+                  "and the pool's own services (docs/security.md)")
     if view.get("tenants"):
         standing = Table("tenant", "weight", "decayed GPU-s", "usage share", "weight share")
         for t in view["tenants"]:

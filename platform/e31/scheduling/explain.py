@@ -174,6 +174,8 @@ def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo
                     "workers": len(mine), "queued": sum(m["queued"] for m in merged.values()),
                     # how its workers run jobs (docs/security.md); "unknown": an older worker
                     "isolation": sorted({w.isolation or "unknown" for w in mine}),
+                    # its jobs' network (job_network; a process worker's jobs share its own)
+                    "network": sorted({w.network or "unknown" for w in mine}),
                     "tenants": sorted(merged.values(), key=lambda m: m["tenant"])})
     return {"classes": out, "tenants": _standing(tenants, who, set(queued_tenants(queued))),
             "broker": broker}

@@ -69,3 +69,11 @@ def hold(ctx: Any, release: str, secret: str) -> str:
     while not Path(release).exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     return "released"
+
+
+def reach(ctx: Any, targets: list[list[Any]]) -> dict[str, str]:
+    """Open a TCP connection to each [host, port]: 'connected', or the error's name."""
+    def go(host: str, port: int) -> str:
+        socket.create_connection((host, port), timeout=5).close()
+        return "connected"
+    return {f"{host}:{port}": _try(lambda h=host, p=port: go(h, p)) for host, port in targets}

@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     identity = WorkerInfo(node=args.node, queues=queues, gpus=args.gpus,
                           gpu_count=args.gpu_count, size_class=args.size_class,
                           isolation=settings.isolation,
+                          network=(settings.job_network if settings.isolation == "sandbox"
+                                   else "host"),
                           gang=tuple((str(g), tuple(q)) for g, q in json.loads(args.gang or "[]")))
     # Per node: a restarted worker process finds what its predecessor left running.
     groups_dir = settings.resolved_work_dir / ".groups"
