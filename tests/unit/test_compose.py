@@ -101,11 +101,13 @@ def test_settings_put_the_secret_into_each_services_redis_url(tmp_path: Path) ->
 
 
 DOCKERFILE = COMPOSE.with_name("Dockerfile")
-SANDBOX_CAPS = {"SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL"}
+SANDBOX_CAPS = {"SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL",
+                "SYS_ADMIN", "NET_ADMIN"}   # the last two: each job's own network namespace
 
 
 def test_the_image_installs_bubblewrap_for_the_sandbox() -> None:
-    assert "apt-get install -y --no-install-recommends bubblewrap" in DOCKERFILE.read_text()
+    assert ("apt-get install -y --no-install-recommends bubblewrap slirp4netns iproute2"
+            in DOCKERFILE.read_text())
 
 
 def test_workers_run_as_root_with_only_the_capabilities_the_sandbox_needs() -> None:
@@ -114,12 +116,14 @@ def test_workers_run_as_root_with_only_the_capabilities_the_sandbox_needs() -> N
     assert {"worker-gpu0", "worker-cpu"} <= set(workers)
     for name, service in workers.items():
         # Then each runs as root (to start jobs as their tenants' uids), drops every
-        # capability but the sandbox's, without SYS_ADMIN or privileged mode, and lifts only
+        # capability but the sandbox's and the job network's (and the tun device for
+        # slirp4netns), without privileged mode, and lifts only
         # the seccomp and AppArmor profiles that refuse bubblewrap's user namespace
         assert str(service["user"]).split(":")[0] == "0", name
         assert service["cap_drop"] == ["ALL"], name
         assert set(service["cap_add"]) == SANDBOX_CAPS, name
         assert not service.get("privileged"), name
+        assert service["devices"] == ["/dev/net/tun:/dev/net/tun"], name
         assert set(service["security_opt"]) == {"seccomp=unconfined", "apparmor=unconfined"}
         # and runs the command it is given, under a umask that keeps its files on the shared
         # volume removable by the other services (group e31)
