@@ -46,6 +46,7 @@ MAX_HOST_MEM_GB = 16384       # host memory per job: more than any node has, so 
 MAX_DISK_GB = 1024 * 1024     # disk per attempt (a PiB): the pool's attempt_disk_max_gb is the
 #                               real cap
 MAX_AFTER = 64                # dependencies per job: a wider fan-in belongs in one array
+STORED = "stored"             # validation context of a spec read back from the store
 MAX_PIP = 64                  # pip requirements per job: more belong in a requirements file
 MAX_REQUIREMENT_CHARS = 1000  # one pip requirement; a URL requirement fits in it
 MAX_SECRETS = 64              # secrets per job: as many as any job's credentials
@@ -183,12 +184,14 @@ class PythonEnv(_Strict):
 
     @field_validator("pip")
     @classmethod
-    def _requirements(cls, v: list[str]) -> list[str]:
+    def _requirements(cls, v: list[str], info: ValidationInfo) -> list[str]:
         for i, item in enumerate(v):
             shown = repr(item[:64])
             if len(item) > MAX_REQUIREMENT_CHARS:
                 raise ValueError(f"pip[{i}]: {shown}... is longer than {MAX_REQUIREMENT_CHARS} "
                                  "characters")
+            if info.context and info.context.get(STORED):
+                continue   # a spec stored before the check: the worker refuses it (setup)
             why = requirement_problem(item)   # e31.requirements: packages, nothing else
             if why is not None:
                 raise ValueError(f"pip[{i}]: {shown} {why}")
@@ -401,12 +404,14 @@ class JobSpec(_Strict):
         return self.model_copy(update={"retries": pool.model_copy(update=given)})
 
     @classmethod
-    def parse(cls, data: Any) -> JobSpec:
-        """Validate untrusted input; raise `SpecError` naming each bad field and why."""
+    def parse(cls, data: Any, *, stored: bool = False) -> JobSpec:
+        """Validate untrusted input; raise `SpecError` naming each bad field and why.
+        `stored`: a spec read back from the store, which a check added since it was stored
+        (what a pip requirement may be) must not make unreadable; the worker checks it."""
         if not isinstance(data, Mapping):
             raise SpecError.one("spec", "must be a mapping of fields")
         try:
-            return cls.model_validate(dict(data))
+            return cls.model_validate(dict(data), context={STORED: True} if stored else None)
         except ValidationError as exc:
             raise SpecError([describe_error(e) for e in exc.errors()]) from exc
 

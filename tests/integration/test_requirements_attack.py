@@ -31,7 +31,7 @@ from fastapi.testclient import TestClient
 from e31.artifacts import ArtifactStore
 from e31.blobs import BundleStore
 from e31.clock import utcnow
-from e31.errors import SetupError
+from e31.errors import SetupError, SpecError
 from e31.settings import Settings
 from e31.sizeclasses import route
 from e31.spec import JobSpec
@@ -310,3 +310,26 @@ def test_a_spec_stored_before_the_check_fails_its_attempt_with_reason_setup(
     log_view = artifacts.log_view(tenant.id, job.id, 1)
     log = b"".join(log_view.read(0, log_view.size_bytes)).decode()
     assert "line 2" in log and "$ uv" not in log and "the job ran" not in log
+
+
+def test_a_pip_item_stored_before_the_check_fails_its_attempt_with_reason_setup(
+        repo: Repo, redis_client: redis.Redis, tmp_path: Path) -> None:
+    # Given a job stored without the API's check, asking for a URL requirement naming a host file
+    artifacts = ArtifactStore(f"file://{tmp_path / 'artifacts'}")
+    tenant, _ = repo.create_tenant("old-pip", now=utcnow())
+    data = {"command": ["python", "-c", "print('the job ran')"], "resources": {"gpus": 0},
+            "python": {"pip": ["tomli-w", "pkg @ file:///etc/shadow"]}, "retries": {"max": 3}}
+    with pytest.raises(SpecError, match=r"python.pip\[1\]"):
+        JobSpec.parse(data)                     # what the API answers today
+    spec = JobSpec.parse(data, stored=True)     # what a store of before still holds
+    job = repo.insert_job(tenant.id, spec, route(spec, Settings().size_classes), now=utcnow())
+
+    # When a worker claims and runs it (the claim reads the stored spec back)
+    task.run_job(services(repo, redis_client, tmp_path, artifacts), job.id,
+                 publish(repo, job.id))
+
+    # Then its one attempt failed with reason setup, naming the item, and the job never ran
+    record = repo.get_job(None, job.id)
+    assert record.state == "failed"
+    assert [a.reason for a in record.attempts] == [AttemptReason.SETUP]
+    assert "python.pip[1]" in (record.error or "") and "file:" in (record.error or "")

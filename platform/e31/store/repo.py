@@ -173,7 +173,7 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, PoolQueries, QuotaQueries
         # Validated after the commit: params of up to a megabyte are not checked while the
         # write transaction holds the store. It was validated on submit, so it passes again.
         return Claim(job_id=job_id, tenant_id=tenant_id, token=token, attempt=attempt,
-                     spec=JobSpec.parse(spec), gpus=job_gpus)
+                     spec=JobSpec.parse(spec, stored=True), gpus=job_gpus)
 
     def renew(self, job_id: str, token: int, *, now: datetime, lease_ttl_s: float,
               progress: tuple[float, float] | None = None) -> Renewal:

@@ -148,4 +148,4 @@ def write_claim(root: Path, node: str, claim: Claim) -> None:
 def claim_from_file_data(data: dict[str, Any]) -> Claim:
     """The claim `write_claim` kept (its "node" already taken out), its spec validated again;
     raises TypeError or ValueError when the data is not such a claim."""
-    return Claim(**{**data, "spec": JobSpec.model_validate(data.get("spec"))})
+    return Claim(**{**data, "spec": JobSpec.parse(data.get("spec"), stored=True)})
