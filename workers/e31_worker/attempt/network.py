@@ -22,6 +22,7 @@ and otherwise an isolated one whose routes also let it reach the operator's pack
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import logging
@@ -45,6 +46,7 @@ Mode = Literal["isolated", "host", "none"]
 SLIRP4NETNS = "slirp4netns"
 IP = "ip"
 NET_DIR = ".net"             # under work_dir: the routes and resolv.conf jobs' namespaces use
+FILES = ("routes", "build-routes", "resolv.conf")
 SLIRP_DNS = "10.0.2.3"       # slirp4netns's built-in DNS forwarder (to the host's resolver)
 RESOLVE_TIMEOUT_S = 5.0
 # uv's settings that name the operator's package indexes (a URL, or a local directory)
@@ -99,18 +101,39 @@ class JobNetwork:
 
     def prepare(self) -> None:
         """Write what every isolated namespace of this worker uses: its routes, its
-        resolv.conf (slirp4netns's DNS forwarder: the host's may be on its loopback)."""
+        resolv.conf (slirp4netns's DNS forwarder: the host's may be on its loopback). Each
+        file is named for its content and never replaced: a sandbox being set up binds it
+        while another worker of the host prepares its own (a replaced file's old inode can
+        no longer be bound)."""
         if self.net_dir is None:
             return
         self.net_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.net_dir, 0o755)
-        for name, text in (("routes", route_batch(self.blocked)),
-                           ("build-routes", route_batch(self.blocked, allowed=self.indexes)),
-                           ("resolv.conf", f"nameserver {SLIRP_DNS}\n")):
+        for name in FILES:
+            path = self._file(name)
+            if path.exists():
+                continue
             tmp = self.net_dir / f".{name}.{os.getpid()}"
-            tmp.write_text(text)
+            tmp.write_text(self._text(name))
             os.chmod(tmp, 0o644)
-            os.replace(tmp, self.net_dir / name)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+
+    def _text(self, name: str) -> str:
+        if name == "routes":
+            return route_batch(self.blocked)
+        if name == "build-routes":
+            return route_batch(self.blocked, allowed=self.indexes)
+        return f"nameserver {SLIRP_DNS}\n"
+
+    def _file(self, name: str) -> Path:
+        assert self.net_dir is not None
+        digest = hashlib.sha256(self._text(name).encode()).hexdigest()[:16]
+        return self.net_dir / f"{name}-{digest}"
 
     def for_job(self, asked: str | None) -> Mode:
         """The network of one job: none when it asks for none, else the pool's."""
@@ -118,14 +141,14 @@ class JobNetwork:
 
     @property
     def resolv_conf(self) -> Path | None:
-        return self.net_dir / "resolv.conf" if self.net_dir is not None else None
+        return self._file("resolv.conf") if self.net_dir is not None else None
 
     def plan(self, *, build: bool = False) -> dict[str, str]:
         """What the forked child needs to enter an isolated network (`enter_isolated`): a
         job's, or with `build` an environment build's (the package indexes reachable too)."""
         assert self.net_dir is not None
         return {"slirp4netns": self.slirp4netns, "ip": self.ip,
-                "routes": str(self.net_dir / ("build-routes" if build else "routes"))}
+                "routes": str(self._file("build-routes" if build else "routes"))}
 
 
 def index_hosts(environ: Mapping[str, str]) -> list[str]:
