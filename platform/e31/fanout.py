@@ -18,12 +18,14 @@ from __future__ import annotations
 import math
 import os
 import posixpath
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from e31.addresses import ALLOW_HINT, refusal, url_refusal
 from e31.bundles import URL_SCHEMES, beneath, file_input_path, input_scheme
 from e31.errors import SpecError, SpecForbidden
 
@@ -180,7 +182,8 @@ def is_fanout(entrypoint: str | None, params: Mapping[str, Any]) -> bool:
 
 
 def plan(params: Mapping[str, Any], *, roots: Sequence[str],
-         probe: Callable[[str], float] = probe_duration_s) -> Plan:
+         probe: Callable[[str], float] = probe_duration_s,
+         allowed: Sequence[str] = ()) -> Plan:
     """The chunk jobs and the merge job of a footage `source` (`SpecError` naming
     `params.<field>` for a bad value, `SpecForbidden` for a local path outside `roots`).
 
@@ -204,7 +207,7 @@ def plan(params: Mapping[str, Any], *, roots: Sequence[str],
     if not decode_threads_ok(rest.get("decode_threads", 1)):
         raise SpecError.one("params.decode_threads", "must be a whole number of threads, or 0 "
                                                      "for FFmpeg's own count")
-    files = _files(params["source"], roots)
+    files = _files(params["source"], roots, allowed)
     durations = _durations([(url, name) for url, name in files if not is_image(url)], probe)
     items: list[dict[str, Any]] = []
     planned: list[dict[str, Any]] = []
@@ -256,7 +259,8 @@ def _durations(videos: Sequence[tuple[str, str]], probe: Callable[[str], float]
     return durations
 
 
-def _files(sources: Any, roots: Sequence[str]) -> list[tuple[str, str]]:
+def _files(sources: Any, roots: Sequence[str],
+           allowed: Sequence[str] = ()) -> list[tuple[str, str]]:
     """(URL the job reads, name in the outputs) of every media file of the `source` param."""
     if isinstance(sources, str):
         sources = [sources]
@@ -266,7 +270,7 @@ def _files(sources: Any, roots: Sequence[str]) -> list[tuple[str, str]]:
     files: list[tuple[str, str]] = []
     for i, source in enumerate(sources):
         field_name = "params.source" if len(sources) == 1 else f"params.source[{i}]"
-        files += _listed(source, field_name, roots)
+        files += _listed(source, field_name, roots, allowed)
         if len(files) > MAX_SOURCE_FILES:
             raise SpecError.one("params.source", f"more than {MAX_SOURCE_FILES} files; split it")
     if not files:
@@ -314,9 +318,12 @@ def _positive(params: Mapping[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-def _listed(source: str, field_name: str, roots: Sequence[str]) -> list[tuple[str, str]]:
+def _listed(source: str, field_name: str, roots: Sequence[str],
+            allowed: Sequence[str] = ()) -> list[tuple[str, str]]:
     """(URL, name) of each media file of one source entry, in sorted order; a local path
-    only beneath `roots` (resolved: a link out of them is refused too)."""
+    only beneath `roots` (resolved: a link out of them is refused too); an `http(s)` one
+    only where its host is a public address or in `allowed` (`input_allowed_networks`), as
+    for an input: the API reads it here."""
     scheme = input_scheme(source)
     if scheme is None and os.path.isabs(source):
         source, scheme = "file://" + source, "file"
@@ -338,6 +345,8 @@ def _listed(source: str, field_name: str, roots: Sequence[str]) -> list[tuple[st
         return [("file://" + f, posixpath.relpath(f, base)) for f in found
                 if beneath(os.path.realpath(f), real if os.path.isdir(real) else f)
                 and is_media(f)]
+    if scheme in ("http", "https") and (why := _address_refusal(source, allowed)):
+        raise SpecError.one(field_name, f"refused: {why}")
     try:
         found = list_media(source)
     except ImportError as exc:
@@ -347,3 +356,21 @@ def _listed(source: str, field_name: str, roots: Sequence[str]) -> list[tuple[st
     base = urlsplit(source).path.rstrip("/")
     return [(f, posixpath.relpath(urlsplit(f).path, base) if len(found) > 1 or f != source
              else posixpath.basename(urlsplit(f).path)) for f in found if is_media(f)]
+
+
+def _address_refusal(url: str, allowed: Sequence[str]) -> str | None:
+    """Why the API may not read the `http(s)` URL `url`: what its text shows, or an address
+    its host resolves to (`e31.addresses`); None when every one is public or allowed. (The
+    listing may still follow a redirect the check does not see: the chunk jobs, which read
+    the files, do so from their own network.)"""
+    if (why := url_refusal(url, allowed)) is not None:
+        return why
+    host = urlsplit(url).hostname or ""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return None     # the listing says it cannot reach the host
+    for info in infos:
+        if (why := refusal(str(info[4][0]), allowed)) is not None:
+            return f"its host {host} resolves to {info[4][0]}, {why}; {ALLOW_HINT}"
+    return None

@@ -164,3 +164,28 @@ def test_videos_are_probed_at_once_and_the_first_unreadable_in_source_order_is_n
     # Then the probes overlapped, and the error names b.mp4, the first in source order
     assert refused.value.errors == [{"field": "params.source",
                                      "reason": "cannot read b.mp4: moov atom not found"}]
+
+
+@pytest.mark.parametrize("source", ["http://127.0.0.1:9/clips/", "http://localhost:9/a.mp4",
+                                    "https://169.254.169.254/latest/a.mp4",
+                                    "http://[::1]:9/a.mp4"])
+def test_the_api_reads_no_source_on_the_pools_own_addresses(source: str) -> None:
+    # Given a footage source on this machine's loopback or the metadata address
+    # When the API plans its fan-out (which lists and probes the files itself)
+    with pytest.raises(SpecError) as refused:
+        plan({"source": source}, roots=[])
+
+    # Then it is refused before anything is read, naming the field and why
+    assert refused.value.errors[0]["field"] == "params.source"
+    assert "refused" in refused.value.errors[0]["reason"]
+    assert "input_allowed_networks" in refused.value.errors[0]["reason"]
+
+
+def test_a_source_on_a_network_the_operator_allows_is_read() -> None:
+    # Given the same loopback source, its network allowed by the operator
+    # When the API plans it: it tries to list it (nothing listens on port 9: it cannot)
+    with pytest.raises(SpecError) as failed:
+        plan({"source": "http://127.0.0.1:9/a.mp4"}, roots=[], allowed=["127.0.0.0/8"])
+
+    # Then the address was not what stopped it
+    assert "refused" not in failed.value.errors[0]["reason"]

@@ -168,7 +168,8 @@ class Service:
         if spec.after:
             raise SpecError.one("after", "a footage source's fan-out takes no after: submit "
                                          "it once what it needs has succeeded")
-        planned = plan_fanout(spec.params, roots=self._settings.input_file_roots)
+        planned = plan_fanout(spec.params, roots=self._settings.input_file_roots,
+                              allowed=self._settings.input_allowed_networks)
         most = min(MAX_ARRAY_ITEMS, limits.max_array_items)
         if len(planned.items) > most:
             raise SpecError.one("params.chunk_s", f"{len(planned.items)} chunks; at most {most} "
