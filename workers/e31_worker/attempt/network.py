@@ -70,7 +70,6 @@ class JobNetwork:
     ip: str = ""
     net_dir: Path | None = None       # routes and resolv.conf, written by `prepare`
     blocked: tuple[str, ...] = ()
-
     indexes: tuple[str, ...] = ()     # addresses of the package indexes builds may reach
 
     @classmethod
