@@ -369,11 +369,14 @@ def test_store_outage_full_disk(small_disk: Path, tmp_path: Path) -> None:
         env = _env(st)
         children = st.state()["children"]
         # Given a job running, which ends when told to, and the disk of E31_HOME full
-        go, done = shared / "go", shared / "done"
+        go, done, started = shared / "go", shared / "done", shared / "started"
         job = st.client().submit(
-            command=["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.1; done; touch {done}"],
+            command=["sh", "-c", f"touch {started}; while [ ! -e {go} ]; do sleep 0.1; done; "
+                                 f"touch {done}"],
             resources={"gpus": 0}, name="through-the-outage")
-        wait_for(lambda: _running(job), timeout_s=WAIT_S, what="the job to run")
+        # (its command, not only its claim: an attempt set up on a full disk never starts)
+        wait_for(started.exists, timeout_s=WAIT_S, what="the job's command to start")
+        assert _running(job)
         fill = _fill(small_disk)
         # When a user submits: refused at once, exit 3, saying why (the runbook's symptom)
         ran = run_command("e31 submit --gpus 0 -- true", env=env, cwd=tmp_path)
