@@ -346,7 +346,7 @@ def _listed(source: str, field_name: str, roots: Sequence[str],
                 if beneath(os.path.realpath(f), real if os.path.isdir(real) else f)
                 and is_media(f)]
     if scheme in ("http", "https") and (why := _address_refusal(source, allowed)):
-        raise SpecError.one(field_name, f"refused: {why}")
+        raise SpecForbidden.one(field_name, f"refused: {why}")
     try:
         found = list_media(source)
     except ImportError as exc:

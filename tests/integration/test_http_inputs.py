@@ -257,8 +257,9 @@ def test_the_api_refuses_an_input_whose_url_shows_a_refused_address(
     answer = api.post("/v1/jobs", json={"command": ["true"], "inputs": {"data": url}},
                       headers=bearer(token))
 
-    # Then the API answers 422 naming the input and why, and stores nothing
-    assert answer.status_code == 422, answer.text
+    # Then the API answers 403 (what the pool lets no tenant use) naming the input and why,
+    # and stores nothing
+    assert answer.status_code == 403, answer.text
     [error] = answer.json()["errors"]
     assert error["field"] == "inputs.data"
     assert error["reason"].startswith("refused: its host ")
@@ -279,7 +280,7 @@ def test_the_api_takes_an_input_of_a_network_the_operator_allows(make_app: MakeA
     assert answer.status_code == 201, answer.text
 
 
-def test_an_array_item_with_a_refused_input_is_named_in_the_422(make_app: MakeApp,
+def test_an_array_item_with_a_refused_input_is_named_in_the_403(make_app: MakeApp,
                                                                 repo: Repo) -> None:
     # Given a tenant that submits an array whose second item reads the metadata service
     _, token = repo.create_tenant("team-a", now=utcnow())
@@ -291,8 +292,8 @@ def test_an_array_item_with_a_refused_input_is_named_in_the_422(make_app: MakeAp
     # When it submits the array
     answer = api.post("/v1/arrays", json={"items": items}, headers=bearer(token))
 
-    # Then the API refuses the whole array with 422, naming that item's input
-    assert answer.status_code == 422, answer.text
+    # Then the API refuses the whole array with 403, naming that item's input
+    assert answer.status_code == 403, answer.text
     assert any(e["field"].endswith("inputs.d") and "link-local" in e["reason"]
                for e in answer.json()["errors"]), answer.text
 

@@ -172,7 +172,7 @@ def test_videos_are_probed_at_once_and_the_first_unreadable_in_source_order_is_n
 def test_the_api_reads_no_source_on_the_pools_own_addresses(source: str) -> None:
     # Given a footage source on this machine's loopback or the metadata address
     # When the API plans its fan-out (which lists and probes the files itself)
-    with pytest.raises(SpecError) as refused:
+    with pytest.raises(SpecForbidden) as refused:
         plan({"source": source}, roots=[])
 
     # Then it is refused before anything is read, naming the field and why

@@ -126,10 +126,10 @@ class BundleChecks:
 
     def check_spec(self, tenant_id: str, spec: JobSpec, *, dry_run: bool = False) -> list[str]:
         """Check the bundles and inputs `spec` names for the tenant: a `file://` input outside
-        `input_file_roots` or an `s3://` one in the artifact store (e31.s3inputs) is forbidden
-        (`SpecForbidden` naming `inputs.<name>`), an `http(s)://` one whose URL shows an
-        address no input may reach (`localhost`, `127.0.0.1`: e31.addresses) is invalid
-        (`SpecError`), and a bundle the tenant never uploaded
+        `input_file_roots`, an `s3://` one in the artifact store (e31.s3inputs) or an
+        `http(s)://` one whose URL shows an address no input may reach (`localhost`,
+        `127.0.0.1`: e31.addresses) is forbidden (`SpecForbidden` naming `inputs.<name>`),
+        and a bundle the tenant never uploaded
         conflicts with what the store holds (`SpecConflict` naming
         `code` or `inputs.<name>`), unless `dry_run`, which returns the fields that name one
         instead."""
@@ -166,15 +166,16 @@ class BundleChecks:
         return missing
 
     def _check_addresses(self, spec: JobSpec) -> None:
-        """`SpecError` naming each `http(s)://` input whose URL shows an address no input may
-        reach (e31.addresses); the worker checks every address it connects to as well."""
+        """`SpecForbidden` (403, as a `file://` input outside the roots) naming each
+        `http(s)://` input whose URL shows an address no input may reach (e31.addresses); the
+        worker checks every address it connects to as well."""
         allowed = self._settings.input_allowed_networks
         refused = [{"field": f"inputs.{name}", "reason": f"refused: {why}"}
                    for name, source in spec.inputs.items()
                    if input_scheme(source) in ("http", "https")
                    and (why := url_refusal(source, allowed)) is not None]
         if refused:
-            raise SpecError(refused)
+            raise SpecForbidden(refused)
 
 
 def _digest(value: str) -> str:

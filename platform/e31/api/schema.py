@@ -46,8 +46,9 @@ CONTROL = "[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]"
 NUL = "\\x00"
 RESERVED_ENV = {"anyOf": [{"pattern": "^E31_"}, {"const": "CUDA_VISIBLE_DEVICES"}]}
 # A pip requirement (PEP 508) as this schema states it: a name, extras, and version
-# specifiers or a URL. pip takes markers too, and more version forms; the API takes what
-# `packaging` parses (those forms are stated in the field's description).
+# specifiers; never a URL, a path or an option (e31.requirements: a job names packages only).
+# pip takes markers too, and more version forms; the API takes what `packaging` parses
+# (those forms are stated in the field's description).
 _REQ_NAME = "[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?"
 _WS = "[ \\t]*"
 _VERSION = "[0-9]{1,9}(?:\\.[0-9]{1,9}){0,3}"
@@ -55,7 +56,7 @@ _SPECIFIER = (f"(?:(?:==|!=|<=|>=|<|>){_WS}{_VERSION}"
               f"|~={_WS}[0-9]{{1,9}}(?:\\.[0-9]{{1,9}}){{1,3}})")
 _EXTRAS = f"\\[{_WS}(?:{_REQ_NAME}(?:{_WS},{_WS}{_REQ_NAME})*)?{_WS}\\]"
 REQUIREMENT = (f"^{_WS}{_REQ_NAME}{_WS}(?:{_EXTRAS})?{_WS}"
-               f"(?:(?:{_SPECIFIER}(?:{_WS},{_WS}{_SPECIFIER})*)?|@{_WS}[^ \\t\\x00]+){_WS}$")
+               f"(?:{_SPECIFIER}(?:{_WS},{_WS}{_SPECIFIER})*)?{_WS}$")
 # An input's source: a URL of a scheme the worker reads (any case), or an uploaded bundle's
 # entry, a file name at its top (printable ASCII here; the API takes any printable text).
 URL_SOURCE = "^(?:[Ff][Ii][Ll][Ee]|[Ss]3|[Hh][Tt][Tt][Pp][Ss]?)://"
