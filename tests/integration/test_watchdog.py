@@ -193,3 +193,47 @@ def test_an_xid_error_takes_its_worker_out_of_service_with_the_reason_shown(
         beat.stop()
         monitor.close()
     repo.clear_drain([node])
+
+
+class FailingGpus:
+    """A GPU view whose readings fail with OSError (a full disk under the gang ledger) while
+    `failing` is set."""
+
+    def __init__(self) -> None:
+        self.failing = threading.Event()
+        self.failing.set()
+        self.calls = 0
+
+    def current(self, *, busy: bool) -> tuple[()]:
+        self.calls += 1
+        if self.failing.is_set():
+            raise OSError(28, "No space left on device")
+        return ()
+
+    def faults(self) -> list[Any]:
+        return []
+
+
+def test_a_heartbeat_that_meets_an_unexpected_error_beats_on_once_it_clears(
+        redis_client: redis.Redis) -> None:
+    # Given a worker's heartbeat whose GPU readings fail with OSError (ENOSPC)
+    gpus = FailingGpus()
+    node = "gpu0@oserror-test"
+    beat = Heartbeat(redis_client=redis_client,
+                     identity=WorkerInfo(node=node, queues=("e31.gpu24",), gpus="0",
+                                         gpu_count=1, size_class="gpu24"),
+                     interval_s=0.05, on_drain=lambda: None, drain_authorized=lambda: False,
+                     gpus=gpus)  # type: ignore[arg-type]
+    beat.start()
+    try:
+        # When several beats fail so, and then the fault clears
+        wait_for(lambda: gpus.calls >= 3, timeout_s=WAIT_S, what="three failed beats")
+        assert redis_client.get(keys.worker(node)) is None
+        gpus.failing.clear()
+
+        # Then the same thread beats again: the pool sees the worker
+        wait_for(lambda: redis_client.get(keys.worker(node)), timeout_s=WAIT_S,
+                 what="a heartbeat after the fault")
+        assert beat._thread is not None and beat._thread.is_alive()
+    finally:
+        beat.stop()

@@ -101,6 +101,10 @@ class Heartbeat:
                 self._check_drain()
             except redis.RedisError as exc:
                 log.warning("heartbeat_failed node=%s: %s", self.identity.node, exc)
+            except Exception:  # a thread that died here would leave the
+                # process up and the pool without this worker (a full disk's OSError from
+                # the gang ledger did): say it, and beat again at the next interval
+                log.exception("heartbeat_error node=%s: beating on", self.identity.node)
             self._stop.wait(self._interval_s)
 
     def _check_drain(self) -> None:
