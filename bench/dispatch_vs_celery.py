@@ -2,11 +2,12 @@
 on demand.
 
     python bench/dispatch_vs_celery.py --jobs 300 --workers 2
+    python bench/dispatch_vs_celery.py --smoke --out dispatch.json   # the suite's run: 4 jobs
 
 One private redis-server serves every side in turn. Bare Celery runs `--workers` worker
-processes (pool threads, concurrency 1, late ack, prefetch 1), twice: with an in-process
-no-op task, and with a task that runs `python3 -c pass` in a child process (the same work
-as E31's command job). E31 runs `e31 up --cpu-slots W` on the same Redis and takes N jobs
+processes (pool threads, concurrency 1, late ack, prefetch 1) and N tasks through them twice:
+an in-process no-op task, then a task that runs `python3 -c pass` in a child process (the
+same work as E31's command job). E31 runs `e31 up --cpu-slots W` on the same Redis and takes N jobs
 through the API, the scheduler, the claim, the store, the sandbox and the artifact store,
 each followed with `JobHandle.wait()` as a user would, twice: as command jobs
 `python3 -c pass`, and as entrypoint jobs (`e31_worker.examples:hello`, forked from the warm
@@ -16,7 +17,7 @@ the last completion.
 Nothing may be lost and nothing run twice: every Celery task adds its own id to a Redis set
 and counts itself (N ids, N runs), and every E31 job must succeed in exactly one attempt.
 Prints jobs/s for each side and the ratios E31 / Celery (docs/performance.md, "Dispatch and
-the control path").
+the control path"); `--out FILE` writes the same JSON.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ import redis
 
 from e31.local.redisserver import start_redis
 
-from stack import private_stack, submit_all
+from report import parse, save
+from stack import celery_workers_ready, private_stack, submit_all
 
 CHILD = ["python3", "-c", "pass"]
 
@@ -66,40 +68,48 @@ if __name__ == "__main__":
                      "--without-gossip", "--without-mingle", "-l", "WARNING"])
 '''
 
+SMOKE = {"jobs": 4, "workers": 1}
+
 E31_JOBS = {"command": {"command": CHILD, "resources": {"gpus": 0}},
             "entrypoint": {"entrypoint": "e31_worker.examples:hello", "resources": {"gpus": 0}}}
 
 
-def bare_celery(n: int, workers: int, url: str, tmp: Path, task: str) -> dict[str, Any]:
-    """`n` tasks `task` through `workers` bare Celery workers; wall seconds and checks."""
+def bare_celery(n: int, workers: int, url: str, tmp: Path, tasks: list[str],
+                ) -> dict[str, dict[str, Any]]:
+    """`n` tasks of each of `tasks` in turn through the same `workers` bare Celery workers;
+    wall seconds and checks per task."""
     script = tmp / "bare_app.py"
     script.write_text(BASELINE_APP)
     r = redis.Redis.from_url(url)
-    r.delete("bare:ids", "bare:runs", "bare")
-    procs = [subprocess.Popen([sys.executable, str(script), url, f"bare{i}-{task}@bench"],
+    r.delete("bare")
+    procs = [subprocess.Popen([sys.executable, str(script), url, f"bare{i}@bench"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for i in range(workers)]
+    out: dict[str, dict[str, Any]] = {}
     try:
         from celery import Celery
         app = Celery("bare", broker=url)
         app.conf.update(accept_content=["json"], task_serializer="json")
-        time.sleep(5)  # let the workers connect
-        start = time.monotonic()
-        with app.producer_or_acquire() as producer:
-            for _ in range(n):
-                app.send_task(task, queue="bare", producer=producer)
-        while int(r.get("bare:runs") or 0) < n:
-            time.sleep(0.01)
-        elapsed = time.monotonic() - start
-        time.sleep(1.0)  # a duplicate run would show by now
-        runs, ids = int(r.get("bare:runs") or 0), r.scard("bare:ids")
+        celery_workers_ready(app, workers)
+        for task in tasks:
+            r.delete("bare:ids", "bare:runs")
+            start = time.monotonic()
+            with app.producer_or_acquire() as producer:
+                for _ in range(n):
+                    app.send_task(task, queue="bare", producer=producer)
+            while int(r.get("bare:runs") or 0) < n:
+                time.sleep(0.01)
+            elapsed = time.monotonic() - start
+            time.sleep(1.0)  # a duplicate run would show by now
+            runs, ids = int(r.get("bare:runs") or 0), r.scard("bare:ids")
+            out[task] = {"s": round(elapsed, 2), "jobs_per_s": round(n / elapsed, 1),
+                         "runs": runs, "distinct": ids, "lost": n - ids, "run_twice": runs - ids}
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
             p.wait(timeout=60)
-    return {"s": round(elapsed, 2), "jobs_per_s": round(n / elapsed, 1), "runs": runs,
-            "distinct": ids, "lost": n - ids, "run_twice": runs - ids}
+    return out
 
 
 def e31(n: int, workers: int, url: str, tmp: Path, kinds: list[str]) -> dict[str, Any]:
@@ -127,25 +137,27 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--e31-kinds", default="command,entrypoint",
                     help="which E31 jobs to run: command, entrypoint or both")
-    args = ap.parse_args()
+    args = parse(ap, SMOKE)
     tmp = Path(tempfile.mkdtemp(prefix="e31-bench-"))
     redis_proc, url = start_redis(tmp / "redis")
     try:
-        noop = bare_celery(args.jobs, args.workers, url, tmp, "bare.noop")
-        child = bare_celery(args.jobs, args.workers, url, tmp, "bare.run")
+        bare = bare_celery(args.jobs, args.workers, url, tmp, ["bare.noop", "bare.run"])
+        noop, child = bare["bare.noop"], bare["bare.run"]
         ours = e31(args.jobs, args.workers, url, tmp, args.e31_kinds.split(","))
     finally:
         redis_proc.terminate()
         redis_proc.wait()
     best = max(v["jobs_per_s"] for v in ours.values())
-    print(json.dumps({
+    report = {
         "jobs": args.jobs, "workers": args.workers,
         "bare_celery_noop_in_process": noop, "bare_celery_subprocess_per_task": child,
         "e31": ours,
         "ratio_e31_best_over_celery_noop": round(best / noop["jobs_per_s"], 3),
         "ratio_e31_command_over_celery_subprocess": round(
             ours["command"]["jobs_per_s"] / child["jobs_per_s"], 3) if "command" in ours else None,
-    }, indent=2))
+    }
+    save(args, report)
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
     python bench/fleet_sim.py --postgres postgresql://postgres@127.0.0.1:5432/ \\
         --workers 200 --procs 20 --seconds 60 --job-s 4
+    python bench/fleet_sim.py --postgres postgresql://postgres@127.0.0.1:5432/ --smoke \\
+        --out fleet.json        # the suite's run (tests/bench): 4 workers for 3 s
 
 Starts a private redis-server, a fresh database on the PostgreSQL server (dropped after),
 the real `e31 scheduler` and `e31 api` processes, and a backlog of queued jobs over
@@ -25,7 +27,7 @@ the real `e31 scheduler` and `e31 api` processes, and a backlog of queued jobs o
 Prints one JSON object: the submit rate; the fleet's jobs a second; heartbeats, Redis
 commands (INFO commandstats, per command) and store transactions and rows written
 (pg_stat_database) a second; Redis memory; PostgreSQL connections seen; the scheduler's
-process CPU seconds a second.
+process CPU seconds a second. `--out FILE` writes the same object there.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ from e31.store.migrate import upgrade
 from e31.store.records import Outcome
 from e31_worker.node.heartbeat import Heartbeat
 
+from report import parse, save
+
 QUEUE = "e31.gpu24"
 # kombu's Redis transport keeps one list per priority step ("sep" ":"), the highest first
 QUEUE_KEYS = [QUEUE] + [f"{QUEUE}:{p}" for p in range(1, 10)]
@@ -76,6 +80,8 @@ STORE_RETRY_MAX_DELAY_S = 2.0
 T = TypeVar("T")
 READY_S = 60.0
 SUBMIT_THREADS = 8
+SMOKE = {"workers": 4, "procs": 1, "seconds": 3.0, "job_s": 0.5, "interval_s": 0.5,
+         "tenants": 2, "backlog": 40, "submits": 10, "array_items": 20}
 
 
 def decode(raw: bytes) -> tuple[str, str]:
@@ -337,10 +343,12 @@ def main() -> None:
     ap.add_argument("--backlog", type=int, default=20_000, help="queued jobs at the start")
     ap.add_argument("--submits", type=int, default=500, help="single submits in the burst")
     ap.add_argument("--array-items", type=int, default=10_000, help="items of one array submit")
-    args = ap.parse_args()
+    args = parse(ap, SMOKE)
     base = Settings(database_url=args.postgres).resolved_database_url
     with tempfile.TemporaryDirectory() as tmp, scratch_database(base, prefix="e31_fleet") as url:
-        print(json.dumps(run(args, Path(tmp), url), indent=2), flush=True)
+        report = run(args, Path(tmp), url)
+    save(args, report)
+    print(json.dumps(report, indent=2), flush=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ so the S3 figures are a lower bound of what a bucket costs.
 
     python bench/footage_planning.py                  # 200 clips
     python bench/footage_planning.py --files 500 --repeats 5
+    python bench/footage_planning.py --smoke --out plan.json   # the suite's run: 4 clips, once
+
+`--out FILE` writes the medians as JSON.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from pathlib import Path
 from e31 import fanout
 from e31_worker.workloads.video import render_test_video
 
+from report import parse, save
+
+SMOKE = {"files": 4, "repeats": 1}
 PARALLEL = fanout.PROBE_THREADS   # the planner's own setting, against 1
 
 
@@ -75,7 +81,8 @@ def moto_s3(clips: Path) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-def compare(what: str, source: str, roots: tuple[str, ...], files: int, repeats: int) -> None:
+def compare(what: str, source: str, roots: tuple[str, ...], files: int,
+            repeats: int) -> dict[str, float]:
     times: dict[int, list[float]] = {1: [], PARALLEL: []}
     for rep in range(repeats + 1):   # repetition 0 warms up (imports, caches) and is not counted
         for threads in (1, PARALLEL) if rep % 2 else (PARALLEL, 1):
@@ -87,6 +94,8 @@ def compare(what: str, source: str, roots: tuple[str, ...], files: int, repeats:
     print(f"{what}: {files} videos, one probe at a time: median {one:.3f} s "
           f"({one / files * 1000:.1f} ms a file); {PARALLEL} at a time: {many:.3f} s "
           f"({many / files * 1000:.1f} ms a file); {one / many:.2f}x")
+    return {"one_at_a_time_s": one, "parallel_s": many, "parallel_probes": PARALLEL,
+            "ratio_one_over_parallel": one / many}
 
 
 def main() -> None:
@@ -94,7 +103,8 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-s3", action="store_true")
-    args = parser.parse_args()
+    args = parse(parser, SMOKE)
+    report: dict[str, object] = {"files": args.files, "repeats": args.repeats}
     tmp = Path(tempfile.mkdtemp(prefix="e31-bench-planning-"))
     try:
         clips = tmp / "clips"
@@ -103,12 +113,13 @@ def main() -> None:
         for i in range(1, args.files):
             shutil.copyfile(first, clips / f"cam{i:04d}.mp4")
         print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores")
-        compare("local", str(clips), (str(tmp),), args.files, args.repeats)
+        report["local"] = compare("local", str(clips), (str(tmp),), args.files, args.repeats)
         if not args.no_s3:
             with moto_s3(clips) as url:
-                compare("s3 (moto, local)", url, (), args.files, args.repeats)
+                report["s3"] = compare("s3 (moto, local)", url, (), args.files, args.repeats)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    save(args, report)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,10 @@ fan-out's ratio is read against this one as well.
     python bench/footage_vs_loop.py --preload e31_worker.workloads.footage   # warm imports
     python bench/footage_vs_loop.py --seconds 3600 --chunk-s 1800 --framing one-core \
         --repeats 3 --preload e31_worker.workloads.footage   # 2 x 1 h against the ceiling
+    python bench/footage_vs_loop.py --smoke --out footage.json   # the suite's run (tests/bench)
+
+`--smoke`: 2 clips of 4 s sampled at 2 fps, one repetition, a fan-out over one worker in
+4 s chunks. `--out FILE` writes the medians, the frames and the ratios as JSON.
 """
 
 from __future__ import annotations
@@ -63,7 +67,10 @@ from e31.fanout import Sampler
 from e31_worker.workloads import footage
 from e31_worker.workloads.models import frame_classifier
 
+from report import parse, save
 from stack import job_context
+
+SMOKE = {"clips": 2, "seconds": 4.0, "fps": 2.0, "repeats": 1, "workers": 1, "chunk_s": 4.0}
 
 
 def _flush(model: Any, names: Any, name: str, times: list[float],
@@ -154,7 +161,7 @@ def fan_out(home: Path, source: Path, workers: int, params: dict[str, Any],
     from stack import private_stack
     env = {"OMP_NUM_THREADS": "1"}
     up = ["--cpu-slots", str(workers)]
-    settings = {"E31_INPUT_FILE_ROOTS": str(source.parent),   # the stack reads the clips there
+    settings = {"E31_INPUT_FILE_ROOTS": str(source),   # the stack reads the clips there
                 "E31_PRELOAD": preload}
     with private_stack(home, up, settings=settings) as client:
         # Every slot runs one short footage job first: the measured run starts warm, as a
@@ -200,16 +207,19 @@ def main() -> None:
     parser.add_argument("--preload", default="",
                         help="also time the fan-out with the stack's warm processes importing "
                              "these modules (E31_PRELOAD), e.g. e31_worker.workloads.footage")
-    args = parser.parse_args()
+    args = parse(parser, SMOKE)
     torch.set_num_threads(args.threads)
     fps = args.fps or None
     w, h = (int(v) for v in args.size.split("x"))
     every_core = os.sched_getaffinity(0)
     framings = ["free", "one-core"] if args.framing == "both" else [args.framing]
     tmp = Path(tempfile.mkdtemp(prefix="e31-bench-footage-"))
+    tmp.chmod(0o755)   # a chunk job's uid reads the clips where they are (bound read-only)
+    report: dict[str, Any] = {"clips": args.clips, "seconds": args.seconds, "fps": args.fps,
+                              "repeats": args.repeats, "workers": args.workers}
     try:
         source = tmp / "clips"
-        source.mkdir()
+        source.mkdir(mode=0o755)
         clips = [footage.render_test_video(source / f"clip{i}.mp4", seconds=args.seconds, fps=30,
                                            size=(args.width, args.height))
                  for i in range(args.clips)]
@@ -239,6 +249,7 @@ def main() -> None:
         os.sched_setaffinity(0, every_core)
         assert len(set(counts.values())) == 1, counts
         n = next(iter(counts.values()))
+        report["frames"] = n
         print(f"clips={args.clips}x{args.seconds:g}s@30fps {args.width}x{args.height} "
               f"sampled at {args.fps:g} fps -> {n} frames, model input {w}x{h}, "
               f"batch {args.batch_size}, torch threads {args.threads}, repeats {args.repeats}, "
@@ -248,6 +259,8 @@ def main() -> None:
             hand = statistics.median(times[framing, "hand"])
             work = statistics.median(times[framing, "workload"])
             hands[framing] = hand
+            report[framing] = {"hand_s": hand, "workload_s": work,
+                               "ratio_workload_over_hand": hand / work}
             print(f"[{framing}] hand-written loop:    median {hand:.3f} s  "
                   f"{n / hand:,.0f} frames/s  (all: {_list(times[framing, 'hand'])})")
             print(f"[{framing}] workload, one worker: median {work:.3f} s  "
@@ -256,6 +269,7 @@ def main() -> None:
         both = None
         if pair:
             both = statistics.median(times["one-core", "side by side"])
+            report["side_by_side_s"] = both
             print(f"[one-core] two hand loops side by side, one per core: median {both:.3f} s  "
                   f"{n / both:,.0f} frames/s  (all: {_list(times['one-core', 'side by side'])})")
             print(f"[one-core] the machine's two-core ceiling (hand / side by side): "
@@ -267,6 +281,9 @@ def main() -> None:
                                    {"chunk_s": args.chunk_s, "fps": fps, "size": [w, h],
                                     "batch_size": args.batch_size}, preload)
             assert frames == n, (frames, n)
+            report.setdefault("fan_out", []).append(
+                {"preload": preload, "wall_s": wall, "frames": frames,
+                 "ratio_over_hand": {f: hand / wall for f, hand in hands.items()}})
             print(f"fan-out, {args.workers} workers, preload {preload or '-'}: {wall:.3f} s  "
                   f"{n / wall:,.0f} frames/s (submit to merged, "
                   f"{args.clips * args.seconds / args.chunk_s:g} chunks)")
@@ -277,6 +294,7 @@ def main() -> None:
                       f"{both / wall:.3f}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    save(args, report)
 
 
 def _list(values: list[float]) -> str:

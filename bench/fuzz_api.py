@@ -3,13 +3,15 @@ on demand, not in CI.
 
     python bench/fuzz_api.py --minutes 10            # split between the callers below
     python bench/fuzz_api.py --minutes 2 --callers tenant,admin
+    python bench/fuzz_api.py --smoke --out fuzz.json   # the suite's run: 6 s as a tenant
 
 Starts a private redis-server and `e31 api` over a fresh SQLite store (the same helpers as
 tests/integration/test_api_fuzz.py: a tenant, another tenant, an admin, a revoked token and no
 token), gives each caller its share of the time (`SHARE`) with every phase and
 `--examples` examples per operation, and prints per caller: operations tested, test cases
 generated, failures, and the seed; the exit status is 1 if any run found a failure. The
-figures of the last run are in docs/security.md ("Fuzzing the API").
+figures of the last run are in docs/security.md ("Fuzzing the API"). `--out FILE` writes
+them as JSON.
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ from tests.integration.test_api_fuzz import (
     schemathesis_run,
 )
 
+from report import parse, save
+
 # Each caller's share of the time: the tenant and the admin reach the most code.
 SHARE = {"tenant": 0.3, "other tenant": 0.1, "revoked": 0.05, "none": 0.1, "admin": 0.45}
 FIGURES = {"tested": r"Tested: (\d+)", "generated": r"(\d+) generated",
            "failures": r"(\d+) failures?", "seed": r"Seed: (\d+)"}
+SMOKE = {"minutes": 0.1, "examples": 2, "callers": "tenant"}
 
 
 def main() -> int:
@@ -45,7 +50,8 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--examples", type=int, default=200, help="examples per operation")
     ap.add_argument("--callers", default=",".join(SHARE))
-    args = ap.parse_args()
+    args = parse(ap, SMOKE)
+    callers_seen: dict[str, dict[str, int]] = {}
     callers = [c for c in args.callers.split(",") if c]
     total = sum(SHARE[c] for c in callers)
     tmp = Path(tempfile.mkdtemp(prefix="e31-fuzz-"))
@@ -67,6 +73,8 @@ def main() -> int:
                 report = run.stdout + run.stderr
                 got = {k: (m.group(1) if (m := re.search(p, report)) else "0")
                        for k, p in FIGURES.items()}
+                callers_seen[who] = {"seconds": seconds, "exit_status": run.returncode,
+                                          **{k: int(v) for k, v in got.items()}}
                 print(f"{who:<13} {seconds:>7} {got['tested']:>6} {got['generated']:>7} "
                       f"{got['failures']:>8}  {got['seed']}", flush=True)
                 if run.returncode != 0:
@@ -77,6 +85,7 @@ def main() -> int:
     finally:
         redis.terminate()
         redis.wait()
+    save(args, {"minutes": args.minutes, "examples": args.examples, "callers": callers_seen})
     return 1 if failed else 0
 
 

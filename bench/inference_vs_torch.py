@@ -16,6 +16,9 @@ process wants a core). The workload's loader thread comes on top: overlapping th
 with the model is the point of it.
 
     python bench/inference_vs_torch.py --records 20000 --batch-size 256 --repeats 7
+    python bench/inference_vs_torch.py --smoke --out inference.json   # the suite's: 500 records
+
+`--out FILE` writes the medians and the ratio as JSON.
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ from e31_worker.child.runner import load_entrypoint
 from e31_worker.workloads import batch_inference
 from e31_worker.workloads.data import digits_arrays
 
+from report import parse, save
 from stack import job_context
 
+SMOKE = {"records": 500, "batch_size": 64, "repeats": 1}
 MODEL = "e31_worker.workloads.models:digits_mlp"
 
 
@@ -89,7 +94,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256, help="digits_mlp hidden width")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads, both sides")
-    args = parser.parse_args()
+    args = parse(parser, SMOKE)
     torch.set_num_threads(args.threads)
     kwargs = {"hidden": args.hidden}
     tmp = Path(tempfile.mkdtemp(prefix="e31-bench-"))
@@ -122,6 +127,10 @@ def main() -> None:
         print(f"workload:          median {work:.3f} s  {args.records / work:,.0f} records/s  "
               f"(CPU {work_cpu:.3f} s, all threads)")
         print(f"ratio workload/hand (throughput): {hand / work:.3f}")
+        save(args, {"records": args.records, "batch_size": args.batch_size,
+                    "repeats": args.repeats, "torch_threads": torch.get_num_threads(),
+                    "hand_s": hand, "workload_s": work, "hand_cpu_s": hand_cpu,
+                    "workload_cpu_s": work_cpu, "ratio_workload_over_hand": hand / work})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

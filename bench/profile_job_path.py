@@ -1,6 +1,7 @@
 """Where the CPU of a tiny job goes across the API, the scheduler and the worker; on demand.
 
     python bench/profile_job_path.py --jobs 200 --cpu-slots 2
+    python bench/profile_job_path.py --smoke --out profile.json   # the suite's run: 4 jobs
 
 A private `e31 up` stack (its own redis-server and SQLite store) runs `--jobs`
 command jobs `python3 -c pass` (each in its own child, sandboxed as the pool is configured;
@@ -20,7 +21,8 @@ command), the HTTP requests the client sent (by method and route), and the clien
 
 The counters are installed by a `sitecustomize` module on the stack's PYTHONPATH, in the
 stack's processes only (`e31.cli …` and `e31_worker.node…`), never in a job's child. Prints
-a table per job, or JSON with `--json` (docs/performance.md, "Dispatch and the control path").
+a table per job, or JSON with `--json` (docs/performance.md, "Dispatch and the control path");
+`--out FILE` also writes the JSON there.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import redis
 
 from e31.local.redisserver import start_redis
 
+from report import parse, save
 from stack import private_stack, submit_all
 
 CHILD = ["python3", "-c", "pass"]
@@ -168,6 +171,8 @@ def _self_cpu() -> float:
     return u.ru_utime + u.ru_stime
 
 
+SMOKE = {"jobs": 4, "warmup": 2, "cpu_slots": 1}
+
 JOBS = {"command": {"command": CHILD, "resources": {"gpus": 0}},
         "entrypoint": {"entrypoint": "e31_worker.examples:hello", "resources": {"gpus": 0}}}
 
@@ -226,13 +231,14 @@ def main() -> None:
     ap.add_argument("--py-spy", metavar="DIR", type=Path,
                     help="also sample the api, scheduler and worker processes with py-spy "
                          "(on PATH) during the batch: collapsed stacks in DIR/<role>-<pid>.txt")
-    args = ap.parse_args()
+    args = parse(ap, SMOKE)
     if args.plot:
         before, after, out = args.plot
         out.write_text(svg_bars(medians(before), medians(after)))
         return
     tmp = Path(tempfile.mkdtemp(prefix="e31-profile-"))
-    (tmp / "site").mkdir()
+    tmp.chmod(0o755)   # the site directory is on every job's PYTHONPATH: its uid reads it
+    (tmp / "site").mkdir(mode=0o755)
     (tmp / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     (tmp / "prof").mkdir()
     os.environ[PROFILE_DIR_ENV] = str(tmp / "prof")
@@ -244,6 +250,7 @@ def main() -> None:
     finally:
         redis_proc.terminate()
         redis_proc.wait()
+    save(args, result)
     print(json.dumps(result, indent=2) if args.json else table(result))
 
 

@@ -1,6 +1,7 @@
 """The scheduler's cost per dispatched job against the size of the backlog; on demand.
 
     python bench/scheduler_cost.py                       # SQLite: 1,000 / 10,000 / 100,000 queued
+    python bench/scheduler_cost.py --smoke --out cost.json   # the suite's run: 200 queued, 2 rounds
     python bench/scheduler_cost.py --postgres postgresql://postgres@127.0.0.1:5432/test
     python bench/scheduler_cost.py --no-sqlite --postgres postgresql://postgres@127.0.0.1:5432/ \
         --sizes 100000,1000000 --tenants 50 --workers 1000 --rounds 3     # docs/scale.md
@@ -27,6 +28,7 @@ message (INFO memory), Redis commands per tick (INFO commandstats after CONFIG R
 and the SQL statements (and how many of them write) of one job's life outside the tick:
 submit (`insert_job`), claim, one lease renewal (a running job renews once a heartbeat
 interval) and the outcome, counted by an SQLAlchemy `after_cursor_execute` listener.
+Prints a JSON object per store and size; `--out FILE` writes them as one JSON list.
 """
 
 from __future__ import annotations
@@ -60,12 +62,15 @@ from e31.store.migrate import upgrade
 from e31.store.models import Job
 from e31.store.records import Outcome
 
+from report import parse, save
+
 SIZES = (1_000, 10_000, 100_000)
 WEIGHTS = (1.0, 1.0, 2.0, 4.0)   # tenants' weights in turn; every fourth has QUOTA
 QUOTA = {"gpu24": 8}
 INSERT_CHUNK = 5_000
 SEED_PER_TENANT = 200     # real submits per tenant on PostgreSQL; the rest are server-side copies
 QUEUE = "e31.gpu24"
+SMOKE = {"sizes": "200", "rounds": 2, "workers": 4}
 BEAT_TTL_S = 600          # the bench's heartbeats outlive a round; real ones live 3 beats
 # Columns a copied job gets anew: its id, and no array (an array item's index is unique)
 COPY_FRESH = {"id": "'j-' || substr(md5(random()::text || clock_timestamp()::text || g::text), "
@@ -266,7 +271,8 @@ def main() -> None:
     ap.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
     ap.add_argument("--postgres", default=None, help="also measure on this PostgreSQL server")
     ap.add_argument("--no-sqlite", action="store_true", help="measure PostgreSQL only")
-    args = ap.parse_args()
+    args = parse(ap, SMOKE)
+    rows: list[dict[str, object]] = []
     sizes = [int(s) for s in args.sizes.split(",")]
     kinds = ([] if args.no_sqlite else ["sqlite"]) + (["postgres"] if args.postgres else [])
     with tempfile.TemporaryDirectory() as tmp:
@@ -277,10 +283,12 @@ def main() -> None:
                     with database(kind, Path(tmp), args.postgres) as url:
                         row = measure(url, size, redis_url, workers=args.workers,
                                       rounds=args.rounds, n_tenants=args.tenants)
-                    print(json.dumps({"store": kind, **row}), flush=True)
+                    rows.append({"store": kind, **row})
+                    print(json.dumps(rows[-1]), flush=True)
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+    save(args, {"rows": rows})
 
 
 if __name__ == "__main__":

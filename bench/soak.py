@@ -1,6 +1,10 @@
 """Soak: short jobs while a random worker is SIGKILLed every few seconds; on demand.
 
     python bench/soak.py --jobs 1000 --workers 4 --kill-every 3
+    python bench/soak.py --smoke --out soak.json    # the test suite's run (tests/bench): seconds
+
+`--smoke`: 8 jobs of 1 s on 2 workers, E31 only, a kill every 2.5 s and 2 at most, a 0.5 s
+heartbeat and a 4 s lease so that a killed worker's job comes back in seconds.
 
 The same run twice, on one private redis-server:
 
@@ -15,6 +19,11 @@ The same run twice, on one private redis-server:
 Each job and task appends `start`/`done` lines to a trail file, so the script can count:
 lost (never completed), completed more than once, and the recovery time of every job
 whose worker was killed under it (the kill, to the next start of that job).
+
+Under the pool's default isolation (`sandbox`) a job runs as its tenant's uid with only the
+paths the sandbox binds: the job's module lives in a world-readable directory on the
+workers' PYTHONPATH (never in the one holding the stack's home, which the sandbox hides),
+and the trail in a 0777 directory the stack shares on purpose (`sandbox_writable_dirs`).
 """
 
 from __future__ import annotations
@@ -41,7 +50,8 @@ from e31 import keys
 from e31.local.redisserver import start_redis
 from e31.states import FINAL_STATES
 
-from stack import private_stack, submit_all
+from report import parse, save
+from stack import celery_workers_ready, private_stack, submit_all
 
 BENCH_DIR = Path(__file__).resolve().parent
 TASK_BODY = '''
@@ -90,15 +100,17 @@ class Killer(threading.Thread):
     """SIGKILLs `pick()`'s (pid, job) every `every_s` seconds until stopped; keeps the kills."""
 
     def __init__(self, pick: Callable[[], tuple[int, str | None] | None], every_s: float,
-                 seed: int) -> None:
+                 seed: int, kills_max: int | None = None) -> None:
         super().__init__(daemon=True)
-        self._pick, self._every_s = pick, every_s
+        self._pick, self._every_s, self._kills_max = pick, every_s, kills_max
         self._halt = threading.Event()
         self.kills: list[Kill] = []
         random.seed(seed)
 
     def run(self) -> None:
         while not self._halt.wait(self._every_s):
+            if self._kills_max is not None and len(self.kills) >= self._kills_max:
+                return
             target = self._pick()
             if target is None:
                 continue
@@ -158,11 +170,27 @@ def tally(ids: list[str], trail: Path, kills: list[Kill]) -> dict[str, Any]:
             "recovery_s_max": round(recoveries[-1], 2) if recoveries else None}
 
 
+def shared_dir(path: Path, mode: int) -> Path:
+    """`path`, made with `mode` whatever the umask: what a sandboxed job's uid may use."""
+    path.mkdir()
+    path.chmod(mode)
+    return path
+
+
 def soak_e31(args: argparse.Namespace, url: str, tmp: Path) -> dict[str, Any]:
-    trail = tmp / "e31-trail"
-    trail.mkdir()
-    (tmp / "soakjob.py").write_text(SOAK_JOB)
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(tmp), os.environ.get("PYTHONPATH", "")])
+    # The job's uid reads its module and writes its trail; the sandbox binds the module's
+    # directory (on PYTHONPATH) and the trail (sandbox_writable_dirs), never `tmp` itself,
+    # which holds the stack's home.
+    trail = shared_dir(tmp / "e31-trail", 0o777)
+    code = shared_dir(tmp / "jobs", 0o755)
+    (code / "soakjob.py").write_text(SOAK_JOB)
+    (code / "soakjob.py").chmod(0o644)
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])
+    settings = {"E31_SANDBOX_WRITABLE_DIRS": str(trail)}
+    if args.heartbeat_interval_s is not None:
+        settings["E31_HEARTBEAT_INTERVAL_S"] = str(args.heartbeat_interval_s)
+    if args.lease_ttl_s is not None:
+        settings["E31_LEASE_TTL_S"] = str(args.lease_ttl_s)
     r = redis.Redis.from_url(url)
 
     def pick() -> int | None:
@@ -178,13 +206,13 @@ def soak_e31(args: argparse.Namespace, url: str, tmp: Path) -> dict[str, Any]:
         return chosen["pid"], chosen.get("busy_job")
 
     with private_stack(tmp / "e31home", ["--cpu-slots", str(args.workers)],
-                       redis_url=url) as client:
+                       redis_url=url, settings=settings) as client:
         specs = [{"entrypoint": "soakjob:run", "resources": {"gpus": 0},
                   "retries": {"max": 0, "max_lost": 10},
                   "params": {"trail": str(trail), "seconds": args.job_s}}] * args.jobs
         start = time.monotonic()
         handles = submit_all(client, specs)
-        killer = Killer(pick, args.kill_every, args.seed)
+        killer = Killer(pick, args.kill_every, args.seed, args.kills_max)
         killer.start()
         final: dict[str, dict[str, Any]] = {}
         deadline = time.monotonic() + args.max_wait_s
@@ -207,8 +235,7 @@ def soak_e31(args: argparse.Namespace, url: str, tmp: Path) -> dict[str, Any]:
 
 
 def soak_celery(args: argparse.Namespace, url: str, tmp: Path) -> dict[str, Any]:
-    trail = tmp / "celery-trail"
-    trail.mkdir()
+    trail = shared_dir(tmp / "celery-trail", 0o755)   # bare Celery runs as this user
     script = tmp / "soak_celery.py"
     script.write_text(CELERY_APP)
     env = dict(os.environ, PYTHONPATH=str(tmp))
@@ -229,18 +256,18 @@ def soak_celery(args: argparse.Namespace, url: str, tmp: Path) -> dict[str, Any]
     for i in range(args.workers):
         spawn(f"soak{i}@bench")
     threading.Thread(target=supervise, daemon=True).start()
-    time.sleep(5)  # let the workers connect
     sys.path.insert(0, str(tmp))
     from celery import Celery
     app = Celery("soak", broker=url)
     app.conf.update(accept_content=["json"], task_serializer="json",
                     broker_transport_options={"visibility_timeout": args.celery_visibility_s})
+    celery_workers_ready(app, args.workers)
     ids = [f"t{i:05d}" for i in range(args.jobs)]
     start = time.monotonic()
     for job_id in ids:
         app.send_task("soak.run", args=[str(trail), job_id, args.job_s], queue="soak")
     killer = Killer(lambda: (random.choice(list(procs.values())).pid, None), args.kill_every,
-                    args.seed)
+                    args.seed, args.kills_max)
     killer.start()
 
     def done() -> int:
@@ -265,9 +292,8 @@ def soak_celery(args: argparse.Namespace, url: str, tmp: Path) -> dict[str, Any]
     return result
 
 
-def _save(args: argparse.Namespace, report: dict[str, Any]) -> None:
-    if args.out is not None:
-        args.out.write_text(json.dumps(report, indent=2, default=str))
+SMOKE = {"jobs": 8, "workers": 2, "job_s": 1.0, "kill_every": 2.5, "kills_max": 2,
+         "heartbeat_interval_s": 0.5, "lease_ttl_s": 4.0, "max_wait_s": 100.0, "only": "e31"}
 
 
 def main() -> None:
@@ -279,27 +305,32 @@ def main() -> None:
     ap.add_argument("--celery-visibility-s", type=int, default=60)
     ap.add_argument("--max-wait-s", type=float, default=900,
                     help="per run: stop waiting for the last jobs after this long")
-    ap.add_argument("--out", type=Path, default=None, help="also write the report here (JSON)")
+    ap.add_argument("--kills-max", type=int, default=None, help="stop killing after this many")
+    ap.add_argument("--heartbeat-interval-s", type=float, default=None,
+                    help="E31's heartbeat interval (default: the pool's setting)")
+    ap.add_argument("--lease-ttl-s", type=float, default=None,
+                    help="E31's lease (default: the pool's setting)")
     ap.add_argument("--seed", type=int, default=31)
     ap.add_argument("--only", choices=["e31", "celery"], default=None)
-    args = ap.parse_args()
+    args = parse(ap, SMOKE)
     # SIGTERM unwinds like Ctrl-C, so the private stack and workers it started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="e31-soak-"))
+    tmp.chmod(0o755)   # mkdtemp's 0700 would keep the jobs' uid out of the shared dirs below
     redis_proc, url = start_redis(tmp / "redis")
     report: dict[str, Any] = {"args": vars(args)}
     try:
         if args.only in (None, "e31"):
             report["e31"] = soak_e31(args, url, tmp)
-            _save(args, report)
+            save(args, report)
         if args.only in (None, "celery"):
             redis.Redis.from_url(url).flushall()
             report["bare_celery_acks_late"] = soak_celery(args, url, tmp)
-            _save(args, report)
+            save(args, report)
     finally:
         redis_proc.terminate()
         redis_proc.wait()
-    print(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2, default=str))
 
 
 if __name__ == "__main__":

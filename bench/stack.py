@@ -19,6 +19,8 @@ from e31.local.redisserver import free_port
 from e31.local.stack import stack_ready
 from e31.states import FINAL_STATES
 
+UP_SHOWN_CHARS = 4_000   # the end of `e31 up`'s output when it fails to start
+
 
 @contextmanager
 def private_stack(home: Path, up_args: Sequence[str], *, redis_url: str | None = None,
@@ -32,18 +34,29 @@ def private_stack(home: Path, up_args: Sequence[str], *, redis_url: str | None =
     env.setdefault("E31_TENANT_SUBMIT_RATE_PER_S", "1000000")
     if redis_url:
         env["E31_REDIS_URL"] = redis_url
-    up = subprocess.Popen([sys.executable, "-m", "e31.cli", "up", "--no-flower", *up_args], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / "up.out", "wb") as out:
+        up = subprocess.Popen([sys.executable, "-m", "e31.cli", "up", "--no-flower", *up_args],
+                              env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         while not stack_ready(home):
             if up.poll() is not None:
-                sys.exit(f"e31 up failed; see {home}/logs")
+                sys.exit(f"e31 up failed:\n{(home / 'up.out').read_text()[-UP_SHOWN_CHARS:]}")
             time.sleep(0.2)
         profile = json.loads((home / "profile.json").read_text())
         yield Client(profile["url"], profile["token"])
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(timeout=120)
+
+
+def celery_workers_ready(app: Any, count: int, timeout_s: float = 60.0) -> None:
+    """Wait until `count` bare Celery workers of `app` answer a ping (connected, consuming),
+    so that a timer started next measures the work, not their start."""
+    deadline = time.monotonic() + timeout_s
+    while len(app.control.ping(timeout=0.5)) < count:
+        if time.monotonic() > deadline:
+            sys.exit(f"{count} Celery workers did not answer within {timeout_s:g} s")
 
 
 def submit_all(client: Client, specs: Sequence[dict[str, Any]]) -> list[JobHandle]:

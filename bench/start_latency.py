@@ -1,6 +1,7 @@
 """Start latency of an attempt, warm and cold, and the memory of a worker; on demand, not in CI.
 
     python bench/start_latency.py --runs 20 --cold-runs 6
+    python bench/start_latency.py --smoke --out start.json   # the suite's run (tests/bench)
 
 Part 1, the worker directly: a `Supervisor` with this host's sandbox (as a sandboxed worker
 runs it; `--isolation process` where there is none) and a warm process, running a plain job
@@ -18,11 +19,13 @@ Part 2, the embedded stack: `e31 up --cpu-slots 1` in a temporary home; `--stack
 entrypoint jobs, and the `start` / `start_ms` their attempts recorded. Then the resident
 memory (RSS and PSS, /proc/PID/smaps_rollup) of its idle worker process and its warm process,
 and of a bare Celery worker (`celery -A tinyapp worker -P threads -c 1`) on the same Redis.
+`--out FILE` writes both parts' figures as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -41,7 +44,8 @@ from e31_worker.attempt.sandbox import Sandbox, sandbox_unavailable
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
 from e31_worker.attempt.warm import WarmStarter, warm_env
 
-from stack import private_stack, submit_all, wait_all
+from report import parse, save
+from stack import celery_workers_ready, private_stack, submit_all, wait_all
 
 JOBS = {
     "plain": "import time\n\ndef main(ctx):\n    return time.monotonic()\n",
@@ -201,10 +205,12 @@ def warm_process_of(worker: int) -> int | None:
     return None
 
 
-def on_stack(jobs: int, base: Path) -> None:
-    """Part 2: recorded starts of tiny jobs on `e31 up`, then the memory of idle workers."""
+def on_stack(jobs: int, base: Path, settle_s: float) -> dict[str, Any]:
+    """Part 2: recorded starts of tiny jobs on `e31 up`, then the memory of idle workers
+    (`settle_s` after the last job, and after the bare Celery worker answers)."""
     home = base / "stack"
     home.mkdir()
+    out: dict[str, Any] = {"jobs": jobs}
     with private_stack(home, ["--cpu-slots", "1"]) as client:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:   # its warm process is ready once torch is mapped
@@ -213,27 +219,29 @@ def on_stack(jobs: int, base: Path) -> None:
             if zygote and "libtorch" in Path(f"/proc/{zygote}/maps").read_text():
                 break
             time.sleep(1)
-        time.sleep(5)
+        time.sleep(settle_s)
         specs = [{"entrypoint": "e31_worker.examples:sleep", "params": {"seconds": 0.0},
                   "resources": {"gpus": 0}} for _ in range(jobs)]
         statuses = wait_all(submit_all(client, specs))
         attempts = [s["attempts"][-1] for s in statuses if s["state"] == "succeeded"]
         warm_ms = [a["start_ms"] for a in attempts if a["start"] == "warm"]
         cold_ms = [a["start_ms"] for a in attempts if a["start"] == "cold"]
+        out.update(succeeded=len(attempts), warm=len(warm_ms), cold=len(cold_ms))
         print(f"stack: {len(attempts)}/{jobs} succeeded, {len(warm_ms)} warm, "
               f"{len(cold_ms)} cold")
         if warm_ms:
+            out.update(warm_start_ms_p50=pct(warm_ms, 0.5), warm_start_ms_p99=pct(warm_ms, 0.99))
             print(f"stack: recorded start_ms of warm attempts p50 {pct(warm_ms, 0.5):.1f} ms, "
                   f"p99 {pct(warm_ms, 0.99):.1f} ms")
-        time.sleep(5)   # idle again
+        time.sleep(settle_s)   # idle again
         [worker] = processes("e31_worker.node.celery_process", home)
         zygote = warm_process_of(worker)
-        rss, pss = memory_kb(worker)
+        out["worker_rss_pss_kb"] = rss, pss = memory_kb(worker)
         print(f"idle worker process  RSS {rss / 1024:7.1f} MiB  PSS {pss / 1024:7.1f} MiB")
         if zygote:
-            rss, pss = memory_kb(zygote)
+            out["warm_process_rss_pss_kb"] = rss, pss = memory_kb(zygote)
             print(f"its warm process     RSS {rss / 1024:7.1f} MiB  PSS {pss / 1024:7.1f} MiB")
-        redis_url = __import__("json").loads((home / "profile.json").read_text())["redis_url"]
+        redis_url = json.loads((home / "profile.json").read_text())["redis_url"]
         app_dir = base / "tinyapp"
         app_dir.mkdir()
         (app_dir / "tinyapp.py").write_text(TINY_CELERY_APP)
@@ -245,12 +253,18 @@ def on_stack(jobs: int, base: Path) -> None:
                                   cwd=app_dir, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         try:
-            time.sleep(15)
-            rss, pss = memory_kb(celery.pid)
+            from celery import Celery
+            celery_workers_ready(Celery("tinyapp", broker=redis_url), 1)
+            time.sleep(settle_s)
+            out["bare_celery_rss_pss_kb"] = rss, pss = memory_kb(celery.pid)
             print(f"bare Celery worker   RSS {rss / 1024:7.1f} MiB  PSS {pss / 1024:7.1f} MiB")
         finally:
             celery.terminate()
             celery.wait(timeout=30)
+    return out
+
+
+SMOKE = {"runs": 2, "cold_runs": 1, "stack_jobs": 2, "settle_s": 1.0}
 
 
 def main() -> None:
@@ -261,19 +275,23 @@ def main() -> None:
     ap.add_argument("--skip-stack", action="store_true")
     ap.add_argument("--skip-direct", action="store_true")
     ap.add_argument("--svg", type=Path, help="write a bar chart of part 1 here")
-    args = ap.parse_args()
+    ap.add_argument("--settle-s", type=float, default=5.0,
+                    help="part 2: the wait before the jobs and before each memory reading")
+    args = parse(ap, SMOKE)
+    report: dict[str, Any] = {"cpus": os.cpu_count()}
     base = Path(tempfile.mkdtemp(prefix="e31-start-"))
     print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     try:
         if not args.skip_direct:
-            rows = direct(args.runs, args.cold_runs, base)
+            report["direct"] = rows = direct(args.runs, args.cold_runs, base)
             if args.svg:
                 svg_chart(rows, args.svg, f"{os.cpu_count()} CPUs, load average "
                                           f"{os.getloadavg()[0]:.0f}")
         if not args.skip_stack:
-            on_stack(args.stack_jobs, base)
+            report["stack"] = on_stack(args.stack_jobs, base, args.settle_s)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    save(args, report)
     print(f"load average at the end {os.getloadavg()[0]:.1f}; mean of the host: "
           f"{statistics.mean(os.getloadavg()):.1f}")
 

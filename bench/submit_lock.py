@@ -2,6 +2,7 @@
 
     python bench/submit_lock.py                        # SQLite
     python bench/submit_lock.py --postgres postgresql://postgres@127.0.0.1:5432/test
+    python bench/submit_lock.py --smoke --out lock.json   # the suite's run: 200 items, 1 round
 
 `Repo.insert_array` straight (no API, so none of its caps), on a fresh store holding one
 tenant and 10,000 of its queued jobs, for the shapes an attacker or a big sweep sends:
@@ -11,7 +12,8 @@ with 64 queued jobs each (640,000 `job_deps` rows: only with that cap lifted), a
 dependencies. Prints, per shape, the outcome, the whole call and the longest write
 transaction (from the moment it holds SQLite's write lock to its commit or rollback): the
 median and the worst of `--rounds`. With `--postgres URL`, the same on PostgreSQL (a fresh
-database, dropped after), where a write transaction holds row locks only.
+database, dropped after), where a write transaction holds row locks only. `--items N`
+shrinks the arrays (and the seeded jobs); `--out FILE` writes the figures as JSON.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ from e31.store.db import WRITE_OPTION, scratch_database
 from e31.store.migrate import upgrade
 from e31.sweep import MAX_ARRAY_ITEMS
 
-ITEMS = MAX_ARRAY_ITEMS
+from report import parse, save
+
+SMOKE = {"items": 200, "rounds": 1}
 
 
 @contextmanager
@@ -86,7 +90,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--postgres", metavar="URL", help="PostgreSQL server (SQLAlchemy URL)")
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--items", type=int, default=MAX_ARRAY_ITEMS,
+                        help="items per array, and queued jobs seeded")
+    args = parse(parser, SMOKE)
+    items_n = args.items
+    report: dict[str, Any] = {"items": items_n, "rounds": args.rounds, "shapes": {}}
     classes = Settings().size_classes
     plain = JobSpec.parse({"entrypoint": "m:f"})
     where: Route = route(plain, classes)
@@ -95,15 +103,16 @@ def main() -> None:
         upgrade(engine)
         repo = Repo(engine, half_life_s=Settings().fair_share_half_life_s)
         tenant, _ = repo.create_tenant("bench", now=utcnow())
-        seeded = repo.insert_array(tenant.id, "deps", [(plain, where)] * ITEMS, now=utcnow())
+        seeded = repo.insert_array(tenant.id, "deps", [(plain, where)] * items_n, now=utcnow())
         holds = write_holds(engine)
-        print(f"{engine.dialect.name}: arrays of {ITEMS:,} items; median / worst of "
+        report["store"] = engine.dialect.name
+        print(f"{engine.dialect.name}: arrays of {items_n:,} items; median / worst of "
               f"{args.rounds} rounds")
         for name, after in shapes([item.id for item in seeded.items or []]).items():
             totals, longest, outcome = [], [], ""
             for _ in range(args.rounds):
                 items = []
-                for i in range(ITEMS):
+                for i in range(items_n):
                     spec = JobSpec.parse({"entrypoint": "m:f", "after": after(i)})
                     items.append((spec, where))
                 holds.clear()
@@ -115,10 +124,15 @@ def main() -> None:
                     outcome = "refused"
                 totals.append(time.perf_counter() - began)
                 longest.append(max(holds, default=0.0))
+            report["shapes"][name] = {
+                "outcome": outcome, "call_s_median": statistics.median(totals),
+                "call_s_worst": max(totals), "write_s_median": statistics.median(longest),
+                "write_s_worst": max(longest)}
             print(f"  {name:28} {outcome:8} call {statistics.median(totals):6.2f} / "
                   f"{max(totals):6.2f} s   write transaction "
                   f"{statistics.median(longest):6.3f} / {max(longest):6.3f} s")
         engine.dispose()
+    save(args, report)
 
 
 if __name__ == "__main__":

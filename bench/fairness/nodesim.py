@@ -13,6 +13,12 @@ choice, the reservations and preemption are `nodes.Tick`. Runs the variants of `
 trace and `STEADY_RUNS` on the steady one; prints the figures and stores them under
 "nodes" in bench/fairness/results.json. Raises `InvariantBroken` if a GPU is given twice,
 a non-preemptible or too young job is preempted, or (exact runs) a reservation is broken.
+
+    python bench/fairness/nodesim.py --smoke --out nodes.json   # the suite's run (tests/bench)
+
+`--smoke`: 2 simulated hours of a trace with a twentieth of the backlogs, two variants with
+preemption and exact reservations on it and one on the steady trace, results.json left as it
+is; `--out FILE` writes the figures there.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from sim import accrue
 from e31.scheduling.fairshare import Tenant
 from e31.usage import UsageState
 
+from report import parse, save
 from workload import (
     HORIZON_S,
     NODE_BIG,
@@ -478,6 +485,8 @@ RUNS: dict[str, dict[str, object]] = {
 
 
 STEADY_RUNS = ("pack", "first-fit", "spread", "pack fair-res", "spread fair-res")
+SMOKE = {"runs": "pack fair-res preempt,spread fair-res preempt", "steady_runs": "pack",
+         "horizon_h": 2.0, "scale": 0.05, "json": None}
 
 
 def config(name: str, **over: object) -> SimConfig:
@@ -498,10 +507,14 @@ def main() -> None:
     ap.add_argument("--steady-runs", default=",".join(STEADY_RUNS),
                     help="the same on the steady trace (no backlogs, about 70 %% busy)")
     ap.add_argument("--json", type=Path, default=ROOT / "bench/fairness/results.json")
-    args = ap.parse_args()
+    ap.add_argument("--horizon-h", type=float, default=HORIZON_S / 3600, help="simulated hours")
+    ap.add_argument("--scale", type=float, default=1.0, help="the flood trace's backlogs, scaled")
+    args = parse(ap, SMOKE)
     pool = node_pool()
-    traces = {"flood": (node_trace(args.seed), args.runs),
-              "steady": (node_trace(args.seed, steady=True), args.steady_runs)}
+    horizon_s = args.horizon_h * 3600
+    traces = {"flood": (node_trace(args.seed, horizon_s=horizon_s, scale=args.scale), args.runs),
+              "steady": (node_trace(args.seed, horizon_s=horizon_s, steady=True),
+                         args.steady_runs)}
     out: dict[str, object] = {"command": " ".join(["python", "bench/fairness/nodesim.py",
                                                    *sys.argv[1:]]),
                               "config": {k: v for k, v in vars(SimConfig()).items()
@@ -511,15 +524,17 @@ def main() -> None:
     for trace, (jobs, names) in traces.items():
         for name in filter(None, names.split(",")):
             started = time.perf_counter()
-            figures = run_one(name, jobs, pool)
+            figures = run_one(name, jobs, pool, horizon_s=horizon_s)
             figures["wall_s"] = round(time.perf_counter() - started, 1)
             runs[f"{trace}/{name}"] = figures
             print(f"{trace}/{name}: {json.dumps(figures)}", flush=True)
     out["runs"] = runs
-    results = json.loads(args.json.read_text()) if args.json.exists() else {}
-    results["nodes"] = out
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.json} (under \"nodes\")")
+    save(args, out)
+    if args.json is not None:
+        results = json.loads(args.json.read_text()) if args.json.exists() else {}
+        results["nodes"] = out
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.json} (under \"nodes\")")
 
 
 if __name__ == "__main__":

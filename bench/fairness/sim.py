@@ -13,6 +13,11 @@ spills). Prints the figures, writes them as JSON (`--json`) and plots each tenan
 GPU-seconds over time (`--png`). The scheduler ticks on every submit and job end and every
 `--tick-s`; jobs start when published. Runs in about a minute on two cores.
 
+    python bench/fairness/sim.py --smoke --out sim.json   # the suite's run (tests/bench)
+
+`--smoke`: the shared pool, a flood of 1,000 jobs, neither results.json nor the plot
+written; `--out FILE` writes the figures there.
+
 Worker slots only: placement of 1-8 GPU jobs on real-shaped nodes, exact reservations and
 preemption are simulated by `nodesim.py` beside it (its figures go under "nodes" in the
 same JSON, which this script keeps).
@@ -37,7 +42,20 @@ from e31.scheduling.fairshare import Tenant
 from e31.store.records import Candidate
 from e31.usage import UsageState
 
-from workload import BACKLOGGED, HORIZON_S, LIGHT, OTHERS_START_S, POOLS, WEIGHTS, SimJob, trace
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))   # bench/: its report module
+
+from report import parse, save
+from workload import (
+    BACKLOGGED,
+    FLOOD_JOBS,
+    HORIZON_S,
+    LIGHT,
+    OTHERS_START_S,
+    POOLS,
+    WEIGHTS,
+    SimJob,
+    trace,
+)
 
 HEAD_K = 16              # candidates per queue, tenant and band the store hands over
 FIFO_HEAD = 64           # FIFO: the oldest per queue, whoever submitted them
@@ -46,6 +64,7 @@ PLOT_BIN_S = 600.0       # share-over-time plot resolution
 SIZE_CLASS = "gpu80"
 PRIORITY = 5
 ROOT = Path(__file__).resolve().parents[2]
+SMOKE = {"pools": "shared", "flood_jobs": 1000, "json": None, "png": None}
 
 
 def fifo_decide(slots: Sequence[Slot],
@@ -294,9 +313,10 @@ def main() -> None:
     ap.add_argument("--pools", default="shared,static")
     ap.add_argument("--json", type=Path, default=ROOT / "bench/fairness/results.json")
     ap.add_argument("--png", type=Path, default=ROOT / "docs/img/fairness_share.png")
-    args = ap.parse_args()
+    ap.add_argument("--flood-jobs", type=int, default=FLOOD_JOBS, help="c's flood at t=0")
+    args = parse(ap, SMOKE)
 
-    jobs = trace(args.seed)
+    jobs = trace(args.seed, flood_jobs=args.flood_jobs)
     results: dict[str, object] = {"command": " ".join(["python", "bench/fairness/sim.py",
                                                        *sys.argv[1:]]),
                                   "half_life_s": args.half_life_s,
@@ -316,11 +336,16 @@ def main() -> None:
             series[(pool, policy)] = sim.share_series()
             print(f"{pool}/{policy}: {json.dumps(figures)}", flush=True)
     results["runs"] = runs
-    if args.json.exists():   # the node-level figures (nodesim.py) stay
-        results |= {k: v for k, v in json.loads(args.json.read_text()).items() if k == "nodes"}
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
-    plot(series, args.png)
-    print(f"wrote {args.json} and {args.png}")
+    save(args, results)
+    if args.json is not None:
+        if args.json.exists():   # the node-level figures (nodesim.py) stay
+            results |= {k: v for k, v in json.loads(args.json.read_text()).items()
+                        if k == "nodes"}
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    if args.png is not None:
+        plot(series, args.png)
+        print(f"wrote {args.png}")
 
 
 if __name__ == "__main__":

@@ -37,10 +37,10 @@ def _log_uniform(rng: random.Random, low_s: float, high_s: float) -> float:
     return math.exp(rng.uniform(math.log(low_s), math.log(high_s)))
 
 
-def trace(seed: int = 31) -> list[SimJob]:
+def trace(seed: int = 31, *, flood_jobs: int = FLOOD_JOBS) -> list[SimJob]:
     """a (weight 2) 400 jobs of 1 min-2 h plus an x4 job every 40 min; b 400 jobs of
-    10 s-1 h; c floods 10,000 jobs of 10 s-30 min first; d, light, a 10-120 s job about
-    every 3 minutes."""
+    10 s-1 h; c floods `flood_jobs` (10,000) jobs of 10 s-30 min first; d, light, a 10-120 s
+    job about every 3 minutes."""
     rng = random.Random(seed)
     jobs: list[SimJob] = []
 
@@ -49,7 +49,7 @@ def trace(seed: int = 31) -> list[SimJob]:
         jobs.append(SimJob(f"{tenant}{len(jobs)}", tenant, GPU80X4 if gpus == 4 else GPU80,
                            gpus, at_s, duration_s, duration_s * rng.uniform(*TIMEOUT_FACTOR)))
 
-    for i in range(FLOOD_JOBS):
+    for i in range(flood_jobs):
         add("c", i * 1e-3, 10, 1800)
     for i in range(400):
         add("a", OTHERS_START_S + i * 1e-3, 60, 7200)
