@@ -7,11 +7,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# bubblewrap: the sandbox every job runs in; slirp4netns and iproute2: a job's own network
+# bubblewrap: the sandbox every job runs in; slirp4netns: a job's own network
 # (job_network = isolated, the default; docs/security.md). A worker refuses to start without
 # them unless told --isolation process (or E31_JOB_NETWORK=host for the network).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends bubblewrap slirp4netns iproute2 \
+    && apt-get install -y --no-install-recommends bubblewrap slirp4netns \
     && rm -rf /var/lib/apt/lists/*
 
 # torch first, in its own layer, so code changes do not download it again.

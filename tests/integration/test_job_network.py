@@ -208,8 +208,11 @@ def test_an_isolated_job_cannot_change_its_routes_and_leaves_no_helper_behind(
         tmp_path: Path) -> None:
     # Given a pool on the default network
     pool = Pool(tmp_path, "isolated")
-    script = ("import subprocess, sys\n"
-              "done = subprocess.run(['ip', 'route', 'del', 'prohibit', '169.254.0.0/16'],"
+    script = ("import socket, subprocess, sys\n"
+              "server = socket.create_server(('127.0.0.1', 0))\n"
+              "socket.create_connection(server.getsockname(), timeout=3).close()\n"
+              "print('its own loopback answers')\n"
+              "done = subprocess.run(['ip', 'route', 'del', 'unreachable', '169.254.0.0/16'],"
               " capture_output=True, text=True)\n"
               "print(done.returncode, done.stderr.strip())\n"
               "print(open('/etc/resolv.conf').read().strip())")
@@ -224,11 +227,13 @@ def test_an_isolated_job_cannot_change_its_routes_and_leaves_no_helper_behind(
     outcome = Supervisor(plan, tick=lambda _: Directive.CONTINUE,
                          sandbox=pool.sandbox.for_attempt(claim)).run()
 
-    # Then it may not (it has no capability in its namespace); its names go to slirp4netns's
-    # forwarder, and no slirp4netns of it outlives it (the autouse fixture checks processes)
+    # Then it may not (it has no capability in its namespace), while its own loopback works;
+    # its names go to slirp4netns's forwarder, and no slirp4netns of it outlives it (the
+    # autouse fixture checks processes)
     assert outcome.reason is AttemptReason.SUCCEEDED
     said = plan.log_path.read_text().splitlines()
-    assert said[-2].split()[0] != "0", said
+    assert said[-3] == "its own loopback answers", said
+    assert said[-2].split()[0] != "0" and "not permitted" in said[-2], said
     assert said[-1] == "nameserver 10.0.2.3"
 
 

@@ -106,7 +106,7 @@ SANDBOX_CAPS = {"SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL",
 
 
 def test_the_image_installs_bubblewrap_for_the_sandbox() -> None:
-    assert ("apt-get install -y --no-install-recommends bubblewrap slirp4netns iproute2"
+    assert ("apt-get install -y --no-install-recommends bubblewrap slirp4netns"
             in DOCKERFILE.read_text())
 
 

@@ -22,7 +22,6 @@ and otherwise an isolated one whose routes also let it reach the operator's pack
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
 import logging
@@ -37,17 +36,16 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from e31.settings import Settings
-from e31_worker.child.netns import route_batch
 
 log = logging.getLogger(__name__)
 
 Mode = Literal["isolated", "host", "none"]
 
 SLIRP4NETNS = "slirp4netns"
-IP = "ip"
-NET_DIR = ".net"             # under work_dir: the routes and resolv.conf jobs' namespaces use
-FILES = ("routes", "build-routes", "resolv.conf")
+IP = "ip"                    # only to read the host's own addresses (`host_addresses`)
+NET_DIR = ".net"             # under work_dir: the resolv.conf of jobs' namespaces
 SLIRP_DNS = "10.0.2.3"       # slirp4netns's built-in DNS forwarder (to the host's resolver)
+RESOLV_CONF_TEXT = f"nameserver {SLIRP_DNS}\n"
 RESOLVE_TIMEOUT_S = 5.0
 # uv's settings that name the operator's package indexes (a URL, or a local directory)
 UV_INDEX_VARS = ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_EXTRA_INDEX_URL", "UV_INDEX",
@@ -67,8 +65,7 @@ class JobNetwork:
 
     mode: Mode
     slirp4netns: str = ""
-    ip: str = ""
-    net_dir: Path | None = None       # routes and resolv.conf, written by `prepare`
+    net_dir: Path | None = None       # resolv.conf, written by `prepare`
     blocked: tuple[str, ...] = ()
     indexes: tuple[str, ...] = ()     # addresses of the package indexes builds may reach
 
@@ -81,7 +78,7 @@ class JobNetwork:
         if settings.job_network == "host":
             return cls(mode="host")
         return cls(mode=settings.job_network, slirp4netns=shutil.which(SLIRP4NETNS) or "",
-                   ip=shutil.which(IP) or "", net_dir=settings.resolved_work_dir / NET_DIR,
+                   net_dir=settings.resolved_work_dir / NET_DIR,
                    blocked=blocked_networks(settings),
                    indexes=tuple(a for a in _resolve(index_hosts(environ))
                                  if not ipaddress.ip_address(a).is_loopback))
@@ -90,49 +87,30 @@ class JobNetwork:
         """Why this host cannot give jobs the chosen network (or `mode`), or None."""
         if (mode or self.mode) != "isolated":
             return None
-        missing = [name for name, path in ((SLIRP4NETNS, self.slirp4netns), (IP, self.ip))
-                   if not path]
-        if missing:
-            return (f"job_network = isolated needs {' and '.join(missing)} "
-                    "(Debian/Ubuntu: apt-get install slirp4netns iproute2); or set "
-                    "E31_JOB_NETWORK=host to give jobs the worker's network (docs/security.md)")
+        if not self.slirp4netns:
+            return ("job_network = isolated needs slirp4netns (Debian/Ubuntu: apt-get install "
+                    "slirp4netns); or set E31_JOB_NETWORK=host to give jobs the worker's "
+                    "network (docs/security.md)")
         return None
 
     def prepare(self) -> None:
-        """Write what every isolated namespace of this worker uses: its routes, its
-        resolv.conf (slirp4netns's DNS forwarder: the host's may be on its loopback). Each
-        file is named for its content and never replaced: a sandbox being set up binds it
-        while another worker of the host prepares its own (a replaced file's old inode can
-        no longer be bound)."""
-        if self.net_dir is None:
+        """Write the resolv.conf every isolated namespace of this worker uses (slirp4netns's
+        DNS forwarder: the host's resolver may be on its loopback). It is never replaced: a
+        sandbox being set up binds it while another worker of the host prepares (a replaced
+        file's old inode can no longer be bound)."""
+        if self.net_dir is None or self.resolv_conf is None or self.resolv_conf.exists():
             return
         self.net_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.net_dir, 0o755)
-        for name in FILES:
-            path = self._file(name)
-            if path.exists():
-                continue
-            tmp = self.net_dir / f".{name}.{os.getpid()}"
-            tmp.write_text(self._text(name))
-            os.chmod(tmp, 0o644)
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                pass
-            finally:
-                tmp.unlink()
-
-    def _text(self, name: str) -> str:
-        if name == "routes":
-            return route_batch(self.blocked)
-        if name == "build-routes":
-            return route_batch(self.blocked, allowed=self.indexes)
-        return f"nameserver {SLIRP_DNS}\n"
-
-    def _file(self, name: str) -> Path:
-        assert self.net_dir is not None
-        digest = hashlib.sha256(self._text(name).encode()).hexdigest()[:16]
-        return self.net_dir / f"{name}-{digest}"
+        tmp = self.net_dir / f".resolv.conf.{os.getpid()}"
+        tmp.write_text(RESOLV_CONF_TEXT)
+        os.chmod(tmp, 0o644)
+        try:
+            os.link(tmp, self.resolv_conf)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
 
     def for_job(self, asked: str | None) -> Mode:
         """The network of one job: none when it asks for none, else the pool's."""
@@ -140,14 +118,13 @@ class JobNetwork:
 
     @property
     def resolv_conf(self) -> Path | None:
-        return self._file("resolv.conf") if self.net_dir is not None else None
+        return self.net_dir / "resolv.conf" if self.net_dir is not None else None
 
-    def plan(self, *, build: bool = False) -> dict[str, str]:
+    def plan(self, *, build: bool = False) -> dict[str, object]:
         """What the forked child needs to enter an isolated network (`enter_isolated`): a
         job's, or with `build` an environment build's (the package indexes reachable too)."""
-        assert self.net_dir is not None
-        return {"slirp4netns": self.slirp4netns, "ip": self.ip,
-                "routes": str(self._file("build-routes" if build else "routes"))}
+        return {"slirp4netns": self.slirp4netns, "blocked": list(self.blocked),
+                "allowed": list(self.indexes) if build else []}
 
 
 def index_hosts(environ: Mapping[str, str]) -> list[str]:

@@ -258,7 +258,7 @@ class AttemptSandbox:
 
         return Launch(argv=args, env=self._env(env, home=root / "work"), enter=enter)
 
-    def net_plan(self) -> dict[str, str] | None:
+    def net_plan(self) -> dict[str, object] | None:
         """For a warm start: what its outer process needs to enter the isolated network."""
         return self._sandbox.network.plan() if self.network == "isolated" else None
 
