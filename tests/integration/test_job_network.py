@@ -31,6 +31,7 @@ from e31_worker.attempt.network import BLOCKED_NETWORKS, JobNetwork, host_addres
 from e31_worker.attempt.sandbox import Sandbox, network_unavailable, sandbox_unavailable
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
 from e31_worker.attempt.warm import WarmStarter, warm_env
+from e31_worker.child.netns import enter_isolated
 from tests.internet import Internet
 
 TENANT = "t-0123456789ab"
@@ -278,3 +279,44 @@ def test_a_worker_refuses_to_start_without_user_mode_networking(
     assert done.returncode != 0
     assert "slirp4netns" in said and "apt-get install" in said, said
     assert "E31_JOB_NETWORK=host" in said
+
+
+def test_a_builds_namespace_routes_the_operators_private_index_and_refuses_its_neighbours(
+        tmp_path: Path) -> None:
+    # Given a pool whose package index lives on a private address, named in uv's settings
+    settings = Settings.load({"home": str(tmp_path / "home")}, environ={})
+    network = JobNetwork.from_settings(
+        settings, environ={"UV_INDEX_URL": "https://10.9.8.7/simple",
+                           "UV_INDEX": "internal=http://10.9.8.6:3141/root/pypi",
+                           "UV_FIND_LINKS": "/opt/wheels"})
+    if network.unavailable() is not None or os.geteuid() != 0:
+        pytest.skip(f"no isolated network here: {network.unavailable() or 'not root'}")
+    assert set(network.indexes) == {"10.9.8.7", "10.9.8.6"}
+
+    # When a build's namespace and a job's are entered, and asked where those addresses go
+    def routes(build: bool) -> str:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:   # the child enters the namespace and reports its kernel's routes
+            try:
+                enter_isolated(network.plan(build=build))
+                said = subprocess.run(["ip", "route", "get", "10.9.8.7"], capture_output=True,
+                                      text=True)
+                os.write(w, (said.stdout + said.stderr).encode())
+                said = subprocess.run(["ip", "route", "get", "10.9.8.8"], capture_output=True,
+                                      text=True)
+                os.write(w, (said.stdout + said.stderr).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            out = f.read()
+        os.waitpid(pid, 0)
+        return out
+
+    build, job = routes(True), routes(False)
+
+    # Then the build reaches the index through slirp4netns, not its neighbour; a job neither
+    assert "10.9.8.7 via 10.0.2.2" in build, build
+    assert "10.9.8.8 via" not in build and build.count("No route to host") == 1, build
+    assert "via 10.0.2.2" not in job and job.count("No route to host") == 2, job
