@@ -320,3 +320,33 @@ def test_a_builds_namespace_routes_the_operators_private_index_and_refuses_its_n
     assert "10.9.8.7 via 10.0.2.2" in build, build
     assert "10.9.8.8 via" not in build and build.count("No route to host") == 1, build
     assert "via 10.0.2.2" not in job and job.count("No route to host") == 2, job
+
+
+def test_e31_up_without_user_mode_networking_warns_and_shares_the_network_unless_told(
+        tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import typer
+
+    from e31.cli.stack import _isolation
+    # Given a machine with bubblewrap but no slirp4netns
+    bin_dir = Path(tempfile.mkdtemp(prefix="e31-nonet-"))
+    bin_dir.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(bin_dir, ignore_errors=True))
+    (bin_dir / "bwrap").symlink_to(shutil.which("bwrap") or "/usr/bin/bwrap")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.delenv("E31_JOB_NETWORK", raising=False)
+    settings = Settings.load({"home": str(tmp_path / "home")}, environ={})
+    if sandbox_unavailable(settings.model_copy(update={"job_network": "host"})):
+        pytest.skip("no sandbox here")
+
+    # When `e31 up` picks its isolation without a flag: the sandbox, on the machine's network,
+    # said on stderr, and its workers told so
+    assert _isolation(settings, chosen=False) == "sandbox"
+    assert os.environ["E31_JOB_NETWORK"] == "host"
+    assert "warning: jobs share this machine's network" in " ".join(capsys.readouterr().err.split())
+
+    # But asked for the sandbox by flag, it refuses, saying what to install
+    monkeypatch.delenv("E31_JOB_NETWORK")
+    with pytest.raises(typer.Exit):
+        _isolation(settings, chosen=True)
+    assert "apt-get install slirp4netns" in " ".join(capsys.readouterr().err.split())

@@ -141,8 +141,13 @@ def _isolation(settings: Settings, *, chosen: bool) -> str:
     why = sandbox_unavailable(settings)
     if why is None:
         if (no_net := network_unavailable(settings)) is not None:
-            err.print(f"error: {no_net}")
-            raise typer.Exit(EXIT_INPUT)
+            if chosen or "E31_JOB_NETWORK" in os.environ:   # asked for: no quiet fallback
+                err.print(f"error: {no_net}")
+                raise typer.Exit(EXIT_INPUT)
+            # One machine, one user, as the fallback to `process` below: the stack's jobs
+            # share its network, said loudly here and by `e31 queue` (docs/security.md).
+            err.print(f"warning: jobs share this machine's network ({no_net})")
+            os.environ["E31_JOB_NETWORK"] = "host"   # the stack's workers inherit it
         return "sandbox"
     if chosen:
         err.print(f"error: cannot run jobs in a sandbox on this host: {why}")
