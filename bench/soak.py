@@ -3,7 +3,7 @@
     python bench/soak.py --jobs 1000 --workers 4 --kill-every 3
     python bench/soak.py --smoke --out soak.json    # the test suite's run (tests/bench): seconds
 
-`--smoke`: 8 jobs of 1 s on 2 workers, E31 only, a kill every 2.5 s and 2 at most, a 0.5 s
+`--smoke`: 6 jobs of 1 s on 2 workers, E31 only, a kill every 2 s and 2 at most, a 0.5 s
 heartbeat and a 4 s lease so that a killed worker's job comes back in seconds.
 
 The same run twice, on one private redis-server:
@@ -292,7 +292,7 @@ def soak_celery(args: argparse.Namespace, url: str, tmp: Path) -> dict[str, Any]
     return result
 
 
-SMOKE = {"jobs": 8, "workers": 2, "job_s": 1.0, "kill_every": 2.5, "kills_max": 2,
+SMOKE = {"jobs": 6, "workers": 2, "job_s": 1.0, "kill_every": 2.0, "kills_max": 2,
          "heartbeat_interval_s": 0.5, "lease_ttl_s": 4.0, "max_wait_s": 100.0, "only": "e31"}
 
 
