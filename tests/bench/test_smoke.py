@@ -79,10 +79,6 @@ def test_the_soak_loses_no_job_and_runs_none_twice_while_busy_workers_are_killed
     assert figures["kills_of_busy_workers"] >= 1, figures
 
 
-# slow: a stack's start and stop are nearly all of its 13 to 18 s, so it cannot shrink, and
-# with it the suite's bench runs passed two minutes; it is the one whose path (submit many,
-# wait for all on a stack) the soak, dispatch and profile runs walk as well.
-@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_burst_runs_every_job_once_and_no_process_says_database_is_locked(
         tmp_path: Path) -> None:
