@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -27,6 +28,9 @@ from e31.settings import Settings
 from e31.store import Repo, make_engine
 from e31.store.db import scratch_database
 from e31.store.migrate import upgrade
+
+if TYPE_CHECKING:
+    from tests.internet import Internet
 
 BACKENDS = ["sqlite", "postgres"]
 SESSION_MARK_VAR = "PYTEST_E31_SESSION"  # not E31_*: the stacks and the job sandbox drop those
@@ -326,3 +330,14 @@ def sqlite_repo(tmp_path: Path) -> Iterator[Repo]:
     upgrade(engine)
     yield Repo(engine, half_life_s=Settings().fair_share_half_life_s)
     engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def internet() -> Iterator[Internet]:
+    """A server "on the internet" (`tests.internet`): a namespace of its own, for a module's
+    tests; skipped, saying why, where namespaces cannot be made."""
+    from tests.internet import Internet  # not at the top: it imports wait_for from here
+    if (why := Internet.unavailable()) is not None:
+        pytest.skip(why)
+    with Internet.create() as net:
+        yield net

@@ -229,14 +229,6 @@ def host_network_worker(stack: Stack, broker: redis.Redis) -> Iterator[None]:
         log.close()
 
 
-@pytest.fixture(scope="module")
-def internet() -> Iterator[Internet]:
-    if (why := Internet.unavailable()) is not None:
-        pytest.skip(why)
-    with Internet.create() as net:
-        yield net
-
-
 def test_a_job_on_the_default_network_reaches_the_internet_but_not_the_stacks_services(
         stack: Stack, sandboxed: None, internet: Internet,
         host_network_worker: None) -> None:

@@ -64,14 +64,6 @@ print(json.dumps(reach(None, json.loads(sys.argv[1]))))
 '''
 
 
-@pytest.fixture(scope="module")
-def internet() -> Iterator[Internet]:
-    if (why := Internet.unavailable()) is not None:
-        pytest.skip(why)
-    with Internet.create() as net:
-        yield net
-
-
 @pytest.fixture
 def listener() -> Iterator[int]:
     """A port on every address of this host (0.0.0.0): its loopback and its own addresses,
