@@ -584,8 +584,10 @@ def _child_setup(cgroup: JobCgroup | None,
     """
     prctl = prctl_function()
     procs_files = [str(p).encode() for p in cgroup.procs_files] if cgroup is not None else []
+    supervisor = os.getpid()
 
     def setup() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)   # at once: `enter` takes milliseconds
         for procs in procs_files:
             fd = os.open(procs, os.O_WRONLY)
             try:
@@ -594,7 +596,9 @@ def _child_setup(cgroup: JobCgroup | None,
                 os.close(fd)
         if enter is not None:
             enter()
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)   # again: the change of user cleared it
+        if os.getppid() != supervisor:   # it died meanwhile: start nothing nobody watches
+            os._exit(1)
 
     return setup
 
