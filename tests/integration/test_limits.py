@@ -39,31 +39,7 @@ from tests.integration.test_attempt_facts import running_job
 
 MiB = 1 << 20
 
-# Forks up to argv[1] children that stay alive, notes "<forked> <errno name or None>" in
-# argv[2], then holds them until argv[3] exists (at most a minute).
-FORK_LOOP = """
-import errno, os, sys, time
-want, note, release = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-n, refused = 0, None
-while n < want:
-    try:
-        pid = os.fork()
-    except OSError as exc:
-        refused = errno.errorcode[exc.errno]
-        break
-    if pid == 0:
-        time.sleep(120)
-        os._exit(0)
-    n += 1
-with open(note + '.tmp', 'w') as f:
-    f.write(f'{n} {refused}')
-os.rename(note + '.tmp', note)
-deadline = time.monotonic() + 60
-while not os.path.exists(release) and time.monotonic() < deadline:
-    time.sleep(0.05)
-"""
-
-# The same loop as an entrypoint, for the warm start: returns what it forked.
+# An entrypoint that forks up to `want` children that stay alive: returns what it forked.
 FORK_MODULE = """
 import errno, os, time
 
@@ -81,6 +57,20 @@ def fork_loop(ctx, want):
             os._exit(0)
         n += 1
     return {'forked': n, 'refused': refused}
+"""
+
+# The same loop as a command: forks up to argv[1], notes "<forked> <errno name or None>" in
+# argv[2], then holds its children until argv[3] exists (at most a minute).
+FORK_LOOP = FORK_MODULE + """
+import sys
+want, note, release = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+done = fork_loop(None, want)
+with open(note + '.tmp', 'w') as f:
+    f.write(f"{done['forked']} {done['refused']}")
+os.rename(note + '.tmp', note)
+deadline = time.monotonic() + 60
+while not os.path.exists(release) and time.monotonic() < deadline:
+    time.sleep(0.05)
 """
 
 # Writes `argv[1]` MiB, one MiB at a time, half to its outputs and half to its scratch,
