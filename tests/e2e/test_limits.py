@@ -20,33 +20,10 @@ from e31.errors import ClientError, JobFailed
 from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.limits import host_memory_gb
 from tests.conftest import wait_for
+from tests.integration.test_limits import FORK_LOOP
 
 from .conftest import Stack
 from .stacks import OwnStack, own_stack
-
-# Forks up to argv[1] children that stay alive, notes "<forked> <errno name or None>" in
-# argv[2], then holds them until argv[3] exists (at most a minute).
-FORK_LOOP = """
-import errno, os, sys, time
-want, note, release = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-n, refused = 0, None
-while n < want:
-    try:
-        pid = os.fork()
-    except OSError as exc:
-        refused = errno.errorcode[exc.errno]
-        break
-    if pid == 0:
-        time.sleep(120)
-        os._exit(0)
-    n += 1
-with open(note + '.tmp', 'w') as f:
-    f.write(f'{n} {refused}')
-os.rename(note + '.tmp', note)
-deadline = time.monotonic() + 60
-while not os.path.exists(release) and time.monotonic() < deadline:
-    time.sleep(0.05)
-"""
 
 # Writes argv[1] MiB to its outputs, then waits for argv[2] (at most a minute).
 DISK_WRITER = """
