@@ -34,6 +34,7 @@ from e31.api.service import Service
 from e31.artifacts import ArtifactStore
 from e31.clock import utcnow
 from e31.settings import Settings
+from e31.spec import MAX_DISK_GB
 from e31.store import Repo
 from tests.conftest import wait_for
 
@@ -99,7 +100,11 @@ def running_api(repo: Repo, redis_url: str, tmp_path: Path) -> Iterator[str]:
     env = {**os.environ, "E31_HOME": str(tmp_path), "E31_REDIS_URL": redis_url,
            "E31_DATABASE_URL": str(repo.engine.url),
            "E31_ARTIFACTS_URL": f"file://{tmp_path / 'artifacts'}",
-           "E31_SECRETS_KEY": Fernet.generate_key().decode()}   # secrets on, as `e31 up` has
+           "E31_SECRETS_KEY": Fernet.generate_key().decode(),   # secrets on, as `e31 up` has
+           # the pool's cap on resources.disk_gb at the document's own: like a tenant's
+           # max_priority, a pool's cap is a rule a document shared by every pool cannot
+           # state, refused 422 by design (tests/integration/test_limits.py)
+           "E31_ATTEMPT_DISK_MAX_GB": str(MAX_DISK_GB)}
     log = (tmp_path / "api.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "e31.cli", "api", "--host", "127.0.0.1",
                              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
