@@ -55,18 +55,18 @@ import redis
 from scheduler_cost import fill
 from sqlalchemy import text
 
-from e31 import heartbeat
 from e31.client import Client
-from e31.clock import utcnow
-from e31.errors import StoreError
-from e31.heartbeat import WorkerInfo
+from e31.core.clock import utcnow
+from e31.core.errors import StoreError
+from e31.core.records import Outcome
+from e31.core.states import AttemptReason
+from e31.edge.settings import Settings
 from e31.local.redisserver import free_port, start_redis
-from e31.settings import Settings
-from e31.states import AttemptReason
+from e31.ops import heartbeat
+from e31.ops.heartbeat import WorkerInfo
 from e31.store import Repo, make_engine
 from e31.store.db import scratch_database
 from e31.store.migrate import upgrade
-from e31.store.records import Outcome
 from e31_worker.node.heartbeat import Heartbeat
 
 from report import parse, save

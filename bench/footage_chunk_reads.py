@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from e31.fanout import chunk_bounds
+from e31.core.footage import chunk_bounds
 from e31_worker.workloads.video import render_test_video, sampled_frames
 
 from report import parse, save

@@ -1,4 +1,4 @@
-"""Planning a footage source: what `POST /v1/jobs` spends on `e31.fanout.plan` per file.
+"""Planning a footage source: what `POST /v1/jobs` spends on `e31.ops.fanout.plan` per file.
 
 The API plans a `source` while the request waits: it lists the files and probes each
 video's duration with PyAV. This times `plan` over `--files` short rendered clips, with the
@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from e31 import fanout
+from e31.ops import fanout
 from e31_worker.workloads.video import render_test_video
 
 from report import parse, save

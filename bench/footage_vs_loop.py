@@ -63,7 +63,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from e31.fanout import Sampler
+from e31.core.footage import Sampler
 from e31_worker.workloads import footage
 from e31_worker.workloads.models import frame_classifier
 

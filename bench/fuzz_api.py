@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from e31.edge.settings import Settings
 from e31.local.redisserver import free_port
-from e31.settings import Settings
 from e31.store import Repo
 from e31.store.db import make_engine
 from e31.store.migrate import upgrade

@@ -14,7 +14,7 @@ reads, for every process of the stack:
   reaped (the jobs themselves, on the worker processes);
 - SQL statements (a `before_cursor_execute` listener on every SQLAlchemy engine, by verb) and
   transactions (`commit` events);
-- artifact-store calls by method (`e31.artifacts.ArtifactStore`);
+- artifact-store calls by method (`e31.edge.artifacts.ArtifactStore`);
 
 and for the whole run: Redis commands (`INFO commandstats` of the stack's redis-server, by
 command), the HTTP requests the client sent (by method and route), and the client's own CPU.
@@ -88,7 +88,7 @@ def _e31_profile():
 
     event.listen(Engine, "before_cursor_execute", on_sql)
     event.listen(Engine, "commit", on_commit)
-    import e31.artifacts as artifacts
+    import e31.edge.artifacts as artifacts
 
     def counted(name, fn):
         def wrapper(*a, **k):

@@ -8,7 +8,7 @@
 
 For each backlog size: a fresh store with that many queued gpu24 jobs over `--tenants`
 tenants (weights 1, 1, 2, 4 in turn; every fourth with a quota), a private redis-server,
-and `--workers` idle worker heartbeats (the real record, `e31.heartbeat.write`). On
+and `--workers` idle worker heartbeats (the real record, `e31.ops.heartbeat.write`). On
 PostgreSQL the backlog is bulk-inserted: a seed of real submits per tenant
 (`Repo.insert_array`), copied inside the server (`INSERT … SELECT … generate_series`) to
 the size, then ANALYZEd, so that a million queued jobs take seconds, not an hour.
@@ -46,21 +46,21 @@ from pathlib import Path
 import redis
 from sqlalchemy import event, text
 
-from e31 import heartbeat
-from e31.celeryapp import make_celery
-from e31.clock import utcnow
-from e31.heartbeat import WorkerInfo
+from e31.core.clock import utcnow
+from e31.core.records import Outcome
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason
+from e31.edge.celeryapp import make_celery
+from e31.edge.settings import Settings
 from e31.local.redisserver import start_redis
+from e31.ops import heartbeat
+from e31.ops.heartbeat import WorkerInfo
 from e31.scheduling.leader import Scheduler
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
-from e31.states import AttemptReason
 from e31.store import Repo, make_engine
 from e31.store.db import scratch_database
 from e31.store.migrate import upgrade
 from e31.store.models import Job
-from e31.store.records import Outcome
 
 from report import parse, save
 

@@ -46,9 +46,9 @@ from typing import Any
 
 import redis
 
-from e31 import keys
+from e31.core import keys
+from e31.core.states import FINAL_STATES
 from e31.local.redisserver import start_redis
-from e31.states import FINAL_STATES
 
 from report import parse, save
 from stack import celery_workers_ready, private_stack, submit_all

@@ -30,15 +30,15 @@ from typing import Any
 
 from sqlalchemy import Engine, event
 
-from e31.clock import utcnow
-from e31.errors import SpecError
-from e31.settings import Settings
-from e31.sizeclasses import Route, route
-from e31.spec import MAX_AFTER, JobSpec
+from e31.core.clock import utcnow
+from e31.core.errors import SpecError
+from e31.core.sizeclasses import Route, route
+from e31.core.spec import MAX_AFTER, JobSpec
+from e31.edge.settings import Settings
+from e31.ops.sweep import MAX_ARRAY_ITEMS
 from e31.store import Repo, make_engine
 from e31.store.db import WRITE_OPTION, scratch_database
 from e31.store.migrate import upgrade
-from e31.sweep import MAX_ARRAY_ITEMS
 
 from report import parse, save
 

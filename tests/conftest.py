@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 
+from e31.edge.settings import Settings
 from e31.local.redisserver import start_redis
-from e31.settings import Settings
 from e31.store import Repo, make_engine
 from e31.store.db import scratch_database
 from e31.store.migrate import upgrade

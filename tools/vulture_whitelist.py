@@ -55,8 +55,8 @@ _.gid
 _.uname
 _.gname
 
-# A heartbeat's GPU reading (e31.heartbeat.GpuSample): written whole as JSON, and read by
-# name by the metrics (e31.pool.gpu_readings) and `e31 top`.
+# A heartbeat's GPU reading (e31.ops.heartbeat.GpuSample): written whole as JSON, and read by
+# name by the metrics (e31.ops.pool.gpu_readings) and `e31 top`.
 _.mem_total_bytes
 _.temperature_c
 _.power_w
@@ -75,5 +75,5 @@ _.job_ends
 _.connect_unix_socket
 _._pool
 
-# Tornado: a request handler's hook it calls before a POST (e31.flowerauth.Unauthorized).
+# Tornado: a request handler's hook it calls before a POST (e31.edge.flowerauth.Unauthorized).
 _.check_xsrf_cookie

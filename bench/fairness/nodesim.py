@@ -50,8 +50,8 @@ from nodes import (
 )
 from sim import accrue
 
+from e31.core.usage import UsageState
 from e31.scheduling.fairshare import Tenant
-from e31.usage import UsageState
 
 from report import parse, save
 from workload import (

@@ -3,7 +3,7 @@
     pip install matplotlib   # for the plot; bench-only, not a dependency of e31
     python bench/fairness/sim.py
 
-Drives the real policy, `e31.scheduling.admission.decide` with `e31.usage.UsageState`
+Drives the real policy, `e31.scheduling.admission.decide` with `e31.core.usage.UsageState`
 (imported, not copied), and a FIFO baseline (below) over the same trace (`workload.py`):
 tenants a (weight 2, with an x4 job every 40 min), b and c (weight 1; c floods 10,000 jobs
 first) and d, light. Each policy runs on two pools of
@@ -37,10 +37,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from e31.core.records import Candidate
+from e31.core.usage import UsageState
 from e31.scheduling.admission import AdmissionConfig, Slot, decide
 from e31.scheduling.fairshare import Tenant
-from e31.store.records import Candidate
-from e31.usage import UsageState
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))   # bench/: its report module
 

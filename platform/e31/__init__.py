@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from e31.client import ArrayHandle, Client, JobHandle
-    from e31.errors import E31Error, JobFailed
+    from e31.core.errors import E31Error, JobFailed
 
 __all__ = ["ArrayHandle", "Client", "E31Error", "JobFailed", "JobHandle", "__version__"]
 
@@ -19,6 +19,6 @@ def __getattr__(name: str) -> Any:
         from e31 import client
         return getattr(client, name)
     if name in ("JobFailed", "E31Error"):
-        from e31 import errors
+        from e31.core import errors
         return getattr(errors, name)
     raise AttributeError(name)

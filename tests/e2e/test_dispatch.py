@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from e31.states import FINAL_STATES
+from e31.core.states import FINAL_STATES
 from tests.conftest import wait_for
 
 from .conftest import Stack

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from e31.errors import JobFailed
+from e31.core.errors import JobFailed
 
 from .conftest import Stack
 

@@ -17,9 +17,9 @@ import httpx
 import pytest
 import redis
 
-from e31 import keys
-from e31.drain import request_drain
+from e31.core import keys
 from e31.local.redisserver import free_port, start_redis
+from e31.ops.drain import request_drain
 from e31.store import Repo, make_engine
 from tests.conftest import process_alive, wait_for
 
@@ -40,7 +40,7 @@ def test_flower_shows_jobs_as_tenant_and_name_behind_basic_auth(stack: Stack) ->
     try:
         wait_for(lambda: _answers(f"{base}/healthcheck", auth=FLOWER_LOGIN), timeout_s=WAIT_S,
                  what="Flower")
-        # every route asks for the login, its metrics and health too (e31.flowerauth)
+        # every route asks for the login, its metrics and health too (e31.edge.flowerauth)
         for route in ("/api/workers", "/metrics", "/healthcheck"):
             assert httpx.get(f"{base}{route}").status_code == 401, route
         # Flower answers before its event receiver has bound its queue, and a task event sent

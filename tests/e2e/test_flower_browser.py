@@ -25,8 +25,8 @@ import httpx
 import pytest
 import redis
 
-from e31 import keys
-from e31.errors import JobFailed
+from e31.core import keys
+from e31.core.errors import JobFailed
 from e31.local.redisserver import free_port
 from tests.conftest import wait_for
 

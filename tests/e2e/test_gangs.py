@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from e31.client import JobHandle
-from e31.errors import ClientError
+from e31.core.errors import ClientError
 from tests.conftest import wait_for
 
 from .chaos.conftest import Cluster, make_cluster

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from e31.errors import ClientError, JobFailed
+from e31.core.errors import ClientError, JobFailed
 from tests.conftest import host_pid, job_processes, process_alive, wait_for
 
 from .conftest import Stack

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from e31.errors import ClientError, JobFailed
+from e31.core.errors import ClientError, JobFailed
 from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.limits import host_memory_gb
 from tests.conftest import wait_for

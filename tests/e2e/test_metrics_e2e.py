@@ -19,7 +19,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from e31 import keys
+from e31.core import keys
 from tests.conftest import wait_for
 
 from .conftest import Stack

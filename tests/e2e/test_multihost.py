@@ -40,9 +40,10 @@ import httpx
 import pytest
 import redis
 
-from e31 import keys, wiring
+from e31.core import keys
+from e31.edge import wiring
+from e31.edge.settings import Settings
 from e31.local.redisserver import find_redis_server
-from e31.settings import Settings
 from tests.conftest import stop_process_groups, wait_for
 
 from .netns import NetnsUnavailable, Network

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from e31.errors import JobFailed
+from e31.core.errors import JobFailed
 from tests.conftest import wait_for
 
 from .conftest import Stack

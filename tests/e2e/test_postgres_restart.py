@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from e31.client import JobHandle
-from e31.errors import ClientError
+from e31.core.errors import ClientError
 from tests.conftest import wait_for
 from tests.e2e.chaos.conftest import Cluster, Postgres, cluster_on_postgres, trail
 

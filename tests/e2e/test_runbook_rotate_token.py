@@ -15,7 +15,7 @@ from pathlib import Path
 
 from e31.client import Client
 from e31.client.admin import Tenancy
-from e31.errors import ClientError
+from e31.core.errors import ClientError
 from tests.conftest import wait_for
 from tests.docblocks import doc, run_command
 

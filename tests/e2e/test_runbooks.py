@@ -30,8 +30,8 @@ import pytest
 import redis
 from alembic.script import ScriptDirectory
 
-from e31 import keys
-from e31.drain import request_drain
+from e31.core import keys
+from e31.ops.drain import request_drain
 from e31.store import Repo, make_engine
 from e31.store.migrate import MIGRATIONS_DIR
 from tests.conftest import process_alive, wait_for

@@ -23,9 +23,9 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from e31 import keys
-from e31.heartbeat import read_workers
-from e31.settings import Settings
+from e31.core import keys
+from e31.edge.settings import Settings
+from e31.ops.heartbeat import read_workers
 from tests.conftest import wait_for
 from tests.internet import Internet
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from e31.errors import ClientError
+from e31.core.errors import ClientError
+from e31.edge.secrets import SecretBox
 from e31.local.stack import SECRETS_KEY_FILE, secrets_key_path
-from e31.secrets import SecretBox
 from tests.e2e.conftest import Stack
 
 

@@ -23,10 +23,11 @@ import pytest
 import redis
 from celery import Celery
 
-from e31 import keys, wiring
-from e31.celeryapp import TASK_NAME
 from e31.client import Client
-from e31.settings import Settings
+from e31.core import keys
+from e31.edge import wiring
+from e31.edge.celeryapp import TASK_NAME
+from e31.edge.settings import Settings
 from tests.conftest import process_alive, wait_for
 
 from .conftest import Stack

@@ -23,7 +23,7 @@ import httpx
 import redis
 import yaml
 
-from e31 import keys
+from e31.core import keys
 from e31.local.redisserver import find_redis_server, free_port, start_redis
 from tests.conftest import wait_for
 

@@ -13,7 +13,8 @@ import sys
 import pytest
 import redis
 
-from e31 import JobFailed, keys
+from e31 import JobFailed
+from e31.core import keys
 from tests.conftest import wait_for
 
 from .conftest import Stack

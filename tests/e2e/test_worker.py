@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from e31 import keys
+from e31.core import keys
 from tests.conftest import host_pid, process_alive, wait_for
 
 from .conftest import Stack

@@ -24,8 +24,8 @@ from fastapi.testclient import TestClient
 
 from e31.api import create_app
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore
-from e31.settings import Settings
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.settings import Settings
 from e31.store import Repo
 
 BUCKET = "e31-test"
@@ -61,7 +61,7 @@ class S3Server:
 
     @property
     def options(self) -> dict[str, Any]:
-        """s3fs's arguments for this server (what `e31.wiring.storage_options` builds)."""
+        """s3fs's arguments for this server (what `e31.edge.wiring.storage_options` builds)."""
         return {"endpoint_url": self.endpoint, "key": ACCESS_KEY, "secret": SECRET_KEY}
 
     def env(self) -> dict[str, str]:

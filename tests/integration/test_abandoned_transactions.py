@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
 
-from e31 import wiring
-from e31.settings import Settings
+from e31.edge import wiring
+from e31.edge.settings import Settings
 from e31.store.db import end_abandoned_transactions, make_engine
 from tests.conftest import fresh_postgres_database
 

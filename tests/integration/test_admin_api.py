@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from e31.api.service import Service
-from e31.clock import utcnow
+from e31.core.clock import utcnow
 from e31.store import Repo
 from e31.store.models import Job
 from tests.integration.conftest import bearer

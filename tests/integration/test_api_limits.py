@@ -25,14 +25,14 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import TypeAdapter
 
-from e31 import spec as spec_module
 from e31.api import service as service_module
-from e31.celeryapp import make_celery
-from e31.clock import utcnow
-from e31.heartbeat import WorkerInfo, write
+from e31.core import spec as spec_module
+from e31.core.clock import utcnow
+from e31.edge.celeryapp import make_celery
+from e31.edge.settings import Settings
+from e31.ops.heartbeat import WorkerInfo, write
 from e31.scheduling import leader as leader_module
 from e31.scheduling.leader import Scheduler
-from e31.settings import Settings
 from e31.store import Repo
 from tests.conftest import wait_for
 from tests.integration.conftest import MakeApp

@@ -11,11 +11,11 @@ import pytest
 import redis
 
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore
-from e31.clock import utcnow
-from e31.errors import SetupError, SpecConflict
-from e31.settings import Settings
-from e31.spec import JobSpec
+from e31.core.clock import utcnow
+from e31.core.errors import SetupError, SpecConflict
+from e31.core.spec import JobSpec
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.settings import Settings
 from e31.store import Repo
 from e31_worker.attempt import inputs
 from tests.integration.test_dependencies import array, end

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from e31.clock import utcnow
-from e31.errors import IllegalTransition, NotFound
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
-from e31.states import AttemptReason, JobState
+from e31.core.clock import utcnow
+from e31.core.errors import IllegalTransition, NotFound
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason, JobState
+from e31.edge.settings import Settings
 from e31.store import Repo, transitions
 from tests.integration.test_dependencies import array, end, state
 from tests.integration.test_fair_scheduling import one

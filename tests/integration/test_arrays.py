@@ -9,19 +9,19 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from e31 import keys
 from e31.api import create_app
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore
-from e31.clock import utcnow
-from e31.errors import NotFound, SpecError
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
-from e31.states import AttemptReason
+from e31.core import keys
+from e31.core.clock import utcnow
+from e31.core.errors import NotFound, SpecError
+from e31.core.records import Outcome, TenantRecord
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.settings import Settings
+from e31.ops.sweep import MAX_ARRAY_ITEMS
 from e31.store import Repo
-from e31.store.records import Outcome, TenantRecord
-from e31.sweep import MAX_ARRAY_ITEMS
 from tests.integration.test_store import publish
 
 CLASSES = Settings().size_classes

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from e31.clock import utcnow
-from e31.errors import StoreError
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
-from e31.states import Isolation, Start
+from e31.core.clock import utcnow
+from e31.core.errors import StoreError
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.core.states import Isolation, Start
+from e31.edge.settings import Settings
 from e31.store import Repo
 from e31.store.attempts import AttemptFacts
 

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from e31.clock import utcnow
+from e31.core.clock import utcnow
 from e31.store import Repo
 from tests.integration.conftest import MakeApp, bearer
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from e31.api.bundles import GIB, BundleChecks
-from e31.blobs import STALE_UPLOAD_S, TMP_PREFIX, BundleStore
-from e31.clock import utcnow
-from e31.errors import TooLarge
-from e31.settings import Settings
+from e31.core.clock import utcnow
+from e31.core.errors import TooLarge
+from e31.edge.bundlestore import STALE_UPLOAD_S, TMP_PREFIX, BundleStore
+from e31.edge.settings import Settings
 from e31.store import Repo
 from tests.integration.conftest import MakeApp, S3Server, bearer
 

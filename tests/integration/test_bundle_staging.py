@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from e31.artifacts import ArtifactStore
-from e31.blobs import BundleStore
-from e31.bundles import bundle_input
-from e31.errors import SetupError
-from e31.settings import Settings
-from e31.spec import JobSpec
+from e31.core.bundles import bundle_input
+from e31.core.errors import SetupError
+from e31.core.spec import JobSpec
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.bundlestore import BundleStore
+from e31.edge.settings import Settings
 from e31_worker.attempt.bundle import BundleCache, remove_tree, stage_code, unpack
 from e31_worker.attempt.inputs import stage_inputs
 from e31_worker.attempt.supervisor import AttemptPlan

@@ -15,12 +15,12 @@ from fastapi.testclient import TestClient
 
 from e31.api import create_app
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore
 from e31.client import Client
 from e31.client.bundle import pack
-from e31.clock import utcnow
-from e31.errors import ClientError, SpecError
-from e31.settings import Settings
+from e31.core.clock import utcnow
+from e31.core.errors import ClientError, SpecError
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.settings import Settings
 from e31.store import Repo
 
 LIMIT_BYTES = 64 * 1024

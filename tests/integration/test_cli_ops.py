@@ -10,8 +10,8 @@ from pathlib import Path
 
 from sqlalchemy import inspect
 
-from e31 import wiring
-from e31.settings import Settings
+from e31.edge import wiring
+from e31.edge.settings import Settings
 from e31.store import make_engine
 
 

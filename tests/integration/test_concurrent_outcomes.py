@@ -17,15 +17,15 @@ from collections.abc import Callable, Iterator
 import pytest
 from sqlalchemy import select
 
-from e31.clock import utcnow
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
-from e31.states import AttemptReason, JobState
+from e31.core.clock import utcnow
+from e31.core.records import Outcome
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason, JobState
+from e31.edge.settings import Settings
 from e31.store import Repo, make_engine
 from e31.store.migrate import upgrade
 from e31.store.models import Job, Tenant
-from e31.store.records import Outcome
 from tests.conftest import fresh_postgres_database
 
 pytestmark = pytest.mark.postgres

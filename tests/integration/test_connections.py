@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from e31.settings import Settings
+from e31.edge.settings import Settings
 from e31.store.db import WORKER_MAX_OVERFLOW, WORKER_POOL_SIZE
 from tests.conftest import fresh_postgres_database, wait_for
 

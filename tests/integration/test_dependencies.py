@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import redis
 
-from e31.clock import utcnow
-from e31.errors import SpecError
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
-from e31.states import AttemptReason
+from e31.core.clock import utcnow
+from e31.core.errors import SpecError
+from e31.core.records import Outcome
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason
+from e31.edge.settings import Settings
 from e31.store import Repo
-from e31.store.records import Outcome
 from tests.integration.test_fair_scheduling import one
 from tests.integration.test_scheduler import heartbeat, make, published
 from tests.integration.test_store import publish

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, select
 
-from e31.clock import utcnow
-from e31.errors import SpecError
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
-from e31.states import AttemptReason
+from e31.core.clock import utcnow
+from e31.core.errors import SpecError
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason
+from e31.edge.settings import Settings
 from e31.store import Repo
 from e31.store.bulk import SQLITE_VARIABLES_MAX
 from e31.store.db import WRITE_OPTION

@@ -27,15 +27,16 @@ from celery import Celery
 from kombu import Connection
 from sqlalchemy import true
 
-from e31 import keys, wiring
-from e31.artifacts import ArtifactStore
-from e31.celeryapp import TASK_NAME
-from e31.clock import utcnow
-from e31.drain import drain_authorized, request_drain
-from e31.heartbeat import WorkerInfo
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
+from e31.core import keys
+from e31.core.clock import utcnow
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.edge import wiring
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.celeryapp import TASK_NAME
+from e31.edge.settings import Settings
+from e31.ops.drain import drain_authorized, request_drain
+from e31.ops.heartbeat import WorkerInfo
 from e31.store import Repo
 from e31.store import repo as repo_module
 from e31_worker.attempt.services import AttemptServices

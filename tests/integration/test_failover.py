@@ -23,11 +23,12 @@ from typing import Any
 import pytest
 import redis
 
-from e31 import keys, wiring
 from e31.client import Client
+from e31.core import keys
+from e31.edge import wiring
+from e31.edge.settings import Settings
 from e31.local.redisserver import find_redis_server, free_port
 from e31.scheduling.leader import LEADER_TTL_TICKS
-from e31.settings import Settings
 from tests.conftest import wait_for
 
 TICK_S = 1.0

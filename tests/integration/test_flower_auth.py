@@ -1,7 +1,7 @@
 """Flower answers nothing without its credentials, `/metrics` and `/healthcheck` included: a real
 `e31 flower` process on a real Redis (issue 25). And the same Flower started as Flower itself
 starts (`celery flower --basic-auth=...`) answers `/metrics` to anyone, which is what
-`e31.flowerauth` closes: without that, the first test would check nothing.
+`e31.edge.flowerauth` closes: without that, the first test would check nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ START_S = 60      # Flower imports Celery and connects to Redis before it listen
 # files, its login page, and a path it does not know.
 ROUTES = ("/", "/workers", "/tasks", "/api/workers", "/api/tasks", "/metrics", "/healthcheck",
           "/static/css/flower.css", "/login", "/no-such-page")
-# A plain Flower (no e31.flowerauth) on the pool's settings, with the same basic auth.
+# A plain Flower (no e31.edge.flowerauth) on the pool's settings, with the same basic auth.
 PLAIN_FLOWER = ("import sys; from e31 import wiring; from e31.cli.common import load_settings; "
                 "wiring.celery(load_settings()).start(['flower', *sys.argv[1:]])")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from e31.store.records import Claim
+from e31.core.records import Claim
 from e31_worker.attempt.binds import protected_paths
 from e31_worker.attempt.inputs import copied_bytes, link_local_file, stage_inputs
 from tests.integration.test_sandbox import TENANT, Jail, python

@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import MetaData, select, text
 
-from e31.artifacts import ArtifactStore, log_name
-from e31.clock import utcnow
-from e31.retention import collect
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
-from e31.states import AttemptReason
+from e31.core.clock import utcnow
+from e31.core.records import Outcome
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason
+from e31.edge.artifacts import ArtifactStore, log_name
+from e31.edge.settings import Settings
+from e31.ops.retention import collect
 from e31.store import Repo, make_engine
 from e31.store.migrate import upgrade
-from e31.store.records import Outcome
 from tests.integration.test_store import publish
 
 DAY = timedelta(days=1)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from e31.states import AttemptReason
+from e31.core.states import AttemptReason
 from tests.integration.test_sandbox import Jail
 
 LIST = ("import json, os\n"

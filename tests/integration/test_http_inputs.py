@@ -23,14 +23,14 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from e31.artifacts import ArtifactStore
-from e31.clock import utcnow
-from e31.errors import SetupError
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
+from e31.core.clock import utcnow
+from e31.core.errors import SetupError
+from e31.core.records import Claim
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.settings import Settings
 from e31.store import Repo
-from e31.store.records import Claim
 from e31_worker.attempt import task
 from e31_worker.attempt.inputs import stage_inputs
 from e31_worker.attempt.services import AttemptServices

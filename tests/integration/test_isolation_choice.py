@@ -14,7 +14,7 @@ import pytest
 import typer
 
 from e31.cli.stack import _isolation
-from e31.settings import Settings
+from e31.edge.settings import Settings
 
 
 def no_bwrap_path(tmp_path: Path) -> str:

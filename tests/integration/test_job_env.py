@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from e31.spec import JobSpec
-from e31.states import AttemptReason, Start
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason, Start
 from e31_worker.attempt.jobenv import inherited_env
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
 from e31_worker.attempt.warm import WarmStarter, warm_env
@@ -156,7 +156,7 @@ def test_a_worker_found_on_its_pythonpath_passes_its_sandbox_check(tmp_path: Pat
     checkout.chmod(0o755)
     probe = ("import sys, tempfile; from pathlib import Path; import e31_worker; "
              "assert e31_worker.__file__.startswith(sys.argv[1]), e31_worker.__file__; "
-             "from e31.settings import Settings; "
+             "from e31.edge.settings import Settings; "
              "from e31_worker.attempt.sandbox import sandbox_unavailable; "
              "print(sandbox_unavailable(Settings(redis_url='redis://unused', "
              "home=Path(sys.argv[2]))))")

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from e31.settings import Settings
-from e31.spec import JobSpec
-from e31.states import AttemptReason
-from e31.store.records import Claim, Outcome
+from e31.core.records import Claim, Outcome
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason
+from e31.edge.settings import Settings
 from e31_worker.attempt.network import BLOCKED_NETWORKS, JobNetwork, host_addresses
 from e31_worker.attempt.sandbox import Sandbox, network_unavailable, sandbox_unavailable
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor

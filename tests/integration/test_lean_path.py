@@ -25,15 +25,15 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import event
 
-from e31 import keys
 from e31.api import create_app, waits
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore
-from e31.clock import utcnow
-from e31.settings import Settings
-from e31.states import AttemptReason
+from e31.core import keys
+from e31.core.clock import utcnow
+from e31.core.records import Claim, Outcome
+from e31.core.states import AttemptReason
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.settings import Settings
 from e31.store import Repo
-from e31.store.records import Claim, Outcome
 from e31_worker.attempt import task
 from e31_worker.attempt.record import finish_attempt
 from e31_worker.attempt.services import AttemptServices

@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
-from e31.settings import Settings
-from e31.spec import JobSpec
-from e31.states import AttemptReason, Start
+from e31.core.records import Claim, Outcome
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason, Start
+from e31.edge.settings import Settings
 from e31.store import Repo
 from e31.store.attempts import AttemptFacts
-from e31.store.records import Claim, Outcome
 from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.limits import AttemptLimits, attempt_limits, default_mem_gb
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
@@ -347,7 +347,7 @@ def test_a_disk_gb_above_the_pools_maximum_is_refused_at_submit_naming_the_field
         make_app: MakeApp, repo: Repo) -> None:
     from fastapi.testclient import TestClient
 
-    from e31.clock import utcnow
+    from e31.core.clock import utcnow
     # Given a pool whose attempts may ask at most 1 GB of disk
     api = TestClient(make_app(attempt_disk_max_gb=1.0))
     _, secret = repo.create_tenant("team-disk", now=utcnow())

@@ -17,22 +17,23 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
-from e31 import heartbeat, keys, metrics
 from e31.api import create_app
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore
-from e31.celeryapp import make_celery
-from e31.clock import utcnow
-from e31.heartbeat import GpuSample, WorkerInfo
+from e31.core import keys, metrics
+from e31.core.clock import utcnow
+from e31.core.records import Outcome
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.celeryapp import make_celery
+from e31.edge.settings import Settings
+from e31.ops import heartbeat
+from e31.ops.heartbeat import GpuSample, WorkerInfo
+from e31.ops.scrape import PoolCollector, registry, render
 from e31.scheduling.leader import Scheduler
-from e31.scrape import PoolCollector, registry, render
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
-from e31.states import AttemptReason
 from e31.store import Repo
 from e31.store.models import Job
-from e31.store.records import Outcome
 from e31_worker.attempt import task
 from tests.conftest import wait_for
 from tests.integration.test_store import publish

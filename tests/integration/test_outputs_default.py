@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from e31.artifacts import NO_CAP_BYTES, ArtifactStore
-from e31.clock import utcnow
-from e31.settings import Settings
+from e31.core.clock import utcnow
+from e31.edge.artifacts import NO_CAP_BYTES, ArtifactStore
+from e31.edge.settings import Settings
 from e31.store import Repo
 from tests.integration.test_cli_ops import e31
 from tests.integration.test_quotas import read_log, run_to_the_end, services, submit

@@ -10,10 +10,10 @@ from pathlib import Path
 import redis
 
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore
-from e31.clock import utcnow
+from e31.core.clock import utcnow
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.settings import Settings
 from e31.local.redisserver import free_port
-from e31.settings import Settings
 from e31.store import Repo
 from tests.integration.test_fair_scheduling import one
 from tests.integration.test_scheduler import heartbeat, make

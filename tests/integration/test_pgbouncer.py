@@ -28,10 +28,10 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
 
-from e31.clock import utcnow
+from e31.core.clock import utcnow
+from e31.core.states import JobState
+from e31.edge.settings import Settings
 from e31.local.redisserver import free_port
-from e31.settings import Settings
-from e31.states import JobState
 from e31.store import Repo, make_engine
 from e31.store.migrate import upgrade
 from tests.conftest import fresh_postgres_database, wait_for

@@ -8,9 +8,9 @@ from __future__ import annotations
 import redis
 from fastapi.testclient import TestClient
 
-from e31 import keys
-from e31.clock import utcnow
-from e31.heartbeat import withdraw
+from e31.core import keys
+from e31.core.clock import utcnow
+from e31.ops.heartbeat import withdraw
 from e31.store import Repo
 from tests.integration.conftest import bearer
 from tests.integration.test_scheduler import heartbeat

@@ -5,12 +5,11 @@ biggest class, or with `fail`, it ends like any `oom`. Real SQLite/PostgreSQL.""
 
 from __future__ import annotations
 
-from e31.clock import utcnow
-from e31.settings import DEFAULT_SIZE_CLASSES
-from e31.sizeclasses import OomRule
-from e31.states import AttemptReason
+from e31.core.clock import utcnow
+from e31.core.records import Outcome
+from e31.core.sizeclasses import DEFAULT_SIZE_CLASSES, OomRule
+from e31.core.states import AttemptReason
 from e31.store import Repo
-from e31.store.records import Outcome
 from tests.integration.test_fair_scheduling import one
 from tests.integration.test_store import publish
 

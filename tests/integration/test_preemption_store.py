@@ -8,10 +8,10 @@ from datetime import timedelta
 
 import pytest
 
-from e31.clock import utcnow
-from e31.states import AttemptReason, JobState
+from e31.core.clock import utcnow
+from e31.core.records import Outcome
+from e31.core.states import AttemptReason, JobState
 from e31.store import Repo
-from e31.store.records import Outcome
 from tests.integration.test_store import claim, submit
 
 PREEMPTED = Outcome(AttemptReason.PREEMPTED, error="preempted")

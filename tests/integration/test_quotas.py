@@ -20,13 +20,13 @@ from fastapi.testclient import TestClient
 
 from e31.api import create_app
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore, log_name
 from e31.client import Client
-from e31.clock import utcnow
-from e31.heartbeat import WorkerInfo
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
+from e31.core.clock import utcnow
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.edge.artifacts import ArtifactStore, log_name
+from e31.edge.settings import Settings
+from e31.ops.heartbeat import WorkerInfo
 from e31.store import Repo
 from e31_worker.attempt import task
 from e31_worker.attempt.groups import GroupRegistry

@@ -7,11 +7,11 @@ from datetime import timedelta
 import pytest
 import redis
 
-from e31 import keys
-from e31.clock import utcnow
-from e31.states import AttemptReason, JobState
+from e31.core import keys
+from e31.core.clock import utcnow
+from e31.core.records import Outcome
+from e31.core.states import AttemptReason, JobState
 from e31.store import Repo
-from e31.store.records import Outcome
 from tests.integration.test_scheduler import heartbeat, make, published
 from tests.integration.test_store import claim, publish, submit
 

@@ -4,7 +4,7 @@ bubblewrap, a real store and real files.
 The attack: a requirements file holding `-r <a file of the host>` made uv, run as root outside
 any sandbox, quote that file back in its parse error, which became the job's error and log
 (`/proc/<worker pid>/environ` held the Redis password). Two walls now stand in its way: the
-check (`e31.requirements`: at submit, and again at the worker before uv runs) and the build's
+check (`e31.core.requirements`: at submit, and again at the worker before uv runs) and the build's
 sandbox (`e31_worker.attempt.buildbox`: the tenant's uid, bubblewrap's namespaces). Each wall
 is shown holding alone, and the attack is shown succeeding with both taken down, so that no
 test here passes because the attack never worked.
@@ -28,14 +28,14 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from e31.artifacts import ArtifactStore
-from e31.blobs import BundleStore
-from e31.clock import utcnow
-from e31.errors import SetupError, SpecError
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
-from e31.states import AttemptReason
+from e31.core.clock import utcnow
+from e31.core.errors import SetupError, SpecError
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.bundlestore import BundleStore
+from e31.edge.settings import Settings
 from e31.store import Repo
 from e31_worker.attempt import task
 from e31_worker.attempt.buildbox import BuildSandbox

@@ -20,16 +20,16 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from e31 import artifacts as artifacts_module
 from e31.api import create_app
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore
-from e31.blobs import BundleStore
-from e31.clock import utcnow
-from e31.errors import NotFound
-from e31.settings import Settings
+from e31.core.clock import utcnow
+from e31.core.errors import NotFound
+from e31.edge import artifacts as artifacts_module
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.bundlestore import BundleStore
+from e31.edge.settings import Settings
+from e31.edge.wiring import storage_options
 from e31.store import Repo, make_engine
-from e31.wiring import storage_options
 from tests.conftest import job_processes, wait_for
 from tests.integration.conftest import SECRET_KEY, S3Request, S3Server
 

@@ -2,7 +2,7 @@
 tests/integration/conftest.py): tenant A's outputs in the store's bucket cannot be named as
 tenant B's input, neither at submit (403 naming the input) nor by the worker (the API check
 bypassed), nor with the path check off, since inputs are read anonymously (or with credentials
-of their own), never with the store's (e31.s3inputs); while the worker as it was, reading with
+of their own), never with the store's (e31.edge.s3inputs); while the worker as it was, reading with
 the store's credentials, gets it, so the test cannot pass on an unreadable object."""
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from fastapi.testclient import TestClient
 
 from e31.api import create_app
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore
-from e31.clock import utcnow
-from e31.errors import SetupError
-from e31.s3inputs import artifact_store_input, input_storage_options
-from e31.settings import Settings
-from e31.spec import JobSpec
+from e31.core.clock import utcnow
+from e31.core.errors import SetupError
+from e31.core.records import Claim
+from e31.core.spec import JobSpec
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.s3inputs import artifact_store_input, input_storage_options
+from e31.edge.settings import Settings
 from e31.store import Repo
-from e31.store.records import Claim
 from e31_worker.attempt import inputs as inputs_module
 from e31_worker.attempt.inputs import stage_inputs
 from e31_worker.attempt.services import AttemptServices

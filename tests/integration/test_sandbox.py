@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from e31.settings import Settings
-from e31.spec import JobSpec
-from e31.states import AttemptReason
-from e31.store.records import Claim, Outcome
+from e31.core.records import Claim, Outcome
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason
+from e31.edge.settings import Settings
 from e31_worker.attempt.sandbox import Sandbox, sandbox_unavailable
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
 from tests.conftest import job_processes, wait_for

@@ -11,15 +11,15 @@ import redis
 from kombu import Connection
 from kombu.exceptions import OperationalError as BrokerError
 
-from e31 import keys
-from e31.celeryapp import make_celery
-from e31.clock import utcnow
-from e31.errors import SchedulingError
-from e31.heartbeat import WorkerInfo, write
+from e31.core import keys
+from e31.core.clock import utcnow
+from e31.core.errors import SchedulingError
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.edge.celeryapp import make_celery
+from e31.edge.settings import Settings
+from e31.ops.heartbeat import WorkerInfo, write
 from e31.scheduling.leader import Scheduler
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
 from e31.store import Repo
 
 
@@ -138,7 +138,7 @@ def test_a_second_scheduler_waits_while_the_first_leads(repo: Repo, redis_url: s
 def test_a_submit_wakes_the_scheduler_at_once(repo: Repo, redis_url: str,
                                               redis_client: redis.Redis, tmp_path) -> None:
     from e31.api.service import Service
-    from e31.artifacts import ArtifactStore
+    from e31.edge.artifacts import ArtifactStore
     tenant, _ = repo.create_tenant("a", now=utcnow())
     heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])
     settings = Settings(redis_url=redis_url, scheduler_tick_s=60)  # a tick would take a minute

@@ -11,10 +11,10 @@ from fastapi.testclient import TestClient
 
 from e31.api import create_app
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore
-from e31.clock import utcnow
-from e31.secrets import generate_key
-from e31.settings import Settings
+from e31.core.clock import utcnow
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.secrets import generate_key
+from e31.edge.settings import Settings
 from e31.store import Repo
 from tests.integration.conftest import bearer
 

@@ -30,12 +30,12 @@ from sqlalchemy import MetaData, select
 
 from e31.api import create_app
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore
-from e31.celeryapp import make_celery
-from e31.clock import utcnow
+from e31.core.clock import utcnow
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.celeryapp import make_celery
+from e31.edge.secrets import SecretBox, generate_key
+from e31.edge.settings import Settings
 from e31.scheduling.leader import Scheduler
-from e31.secrets import SecretBox, generate_key
-from e31.settings import Settings
 from e31.store import Repo
 from e31_worker.attempt import task
 from tests.integration.test_scheduler import heartbeat

@@ -19,16 +19,16 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from e31 import artifacts as artifacts_module
 from e31.api import create_app
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore, scan_tree
-from e31.clock import utcnow
-from e31.errors import LinkRefused
-from e31.heartbeat import WorkerInfo
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
+from e31.core.clock import utcnow
+from e31.core.errors import LinkRefused
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.edge import artifacts as artifacts_module
+from e31.edge.artifacts import ArtifactStore, scan_tree
+from e31.edge.settings import Settings
+from e31.ops.heartbeat import WorkerInfo
 from e31.store import Repo
 from e31_worker.attempt import task
 from e31_worker.attempt.groups import GroupRegistry

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import redis
 
-from e31.artifacts import ArtifactStore
-from e31.clock import utcnow
-from e31.spec import JobSpec
+from e31.core.clock import utcnow
+from e31.core.records import Claim
+from e31.core.spec import JobSpec
+from e31.edge.artifacts import ArtifactStore
 from e31.store import Repo
-from e31.store.records import Claim
 from e31_worker.attempt import task
 from e31_worker.attempt.record import CLAIM_FILE, claim_from_file_data, write_claim
 from e31_worker.attempt.services import AttemptServices
@@ -99,8 +99,8 @@ def test_an_unfinished_attempt_is_only_cleaned_up_and_another_nodes_is_left_alon
 
 
 def _spec_and_route():
-    from e31.settings import Settings
-    from e31.sizeclasses import route
+    from e31.core.sizeclasses import route
+    from e31.edge.settings import Settings
     spec = JobSpec.parse({"entrypoint": "pkg.mod:main", "resources": {"gpus": 0}})
     return spec, route(spec, Settings().size_classes)
 

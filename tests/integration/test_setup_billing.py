@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from e31.clock import utcnow
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
-from e31.states import AttemptReason
+from e31.core.clock import utcnow
+from e31.core.records import Claim, Outcome
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason
+from e31.edge.settings import Settings
 from e31.store import Repo
 from e31.store.attempts import AttemptFacts
-from e31.store.records import Claim, Outcome
 
 CLASSES = Settings().size_classes
 LEASE_TTL_S = 10.0

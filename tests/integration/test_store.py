@@ -10,15 +10,15 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import select
 
-from e31.clock import utcnow
-from e31.errors import NotFound
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
-from e31.states import AttemptReason, JobState
+from e31.core.clock import utcnow
+from e31.core.errors import NotFound
+from e31.core.records import Outcome
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason, JobState
+from e31.edge.settings import Settings
 from e31.store import Repo
 from e31.store.models import Base, Job
-from e31.store.records import Outcome
 
 CLASSES = Settings().size_classes
 NOT_PUBLISHED = "no-publication"   # a token no publication has

@@ -44,21 +44,21 @@ from sqlalchemy.orm import Session
 
 from e31.api import create_app
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore
-from e31.clock import utcnow
-from e31.errors import SpecError, StoreError
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
-from e31.states import FINAL_STATES, JobState
+from e31.core.clock import utcnow
+from e31.core.errors import SpecError, StoreError
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.core.states import FINAL_STATES, JobState
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.settings import Settings
+from e31.ops.sweep import MAX_ARRAY_ITEMS
 from e31.store import Repo, deps, make_engine
 from e31.store.db import WRITE_OPTION
 from e31.store.migrate import upgrade
 from e31.store.models import Array, Job
-from e31.sweep import MAX_ARRAY_ITEMS
 from tests.integration.test_store import claim
 
-# The pool's own defaults (e31.settings): a 10 s lease renewed at every 2 s heartbeat, so a
+# The pool's own defaults (e31.edge.settings): a 10 s lease renewed at every 2 s heartbeat, so a
 # write lock may hold the store at most 8 s before a renewal could be late. (A 9 s lease
 # renewed every 3 s, the bound 6 s, failed on a CI machine running at half speed, where the
 # valid 10,000-item array's insert held the lock 7.4 s and still no renewal was late.)

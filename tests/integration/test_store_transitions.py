@@ -11,14 +11,14 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from e31.clock import utcnow
-from e31.errors import IllegalTransition, StoreError
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
-from e31.states import AttemptReason, JobState
+from e31.core.clock import utcnow
+from e31.core.errors import IllegalTransition, StoreError
+from e31.core.records import JobRecord, Outcome
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason, JobState
+from e31.edge.settings import Settings
 from e31.store import Repo
-from e31.store.records import JobRecord, Outcome
 from e31.store.transitions import move
 from tests.integration.test_store import publish
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from e31.spec import JobSpec
-from e31.states import AttemptReason
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
 from tests.conftest import process_alive, wait_for
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import redis
 
-from e31.artifacts import ArtifactStore
-from e31.clock import utcnow
-from e31.heartbeat import WorkerInfo
-from e31.settings import Settings
-from e31.sizeclasses import route
-from e31.spec import JobSpec
+from e31.core.clock import utcnow
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.settings import Settings
+from e31.ops.heartbeat import WorkerInfo
 from e31.store import Repo
 from e31_worker.attempt import shipping, task
 from e31_worker.attempt.groups import GroupRegistry

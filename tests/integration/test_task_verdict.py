@@ -10,10 +10,10 @@ import pytest
 import redis
 from celery import Task
 
-from e31.artifacts import ArtifactStore
-from e31.celeryapp import TASK_NAME, make_celery
-from e31.settings import Settings
-from e31.states import AttemptReason
+from e31.core.states import AttemptReason
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.celeryapp import TASK_NAME, make_celery
+from e31.edge.settings import Settings
 from e31.store import Repo
 from e31_worker.attempt import task
 from e31_worker.attempt.verdict import (

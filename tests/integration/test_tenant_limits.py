@@ -1,4 +1,4 @@
-"""Limits per tenant (e31.limits) through the real API over a real store (SQLite and
+"""Limits per tenant (e31.core.limits) through the real API over a real store (SQLite and
 PostgreSQL) and the private Redis: each limit refused with its status and a message naming it,
 storing nothing; the same request under the limit, or with an admin's override in
 `tenants.limits`, taken (so no test passes for want of a request that works). The submit rate
@@ -18,12 +18,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
 from e31.api.service import Service
-from e31.artifacts import ArtifactStore
-from e31.clock import utcnow
-from e31.errors import LimitExceeded, SpecError
-from e31.limits import TenantLimits, check_limits
-from e31.settings import Settings
-from e31.spec import JobSpec
+from e31.core.clock import utcnow
+from e31.core.errors import LimitExceeded, SpecError
+from e31.core.limits import TenantLimits, check_limits
+from e31.core.spec import JobSpec
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.settings import Settings
 from e31.store import Repo
 from e31.store import repo as repo_module
 from e31.store.limits import hold_queued

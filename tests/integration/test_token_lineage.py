@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from e31.clock import utcnow
+from e31.core.clock import utcnow
 from e31.store import Repo
 from e31.store.models import ApiKey
 from tests.integration.conftest import bearer

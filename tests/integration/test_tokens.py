@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from e31.api import service as service_module
-from e31.clock import utcnow
+from e31.core.clock import utcnow
 from e31.store import Repo
 from e31.store.tokens import LAST_USED_RESOLUTION_S, PREFIX_CHARS
 from tests.integration.conftest import bearer

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from e31.spec import JobSpec
-from e31.states import AttemptReason, Start
-from e31.store.records import Outcome
+from e31.core.records import Outcome
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason, Start
 from e31_worker.attempt.environment import BaseEnv, EnvRequest, UvBuild, uv_binary
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
 from e31_worker.attempt.warm import WarmPool, WarmStarter, warm_env

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from e31.settings import Settings
-from e31.spec import JobSpec
-from e31.states import AttemptReason, Start
-from e31.store.records import Claim, Outcome
+from e31.core.records import Claim, Outcome
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason, Start
+from e31.edge.settings import Settings
 from e31_worker.attempt.groups import GroupRegistry
 from e31_worker.attempt.sandbox import Sandbox, sandbox_unavailable
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
@@ -342,7 +342,7 @@ def test_the_sandbox_holds_for_a_warm_job(sandboxed: bool, sandbox_home: Path,
 WORKER = """\
 import os, sys
 from pathlib import Path
-from e31.spec import JobSpec
+from e31.core.spec import JobSpec
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
 from e31_worker.attempt.warm import WarmStarter, warm_env
 warm = WarmStarter(env=warm_env(os.environ))

@@ -13,10 +13,10 @@ from typing import Any
 
 import redis
 
-from e31 import keys
-from e31.artifacts import ArtifactStore
-from e31.clock import utcnow
-from e31.heartbeat import WorkerInfo
+from e31.core import keys
+from e31.core.clock import utcnow
+from e31.edge.artifacts import ArtifactStore
+from e31.ops.heartbeat import WorkerInfo
 from e31.store import Repo
 from e31_worker.attempt import task
 from e31_worker.attempt.services import AttemptServices

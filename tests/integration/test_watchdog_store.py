@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from e31.clock import utcnow
-from e31.settings import Settings
+from e31.core.clock import utcnow
+from e31.edge.settings import Settings
 from e31.store import Repo
 from tests.integration.test_api import api as api  # the fixture, reused
 from tests.integration.test_attempt_facts import running_job as claimed_job

@@ -1,4 +1,4 @@
-"""The address policy of http(s) inputs (e31.addresses): public addresses pass; loopback,
+"""The address policy of http(s) inputs (e31.core.addresses): public addresses pass; loopback,
 link-local, private, unspecified, multicast and reserved ones are refused, in IPv4, IPv6 and
 an IPv6 form that carries an IPv4 address, unless an operator's allowed network holds them."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from e31.addresses import refusal, url_refusal
+from e31.core.addresses import refusal, url_refusal
 
 
 @pytest.mark.parametrize(("address", "why"), [

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from e31.store.records import ArrayItem, ArrayRecord, array_state
+from e31.core.records import ArrayItem, ArrayRecord, array_state
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 CONTRACT_KEYS = {"id", "name", "state", "total", "done", "succeeded", "failed", "cancelled",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from e31.cli.jobs import _limits
-from e31.settings import Settings
-from e31.spec import JobSpec
+from e31.core.spec import JobSpec
+from e31.edge.settings import Settings
 from e31_worker.attempt.limits import (
     AttemptLimits,
     DiskWatch,

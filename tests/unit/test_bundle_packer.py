@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from e31.bundles import tar_problems
 from e31.client.bundle import pack
-from e31.errors import SpecError
+from e31.core.bundles import tar_problems
+from e31.core.errors import SpecError
 
 
 @pytest.fixture(autouse=True)

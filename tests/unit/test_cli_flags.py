@@ -24,8 +24,8 @@ from typer.testing import CliRunner
 
 from e31.cli import app, jobs
 from e31.cli.common import EXIT_CODES, EXIT_FAILED, EXIT_INPUT
-from e31.errors import JobFailed
-from e31.spec import JobSpec
+from e31.core.errors import JobFailed
+from e31.core.spec import JobSpec
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 JOB_ID = "j-" + "0" * 20
@@ -293,7 +293,7 @@ def test_db_upgrade_and_down_print_json_a_script_reads(tmp_path: Path) -> None:
 
 def test_up_json_says_where_the_stack_listens_and_holds_no_secret(tmp_path: Path) -> None:
     from e31.cli import stack
-    from e31.settings import Settings
+    from e31.edge.settings import Settings
     profile = {"url": "http://127.0.0.1:8031", "token": "e31_secret", "flower_password": "pw",
                "flower_url": "http://127.0.0.1:5555", "redis_url": "redis://:pw@127.0.0.1:1/0"}
     line = json.dumps(stack._ready(Settings(home=tmp_path), profile))

@@ -66,7 +66,7 @@ def test_no_command_group_module_imports_another() -> None:
 
 def test_loading_the_cli_imports_neither_the_worker_nor_the_store() -> None:
     # Given a fresh interpreter (so that nothing else has loaded them already)
-    probe = ("import sys, e31.cli; heavy = ('e31_worker', 'e31.store', 'e31.wiring', "
+    probe = ("import sys, e31.cli; heavy = ('e31_worker', 'e31.store', 'e31.edge.wiring', "
              "'e31.client', 'e31.local', 'sqlalchemy', 'celery', 'redis', 'uvicorn', 'fastapi'); "
              "print(','.join(m for m in heavy if m in sys.modules))")
 

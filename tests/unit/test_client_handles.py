@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from e31 import ArrayHandle, Client, JobFailed, JobHandle
-from e31.errors import ClientError
+from e31.core.errors import ClientError
 
 JOB = "j-00000000000000000000"
 

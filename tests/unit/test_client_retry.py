@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from e31.client import Client
-from e31.errors import ClientError
+from e31.core.errors import ClientError
 
 
 def _client(answers: list[int]) -> tuple[Client, list[str]]:

@@ -13,7 +13,7 @@ import pytest
 
 from e31 import Client, JobHandle
 from e31.client import handles
-from e31.errors import JobTimeout
+from e31.core.errors import JobTimeout
 
 JOB = "j-00000000000000000000"
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from e31.errors import SetupError, SpecError
-from e31.settings import Settings
-from e31.spec import JobSpec, PythonEnv
+from e31.core.errors import SetupError, SpecError
+from e31.core.spec import JobSpec, PythonEnv
+from e31.edge.settings import Settings
 from e31_worker.attempt.envcache import RECORD, EnvCache
 from e31_worker.attempt.environment import (
     BaseEnv,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from e31 import errors
-from e31.errors import ClientError, E31Error, JobFailed, SpecError
+from e31.core import errors
+from e31.core.errors import ClientError, E31Error, JobFailed, SpecError
 
 
 def all_error_classes() -> list[type[E31Error]]:

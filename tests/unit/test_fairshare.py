@@ -12,10 +12,10 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
+from e31.core.records import Candidate
+from e31.core.usage import UsageState
 from e31.scheduling.admission import AdmissionConfig, Decision, Slot, decide
 from e31.scheduling.fairshare import Pending, Reason, Tenant, estimated_start_s, position_in_queue
-from e31.store.records import Candidate
-from e31.usage import UsageState
 
 GPU80, GPU80X4 = "e31.gpu80", "e31.gpu80.x4"
 HOUR_S = 3600.0

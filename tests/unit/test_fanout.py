@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from e31.errors import SpecError, SpecForbidden
-from e31.fanout import SEEK_MARGIN_S, Sampler, chunk_bounds, frames_in, plan
+from e31.core.errors import SpecError, SpecForbidden
+from e31.core.footage import SEEK_MARGIN_S, Sampler, chunk_bounds, frames_in
+from e31.ops.fanout import plan
 
 
 def kept(times: list[float], fps: float | None, start: float, end: float | None,

@@ -14,24 +14,24 @@ from pathlib import Path
 
 import pytest
 
-from e31 import pool
 from e31.api import top
-from e31.errors import ConfigError
-from e31.heartbeat import WorkerInfo, expand_gangs, gang_place
-from e31.scheduling.admission import decide
-from e31.scheduling.explain import queue_overview
-from e31.scheduling.inputs import gang_slots, slots
-from e31.scrape import LeaseHolder, PoolView
-from e31.settings import DEFAULT_SIZE_CLASSES
-from e31.sizeclasses import class_for_gpu
-from e31.store.pool import RunningRow
-from e31.store.records import (
+from e31.core.errors import ConfigError
+from e31.core.records import (
     Candidate,
+    LeaseHolder,
     Published,
     RunningJob,
     SchedulingView,
     TenantRecord,
 )
+from e31.core.sizeclasses import DEFAULT_SIZE_CLASSES, class_for_gpu
+from e31.ops import pool
+from e31.ops.heartbeat import WorkerInfo, expand_gangs, gang_place
+from e31.ops.scrape import PoolView
+from e31.scheduling.admission import decide
+from e31.scheduling.explain import queue_overview
+from e31.scheduling.inputs import gang_slots, slots
+from e31.store.pool import RunningRow
 from e31_worker.attempt.gangs import GpuLedger
 from e31_worker.node.gpus import parse_simulated
 from e31_worker.node.launcher import gang_sets, plan_slots

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from e31.settings import Settings
+from e31.edge.settings import Settings
 from e31_worker.attempt.sandbox import AttemptSandbox, Sandbox, gpu_device_args, gpu_minors
 
 CONTROL = ["nvidia-caps", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from e31.errors import ConfigError
+from e31.core.errors import ConfigError
 from e31_worker.node.gpus import Gpu, parse_simulated, select
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from e31.heartbeat import GpuSample, WorkerInfo
+from e31.ops.heartbeat import GpuSample, WorkerInfo
 
 WORKER = WorkerInfo(node="gpu0-1@h", queues=("e31.gpu24.x2",), gpus="0,1", gpu_count=2,
                     size_class="gpu24")

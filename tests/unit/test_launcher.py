@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from e31.errors import ConfigError
-from e31.settings import DEFAULT_SIZE_CLASSES
+from e31.core.errors import ConfigError
+from e31.core.sizeclasses import DEFAULT_SIZE_CLASSES
 from e31_worker.node.gpus import parse_simulated
 from e31_worker.node.launcher import WorkerSlot, plan_slots
 

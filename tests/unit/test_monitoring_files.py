@@ -1,5 +1,5 @@
 """The monitoring files (config/prometheus, config/grafana, docs/runbooks): every alert has a
-runbook, the dashboard and the rules query only series that platform/e31/metrics.py exports,
+runbook, the dashboard and the rules query only series that platform/e31/core/metrics.py exports,
 and promtool accepts the rules, the scrape configuration and the rules' unit tests."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e31 import metrics
+from e31.core import metrics
 
 ROOT = Path(__file__).parents[2]
 PROMETHEUS = ROOT / "config" / "prometheus"
@@ -122,7 +122,7 @@ def test_the_rules_and_the_dashboard_query_only_series_and_labels_that_are_expor
     assert exprs
     for expr in exprs:
         for name, matchers in SELECTOR.findall(expr):
-            assert name in known, f"{where}: {name} is not in platform/e31/metrics.py"
+            assert name in known, f"{where}: {name} is not in platform/e31/core/metrics.py"
             labels = set(MATCHER.findall(matchers))
             unknown = labels - set(known[name].labels)
             assert not unknown, f"{where}: {name} has no label {sorted(unknown)}"

@@ -1,12 +1,11 @@
-"""Registered node shapes (e31.scheduling.placement) and the OOM ladder (e31.sizeclasses):
+"""Registered node shapes (e31.scheduling.placement) and the OOM ladder (e31.core.sizeclasses):
 which jobs no node could ever run, and where an out-of-memory job goes next. Pure."""
 
 from __future__ import annotations
 
-from e31.heartbeat import WorkerInfo
+from e31.core.sizeclasses import DEFAULT_SIZE_CLASSES, OomRule, Route
+from e31.ops.heartbeat import WorkerInfo
 from e31.scheduling.placement import missing, shapes
-from e31.settings import DEFAULT_SIZE_CLASSES
-from e31.sizeclasses import OomRule, Route
 
 
 def worker(node: str, *queues: str, gpus: str) -> WorkerInfo:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime, timedelta
 
-from e31.heartbeat import WorkerInfo
+from e31.core.records import Candidate, RunningJob
+from e31.ops.heartbeat import WorkerInfo
 from e31.scheduling.admission import AdmissionConfig, decide
 from e31.scheduling.fairshare import Tenant
 from e31.scheduling.inputs import heads_per_queue, per_queue, shared_queues, slots
-from e31.store.records import Candidate, RunningJob
 
 GPU24, GPU48, GPU80 = "e31.gpu24", "e31.gpu48", "e31.gpu80"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

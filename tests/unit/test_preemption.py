@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime
 
-from e31.heartbeat import WorkerInfo
+from e31.core.records import RunningJob
+from e31.core.sizeclasses import DEFAULT_SIZE_CLASSES
+from e31.ops.heartbeat import WorkerInfo
 from e31.scheduling import inputs
 from e31.scheduling.admission import Slot
 from e31.scheduling.preemption import PreemptConfig, Preemption, Waiter, plan
-from e31.settings import DEFAULT_SIZE_CLASSES
-from e31.store.records import RunningJob
 from e31_worker.node.gpus import parse_simulated
 from e31_worker.node.launcher import gang_sets
 
@@ -165,7 +165,7 @@ def test_cpu_slots_take_no_part_a_cpu_job_neither_preempts_nor_is_preempted() ->
 
 
 def test_the_training_workload_is_preemptible_by_default_and_others_are_not() -> None:
-    from e31.spec import JobSpec
+    from e31.core.spec import JobSpec
     assert JobSpec.parse({"workload": "train"}).is_preemptible
     assert not JobSpec.parse({"workload": "train", "preemptible": False}).is_preemptible
     assert not JobSpec.parse({"entrypoint": "m:f"}).is_preemptible

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
-from e31.store.records import AttemptRecord, JobRecord
+from e31.core.records import AttemptRecord, JobRecord
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -1,7 +1,7 @@
-"""Requirements are requirements, nothing else (`e31.requirements`): every form that would make
+"""Requirements are requirements, nothing else (`e31.core.requirements`): every form that would make
 uv read a file, an index or a variable the pool did not choose is refused, naming the field and
 the line; plain requirements, comments and blank lines are taken. Also how the API reads the
-file out of a bundle (`e31.bundlefiles`), what the worker refuses before it builds, and what a
+file out of a bundle (`e31.edge.bundlefiles`), what the worker refuses before it builds, and what a
 build keeps of the worker's environment (issue 25)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from e31.bundlefiles import read_member
-from e31.errors import SetupError, SpecError
-from e31.requirements import requirement_problem, requirements_refusals
-from e31.spec import JobSpec, PythonEnv
+from e31.core.errors import SetupError, SpecError
+from e31.core.requirements import requirement_problem, requirements_refusals
+from e31.core.spec import JobSpec, PythonEnv
+from e31.edge.bundlefiles import read_member
 from e31_worker.attempt.buildbox import operator_paths
 from e31_worker.attempt.environment import EnvRequest, build_env
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from e31.errors import ConfigError
-from e31.heartbeat import WorkerInfo
-from e31.settings import Settings
+from e31.core.errors import ConfigError
+from e31.edge.settings import Settings
+from e31.ops.heartbeat import WorkerInfo
 from e31_worker.attempt.binds import protected_paths
 from e31_worker.attempt.sandbox import Sandbox, exit_code, read_job_file
 

@@ -1,4 +1,4 @@
-"""The secrets' encryption (e31.secrets): a ciphertext opens only with the pool's key and only
+"""The secrets' encryption (e31.edge.secrets): a ciphertext opens only with the pool's key and only
 as the secret of the tenant and name it was stored for, and a key is rotated without loss."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from cryptography.fernet import Fernet
 
-from e31.errors import SecretsUnavailable, SpecError
-from e31.secrets import SecretBox, check_secret_name, check_secret_value, generate_key
+from e31.core.errors import SecretsUnavailable, SpecError
+from e31.edge.secrets import SecretBox, check_secret_name, check_secret_value, generate_key
 
 
 def test_a_ciphertext_moved_to_another_tenant_or_name_does_not_open() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from e31.celeryapp import broker_transport_options
-from e31.settings import Settings
-from e31.wiring import is_sentinel, sentinel_parts
+from e31.edge.celeryapp import broker_transport_options
+from e31.edge.settings import Settings
+from e31.edge.wiring import is_sentinel, sentinel_parts
 
 URL = "sentinel://:p%40ss@h1:26379;sentinel://h2:26380;sentinel://h3/2"
 

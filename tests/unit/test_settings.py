@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from e31.errors import ConfigError
-from e31.settings import DEFAULT_SIZE_CLASSES, Settings
+from e31.core.errors import ConfigError
+from e31.core.sizeclasses import DEFAULT_SIZE_CLASSES
+from e31.edge.settings import Settings
 
 REPO_CONFIG = Path(__file__).parents[2] / "config" / "e31.toml"
 

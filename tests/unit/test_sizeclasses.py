@@ -6,10 +6,18 @@ from typing import Any
 
 import pytest
 
-from e31.errors import ConfigError, SpecError
-from e31.settings import DEFAULT_SIZE_CLASSES, SizeClass
-from e31.sizeclasses import Route, class_for_gpu, queue_name, redis_priority, route, spill_queues
-from e31.spec import JobSpec
+from e31.core.errors import ConfigError, SpecError
+from e31.core.sizeclasses import (
+    DEFAULT_SIZE_CLASSES,
+    Route,
+    SizeClass,
+    class_for_gpu,
+    queue_name,
+    redis_priority,
+    route,
+    spill_queues,
+)
+from e31.core.spec import JobSpec
 
 CLASSES = DEFAULT_SIZE_CLASSES
 BY_NAME = {c.name: c for c in CLASSES}

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from e31.errors import SpecError
-from e31.spec import JobSpec, RetryPolicy, load_spec_file
+from e31.core.errors import SpecError
+from e31.core.spec import JobSpec, RetryPolicy, load_spec_file
 
 
 def refusal(data: Any) -> list[dict[str, str]]:

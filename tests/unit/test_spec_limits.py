@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
-from e31 import spec as spec_module
 from e31.api.limits import spec_limits
-from e31.errors import SpecError
-from e31.settings import Settings
-from e31.spec import (
+from e31.core import spec as spec_module
+from e31.core.errors import SpecError
+from e31.core.spec import (
     JobSpec,
     RequestTally,
     SpecLimits,
@@ -21,6 +20,7 @@ from e31.spec import (
     printable,
     spec_bytes,
 )
+from e31.edge.settings import Settings
 
 BASE: dict[str, Any] = {"entrypoint": "m:f"}
 LIMITS = SpecLimits(env_vars=3, env_bytes=40, argv_bytes=20, after_per_request=5,

@@ -15,8 +15,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from e31.errors import SpecError
-from e31.spec import JobSpec
+from e31.core.errors import SpecError
+from e31.core.spec import JobSpec
 
 # Examples per property: a few seconds each in CI; a longer hunt: E31_SPEC_EXAMPLES=20000.
 EXAMPLES = int(os.environ.get("E31_SPEC_EXAMPLES", "150"))

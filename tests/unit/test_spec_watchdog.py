@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from e31.errors import SpecError
-from e31.settings import Settings
-from e31.spec import JobSpec
-from e31.states import AttemptReason
+from e31.core.errors import SpecError
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason
+from e31.edge.settings import Settings
 
 JOB = {"entrypoint": "pkg.mod:main"}
 

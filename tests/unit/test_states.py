@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from e31.states import FINAL_STATES, TRANSITIONS, AttemptReason, JobState, can_transition
+from e31.core.states import FINAL_STATES, TRANSITIONS, AttemptReason, JobState, can_transition
 
 
 def test_the_transitions_table_covers_every_state() -> None:

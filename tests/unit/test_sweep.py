@@ -1,4 +1,4 @@
-"""Sweep files into array items, and defaults merged under each item (`e31.sweep`)."""
+"""Sweep files into array items, and defaults merged under each item (`e31.ops.sweep`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from e31.errors import SpecError
-from e31.sweep import MAX_ARRAY_ITEMS, is_sweep, load_sweep_file, merge_item, parse_sweep
+from e31.core.errors import SpecError
+from e31.ops.sweep import MAX_ARRAY_ITEMS, is_sweep, load_sweep_file, merge_item, parse_sweep
 
 
 def field_of(exc: pytest.ExceptionInfo[SpecError]) -> str:

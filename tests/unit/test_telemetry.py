@@ -8,7 +8,7 @@ from collections import deque
 
 import pytest
 
-from e31.settings import Settings
+from e31.edge.settings import Settings
 from e31_worker.attempt.services import HeldGpus
 from e31_worker.node.celery_process import gpu_monitor
 from e31_worker.node.gpus import Gpu, parse_simulated

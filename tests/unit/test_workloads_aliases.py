@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from e31.errors import SpecError
-from e31.spec import JobSpec
-from e31.workloads import WORKLOADS
+from e31.core.errors import SpecError
+from e31.core.spec import JobSpec
+from e31.core.workloads import WORKLOADS
 
 
 @pytest.mark.parametrize(("name", "entrypoint"), [
@@ -43,7 +43,7 @@ def test_an_unknown_name_is_a_spec_error_that_lists_the_known_ones() -> None:
 def test_the_table_imports_without_torch_or_the_worker_package() -> None:
     # Given a fresh interpreter
     # When it imports the control plane's table
-    code = ("import sys, e31.workloads; "
+    code = ("import sys, e31.core.workloads; "
             "print(sorted(m for m in ('torch', 'e31_worker') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("av")
 
-from e31.fanout import CHUNKS_INPUT
+from e31.core.footage import CHUNKS_INPUT
 from e31_worker.workloads import footage
 from e31_worker.workloads.footage import exact_parts
 from e31_worker.workloads.footage_merge import ITEM_DIR, merge

@@ -17,17 +17,18 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from e31 import __version__, wiring
+from e31 import __version__
 from e31.api import errors, metrics, schema, secrets, tenancy, top
 from e31.api.bundles import BUNDLES_PATH, add_bundle_routes
 from e31.api.limits import DIGITS, BodyLimit, QueryBool, body_bytes
 from e31.api.service import LIST_LIMIT_MAX, Service
 from e31.api.waits import WAIT_MAX_S, JobEnds
-from e31.settings import Settings
-from e31.spec import JobSpec
-from e31.states import FINAL_STATES, JobState
-from e31.store.records import TenantRecord
-from e31.sweep import MAX_ARRAY_ITEMS
+from e31.core.records import TenantRecord
+from e31.core.spec import JobSpec
+from e31.core.states import FINAL_STATES, JobState
+from e31.edge import wiring
+from e31.edge.settings import Settings
+from e31.ops.sweep import MAX_ARRAY_ITEMS
 
 CHUNK_BYTES = 1 << 20
 MAX_LOG_OFFSET = 1 << 40   # far beyond any capped log; bigger numbers are input errors

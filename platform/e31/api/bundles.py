@@ -24,10 +24,9 @@ import anyio.to_thread
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from e31.addresses import url_refusal
 from e31.api import errors
-from e31.blobs import BundleStore, Upload
-from e31.bundles import (
+from e31.core.addresses import url_refusal
+from e31.core.bundles import (
     ARRAY_INPUT,
     check_digest,
     file_input_path,
@@ -35,11 +34,12 @@ from e31.bundles import (
     parse_bundle_input,
     tar_problems,
 )
-from e31.errors import NotFound, SpecConflict, SpecError, SpecForbidden, TooLarge
-from e31.s3inputs import artifact_store_input
-from e31.settings import Settings
-from e31.spec import JobSpec
-from e31.store.records import TenantRecord
+from e31.core.errors import NotFound, SpecConflict, SpecError, SpecForbidden, TooLarge
+from e31.core.records import TenantRecord
+from e31.core.spec import JobSpec
+from e31.edge.bundlestore import BundleStore, Upload
+from e31.edge.s3inputs import artifact_store_input
+from e31.edge.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,8 @@ class BundleChecks:
             if problems:
                 raise SpecError([{"field": "bundle", "reason": p} for p in problems])
             # Once more, with the whole upload written: every other upload of the tenant now
-            # counts, as this one counts in theirs (e31.blobs says why two cannot both pass).
+            # counts, as this one counts in theirs (e31.edge.bundlestore says why two cannot
+            # both pass).
             used = await anyio.to_thread.run_sync(self._store.used_bytes, tenant.id)
             self._check_quota(used - upload.size_bytes, upload.size_bytes)
             await anyio.to_thread.run_sync(self._store.commit, upload, tenant.id)
@@ -126,9 +127,9 @@ class BundleChecks:
 
     def check_spec(self, tenant_id: str, spec: JobSpec, *, dry_run: bool = False) -> list[str]:
         """Check the bundles and inputs `spec` names for the tenant: a `file://` input outside
-        `input_file_roots`, an `s3://` one in the artifact store (e31.s3inputs) or an
+        `input_file_roots`, an `s3://` one in the artifact store (e31.edge.s3inputs) or an
         `http(s)://` one whose URL shows an address no input may reach (`localhost`,
-        `127.0.0.1`: e31.addresses) is forbidden (`SpecForbidden` naming `inputs.<name>`),
+        `127.0.0.1`: e31.core.addresses) is forbidden (`SpecForbidden` naming `inputs.<name>`),
         and a bundle the tenant never uploaded
         conflicts with what the store holds (`SpecConflict` naming
         `code` or `inputs.<name>`), unless `dry_run`, which returns the fields that name one
@@ -152,7 +153,7 @@ class BundleChecks:
                     file_input_path(source, self._settings.input_file_roots)
                 except ValueError as exc:
                     errors.append({"field": field, "reason": str(exc)})
-            elif scheme == "s3":   # never the artifact store's objects (e31.s3inputs)
+            elif scheme == "s3":   # never the artifact store's objects (e31.edge.s3inputs)
                 refused = artifact_store_input(source, self._settings.resolved_artifacts_url)
                 if refused is not None:
                     errors.append({"field": field, "reason": refused})
@@ -167,7 +168,7 @@ class BundleChecks:
 
     def _check_addresses(self, spec: JobSpec) -> None:
         """`SpecForbidden` (403, as a `file://` input outside the roots) naming each
-        `http(s)://` input whose URL shows an address no input may reach (e31.addresses); the
+        `http(s)://` input whose URL shows an address no input may reach (e31.core.addresses); the
         worker checks every address it connects to as well."""
         allowed = self._settings.input_allowed_networks
         refused = [{"field": f"inputs.{name}", "reason": f"refused: {why}"}

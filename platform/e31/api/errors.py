@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from e31.errors import (
+from e31.core.errors import (
     AuthError,
     Conflict,
     E31Error,
@@ -42,7 +42,7 @@ from e31.errors import (
     StoreUnavailable,
     TooLarge,
 )
-from e31.spec import describe_error
+from e31.core.spec import describe_error
 
 REQUEST_PARTS = ("body", "query", "path")
 STATUS: list[tuple[type[E31Error], int, str]] = [   # the first class that matches wins

@@ -25,12 +25,12 @@ from pydantic import BeforeValidator
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from e31 import keys
 from e31.api.errors import BodyTooLarge, too_large
-from e31.errors import LimitExceeded
-from e31.limits import TenantLimits
-from e31.settings import Settings
-from e31.spec import SpecLimits
+from e31.core import keys
+from e31.core.errors import LimitExceeded
+from e31.core.limits import TenantLimits
+from e31.core.spec import SpecLimits
+from e31.edge.settings import Settings
 
 # A number in a query is decimal digits only: int() would also forgive a sign, spaces, `_`
 # and `1.0`. Twenty digits hold any value the routes allow and stop a 10,000-digit parse.

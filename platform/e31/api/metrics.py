@@ -1,6 +1,6 @@
-"""`GET /metrics`: the pool's Prometheus series (`e31.metrics` names them, `e31.scrape` reads
-them from the store and Redis at each scrape, so every API replica answers the same;
-docs/operations.md, "Monitoring").
+"""`GET /metrics`: the pool's Prometheus series (`e31.core.metrics` names them,
+`e31.ops.scrape` reads them from the store and Redis at each scrape, so every API replica
+answers the same; docs/operations.md, "Monitoring").
 
 Guarded apart from the tenants' tokens: with `metrics_token` set, a scrape must send it as
 `Authorization: Bearer <token>` (401 otherwise); without one, only a client on the loopback
@@ -19,8 +19,8 @@ import redis
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import PlainTextResponse
 
-from e31 import scrape
-from e31.settings import Settings
+from e31.edge.settings import Settings
+from e31.ops import scrape
 
 PATH = "/metrics"
 

@@ -1,19 +1,19 @@
 """The job's requirements file, read from its code bundle at submit and checked line by line
-(`e31.requirements`): a line that is an option, a path or a URL refuses the job with 422 naming
+(`e31.core.requirements`): a line that is an option, a path or a URL refuses the job with 422 naming
 `python.requirements`, the line's number and why, before anything is stored.
 
-The file is read from the tenant's stored bundle (`e31.bundlefiles`), at most
+The file is read from the tenant's stored bundle (`e31.edge.bundlefiles`), at most
 `REQUIREMENTS_MAX_BYTES`, outside any write transaction; the worker checks the same again
 before it builds (`e31_worker.attempt.environment`).
 """
 
 from __future__ import annotations
 
-from e31.blobs import BundleStore
-from e31.bundlefiles import read_member
-from e31.errors import SpecError
-from e31.requirements import REQUIREMENTS_MAX_BYTES, requirements_refusals
-from e31.spec import JobSpec
+from e31.core.errors import SpecError
+from e31.core.requirements import REQUIREMENTS_MAX_BYTES, requirements_refusals
+from e31.core.spec import JobSpec
+from e31.edge.bundlefiles import read_member
+from e31.edge.bundlestore import BundleStore
 
 FIELD = "python.requirements"
 REFUSALS_SHOWN = 20      # refused lines named in one answer

@@ -24,10 +24,9 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from e31.bundles import DIGEST, INPUT_NAME, MAX_SOURCE_CHARS
-from e31.settings import Settings
-from e31.sizeclasses import cpu_class, gpu_classes
-from e31.spec import (
+from e31.core.bundles import DIGEST, INPUT_NAME, MAX_SOURCE_CHARS
+from e31.core.sizeclasses import cpu_class, gpu_classes
+from e31.core.spec import (
     DEP_ID,
     ENTRYPOINT,
     ENV_NAME,
@@ -35,8 +34,9 @@ from e31.spec import (
     NAME_MAX,
     SECRET_NAME_MAX,
 )
-from e31.sweep import MAX_ARRAY_ITEMS
-from e31.workloads import WORKLOADS
+from e31.core.workloads import WORKLOADS
+from e31.edge.settings import Settings
+from e31.ops.sweep import MAX_ARRAY_ITEMS
 
 Schema = dict[str, Any]
 
@@ -46,7 +46,7 @@ CONTROL = "[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]"
 NUL = "\\x00"
 RESERVED_ENV = {"anyOf": [{"pattern": "^E31_"}, {"const": "CUDA_VISIBLE_DEVICES"}]}
 # A pip requirement (PEP 508) as this schema states it: a name, extras, and version
-# specifiers; never a URL, a path or an option (e31.requirements: a job names packages only).
+# specifiers; never a URL, a path or an option (e31.core.requirements: a job names packages only).
 # pip takes markers too, and more version forms; the API takes what `packaging` parses
 # (those forms are stated in the field's description).
 _REQ_NAME = "[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?"
@@ -221,7 +221,7 @@ def job_spec(generated: Schema, settings: Settings) -> Schema:
 
 def resources(generated: Schema, settings: Settings) -> Schema:
     """`Resources` on this pool: a size class by name, or GPUs and their memory that some
-    class takes (`e31.sizeclasses.route`)."""
+    class takes (`e31.core.sizeclasses.route`)."""
     p = generated["properties"]
     classes = settings.size_classes
     cpu = cpu_class(classes)

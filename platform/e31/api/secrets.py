@@ -21,19 +21,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from e31.api import errors
 from e31.api.schema import NUL
 from e31.api.tenancy import _actor
-from e31.clock import utcnow
-from e31.errors import SecretsUnavailable
-from e31.secrets import (
+from e31.core.clock import utcnow
+from e31.core.errors import SecretsUnavailable
+from e31.core.records import TenantRecord
+from e31.core.spec import ENV_NAME, SECRET_NAME_MAX
+from e31.edge.secrets import (
     NO_KEY,
     SECRET_VALUE_MAX_BYTES,
     SecretBox,
     check_secret_name,
     check_secret_value,
 )
-from e31.settings import Settings
-from e31.spec import ENV_NAME, SECRET_NAME_MAX
+from e31.edge.settings import Settings
 from e31.store import Repo
-from e31.store.records import TenantRecord
 from e31.store.secrets import SecretInfo
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class SecretValue(BaseModel):
     """The body of `PUT /v1/secrets/{name}`."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    # The document says what e31.secrets refuses (a NUL: an environment variable cannot hold
+    # The document says what e31.edge.secrets refuses (a NUL: an environment variable cannot hold
     # one), so that a body it allows is taken (schemathesis found the gap).
     value: str = Field(min_length=1, max_length=SECRET_VALUE_MAX_BYTES,
                        description=f"the secret, at most {SECRET_VALUE_MAX_BYTES} bytes of "

@@ -20,11 +20,9 @@ from pydantic import ValidationError
 from e31.api.bundles import BundleChecks
 from e31.api.limits import SubmitRate, spec_limits
 from e31.api.requirements import Memo, RequirementsCheck
-from e31.artifacts import ArtifactStore
-from e31.blobs import BundleStore
-from e31.bundles import ARRAY_INPUT, parse_array_input
-from e31.clock import utcnow
-from e31.errors import (
+from e31.core.bundles import ARRAY_INPUT, parse_array_input
+from e31.core.clock import utcnow
+from e31.core.errors import (
     AuthError,
     Forbidden,
     NotFound,
@@ -33,19 +31,9 @@ from e31.errors import (
     SpecForbidden,
     TooLarge,
 )
-from e31.fanout import CHUNKS_INPUT, MERGE_ENTRYPOINT, is_fanout
-from e31.fanout import plan as plan_fanout
-from e31.heartbeat import WorkerInfo, expand_gangs, read_workers, wake
-from e31.limits import TenantLimits
-from e31.scheduling import explain, placement
-from e31.scheduling import inputs as policy
-from e31.scheduling.fairshare import Reason, Tenant
-from e31.settings import Settings
-from e31.sizeclasses import Route, all_queues, route
-from e31.spec import NAME_MAX, JobSpec, RequestTally, check_name, describe_error
-from e31.store import Repo
-from e31.store.arrays import RetryRecord
-from e31.store.records import (
+from e31.core.footage import CHUNKS_INPUT
+from e31.core.limits import TenantLimits
+from e31.core.records import (
     ArrayManifest,
     ArrayRecord,
     JobRecord,
@@ -55,8 +43,21 @@ from e31.store.records import (
     TenantRecord,
     iso,
 )
+from e31.core.sizeclasses import Route, all_queues, route
+from e31.core.spec import NAME_MAX, JobSpec, RequestTally, check_name, describe_error
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.bundlestore import BundleStore
+from e31.edge.settings import Settings
+from e31.ops.fanout import MERGE_ENTRYPOINT, is_fanout
+from e31.ops.fanout import plan as plan_fanout
+from e31.ops.heartbeat import WorkerInfo, expand_gangs, read_workers, wake
+from e31.ops.sweep import MAX_ARRAY_ITEMS, merge_item
+from e31.scheduling import explain, placement
+from e31.scheduling import inputs as policy
+from e31.scheduling.fairshare import Reason, Tenant
+from e31.store import Repo
+from e31.store.arrays import RetryRecord
 from e31.store.scheduling import running_gpus
-from e31.sweep import MAX_ARRAY_ITEMS, merge_item
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +122,9 @@ class Service:
 
     def submit(self, tenant: TenantRecord, spec: JobSpec, *, body_bytes: int = 0) -> JobRecord:
         """Check a validated spec against the installation's caps and the tenant's limits
-        (`e31.limits`: its submit rate, body size and priority here; its most queued jobs in the
-        transaction that stores the job), route it, store the job as queued, then wake the
-        scheduler. A refusal stores nothing."""
+        (`e31.core.limits`: its submit rate, body size and priority here; its most queued jobs
+        in the transaction that stores the job), route it, store the job as queued, then wake
+        the scheduler. A refusal stores nothing."""
         limits = self._tenant_limits(tenant, body_bytes=body_bytes, rate=True)
         if is_fanout(spec.entrypoint, spec.params):
             return self._submit_fanout(tenant, spec, limits)
@@ -143,7 +144,7 @@ class Service:
     def _submit_fanout(self, tenant: TenantRecord, spec: JobSpec,
                        limits: TenantLimits) -> JobRecord:
         """A footage `source`: its chunk jobs as one array and a merge job after it, planned
-        here (the files listed, the videos' durations probed: `e31.fanout.plan`) and stored
+        here (the files listed, the videos' durations probed: `e31.ops.fanout.plan`) and stored
         in one transaction; the merge job's record is the answer (docs/workloads.md)."""
         items, merge = self._fanout_specs(tenant, spec, limits)
         name = _array_name(spec.name or "footage")

@@ -4,7 +4,7 @@
 Every change is written to the audit log with who asked (the tenant and key of the token), what,
 when and from where (the client's address), in the transaction that makes the change.
 Bodies are typed strictly and their models carry this pool's size classes and the limits'
-ranges (`e31.limits`), so the OpenAPI document says exactly what is taken; what only the store
+ranges (`e31.core.limits`), so the OpenAPI document says exactly what is taken; what only the store
 knows answers 404 (no such tenant or token) or 409 (a name taken; an admin disabling itself).
 """
 
@@ -20,25 +20,25 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from e31.api import errors
 from e31.api.limits import DIGITS
-from e31.clock import utcnow
-from e31.errors import Conflict, Forbidden
-from e31.limits import (
+from e31.core.clock import utcnow
+from e31.core.errors import Conflict, Forbidden
+from e31.core.limits import (
     MAX_ARRAY_ITEMS_CAP,
     MAX_PRIORITY,
     MAX_QUEUED_CAP,
     MAX_RATE_PER_S,
     MAX_REQUEST_BYTES_CAP,
 )
-from e31.settings import Settings
+from e31.core.records import Actor, TenantRecord, TokenRecord
+from e31.edge.settings import Settings
 from e31.store import Repo
-from e31.store.records import Actor, TenantRecord, TokenRecord
 from e31.store.tenants import MAX_QUOTA_GPUS
 from e31.store.tokens import EXPIRY_MAX
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 AUDIT_LIMIT_MAX = 10_000
 AUDIT_LIMIT_DEFAULT = 1000
-REQUEST_MIN_BYTES = 1024     # the smallest max_request_bytes an admin may set (e31.limits)
+REQUEST_MIN_BYTES = 1024     # the smallest max_request_bytes an admin may set (e31.core.limits)
 _Name = Annotated[str, Field(pattern=NAME_PATTERN, description="letters, digits, '.', '_', '-'")]
 
 

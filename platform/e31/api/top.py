@@ -16,13 +16,14 @@ from typing import Any, Protocol
 import redis
 from fastapi import APIRouter, Depends
 
-from e31 import metrics, pool, scrape
 from e31.api import errors
-from e31.clock import utcnow
-from e31.heartbeat import gpu_ids
-from e31.settings import Settings
+from e31.core import metrics
+from e31.core.clock import utcnow
+from e31.core.records import LeaseHolder, TenantRecord
+from e31.edge.settings import Settings
+from e31.ops import pool, scrape
+from e31.ops.heartbeat import gpu_ids
 from e31.store.pool import RunningRow
-from e31.store.records import TenantRecord
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +65,9 @@ def snapshot(*, classes: Sequence[str], backlog: dict[str, tuple[int, datetime |
              running: Sequence[RunningRow], view: scrape.PoolView | None,
              viewer: TenantRecord, now: datetime) -> dict[str, Any]:
     """The answer of `/v1/top` (pure: the route reads, this shapes)."""
-    leases = [scrape.LeaseHolder(r.node or "", r.size_class, r.gpus,
-                                  bool(r.lease_expires_at and r.lease_expires_at > now),
-                                  held_gpus=r.held_gpus)
+    leases = [LeaseHolder(r.node or "", r.size_class, r.gpus,
+                          bool(r.lease_expires_at and r.lease_expires_at > now),
+                          held_gpus=r.held_gpus)
               for r in running]
     workers = view.workers if view is not None else ()
     slots = pool.slots(workers, leases, view.draining if view is not None else ())

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 
 import redis
 
-from e31 import keys
+from e31.core import keys
 
 log = logging.getLogger(__name__)
 

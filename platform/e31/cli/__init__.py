@@ -26,7 +26,7 @@ from e31.cli.common import (
     LOG_FORMAT,
     err,
 )
-from e31.errors import ConfigError, E31Error, SpecError
+from e31.core.errors import ConfigError, E31Error, SpecError
 
 __all__ = ["app", "main"]
 

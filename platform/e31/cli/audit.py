@@ -36,7 +36,7 @@ def audit(since: str | None = typer.Option(None, "--since", help="only lines at 
         events = call(tenancy(url, token).audit, since=at.isoformat() if at else None,
                       limit=limit)
     else:
-        from e31 import wiring
+        from e31.edge import wiring
         repo = wiring.repo(load_settings(home=home))
         events = [e.to_dict() for e in repo.audit_log(since=at, limit=limit)]
     if as_json:

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 if TYPE_CHECKING:
-    from e31.settings import Settings
+    from e31.edge.settings import Settings
 
 # Exit codes: 0 done; 1 the job failed (wait, result); 2 bad input (a refused spec, a bad
 # flag); 3 the API or a service could not be reached or answered with another error; 4 the
@@ -76,7 +76,7 @@ def print_json(value: Any) -> None:
 
 def load_settings(**overrides: Any) -> Settings:
     """The settings of this command: its flags (None: not given) over E31_* and the file."""
-    from e31.settings import Settings
+    from e31.edge.settings import Settings
     return Settings.load(overrides)
 
 

@@ -22,7 +22,7 @@ from e31.cli.common import (
     load_settings,
     out,
 )
-from e31.errors import ConfigError, E31Error
+from e31.core.errors import ConfigError, E31Error
 
 app = typer.Typer()
 

@@ -1,6 +1,6 @@
 """`e31 gc`: remove the artifacts of jobs that ended longer ago than the retention.
 
-Owns: the `gc` command and how it prints. The policy itself is `e31.retention.collect`.
+Owns: the `gc` command and how it prints. The policy itself is `e31.ops.retention.collect`.
 A dry run is the default; only `--delete` removes anything.
 May import: `e31.cli.common`, the `e31` core and store (lazily, inside the command).
 """
@@ -15,7 +15,7 @@ import typer
 from e31.cli.common import EXIT_INPUT, HomeOpt, JsonOpt, fail, load_settings, out, print_json
 
 if TYPE_CHECKING:
-    from e31.retention import GcReport
+    from e31.ops.retention import GcReport
 
 app = typer.Typer()
 
@@ -29,9 +29,9 @@ def gc(older_than: float | None = typer.Option(
                                    help="remove them (the default is a dry run that only lists)"),
        home: Path | None = HomeOpt, as_json: bool = JsonOpt) -> None:
     """Remove outputs, logs and checkpoints of old jobs; the jobs' rows and status stay."""
-    from e31 import wiring
-    from e31.clock import utcnow
-    from e31.retention import collect
+    from e31.core.clock import utcnow
+    from e31.edge import wiring
+    from e31.ops.retention import collect
     from e31.store.migrate import upgrade
     settings = load_settings(home=home)
     days = settings.artifact_retention_days if older_than is None else older_than

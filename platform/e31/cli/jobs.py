@@ -32,11 +32,11 @@ from e31.cli.common import (
     out,
     print_json,
 )
-from e31.errors import ClientError, JobFailed, JobTimeout, SpecError
-from e31.states import JobState
+from e31.core.errors import ClientError, JobFailed, JobTimeout, SpecError
+from e31.core.states import JobState
 
 if TYPE_CHECKING:
-    from e31.sweep import Sweep
+    from e31.ops.sweep import Sweep
 
 ARRAY_PREFIX = "a-"        # array ids; job ids start with "j-"
 ITEMS_SHOWN = 50           # items `e31 status a-…` lists in a table (--json lists all)
@@ -89,8 +89,8 @@ def _read_spec(spec_file: Path | None,
     """The spec file's body, the sweep (of --sweep, or the spec file itself when it is one) and
     the file that sweep came from; with a sweep, the body is the spec file over its base."""
     from e31.client.bundle import resolve_paths
-    from e31.spec import load_spec_file
-    from e31.sweep import is_sweep, load_sweep_file, merge_item, parse_sweep
+    from e31.core.spec import load_spec_file
+    from e31.ops.sweep import is_sweep, load_sweep_file, merge_item, parse_sweep
     sweep: Sweep | None = None
     try:
         body: dict[str, Any] = {}
@@ -284,7 +284,7 @@ def _say_bundles(client: Any) -> None:
 
 def _dry_run(client: Any, body: dict[str, Any], sweep: Sweep | None, *, as_json: bool) -> None:
     """Print what `submit` would store and upload for `body` (a sweep's first item)."""
-    from e31.sweep import merge_item
+    from e31.ops.sweep import merge_item
     if sweep is not None:
         body = merge_item(body, sweep.items()[0])
     answer = _call(client.dry_run, body)

@@ -1,7 +1,7 @@
 """`e31` service commands an operator runs: worker (and its --drain), api, scheduler, flower,
 and the `db` group (`e31 db upgrade`).
 
-Owns: these commands and the `db` sub-app. Every object is built through `e31.wiring`.
+Owns: these commands and the `db` sub-app. Every object is built through `e31.edge.wiring`.
 May import: `e31.cli.common`, the `e31` core and store, and, lazily inside the commands
 (`e31 --help` stays fast), the API, the scheduler, Celery, uvicorn and `e31_worker` (only in
 `e31 worker`).
@@ -34,10 +34,10 @@ from e31.cli.common import (
     print_json,
     setup_logging,
 )
-from e31.errors import E31Error
+from e31.core.errors import E31Error
 
 if TYPE_CHECKING:
-    from e31.settings import Settings
+    from e31.edge.settings import Settings
     from e31.store import Repo
 
 DRAIN_EXTRA_S = 60.0        # beyond the kill grace: a job's checkpoint upload and the record
@@ -125,8 +125,8 @@ def _drain(settings: Settings, *, nodes: list[str], host: str, wait: bool, as_js
     """`e31 worker --drain`: ask the nodes (or every live node of `host`) to drain, and wait.
     The request is recorded in the store, which a worker checks before it obeys the Redis key
     (anyone with the broker's URL can write that); so this needs the store too."""
-    from e31 import wiring
-    from e31.drain import live_nodes, request_drain, wait_drained
+    from e31.edge import wiring
+    from e31.ops.drain import live_nodes, request_drain, wait_drained
     r = wiring.redis_client(settings)
     targets = nodes or live_nodes(r, host=host)
     if not targets:
@@ -182,8 +182,8 @@ def _undrain(settings: Settings, *, nodes: list[str], host: str, as_json: bool) 
     of `host`), in Redis and in the store; a launcher that keeps drains starts them again."""
     import redis
 
-    from e31 import wiring
-    from e31.drain import clear_drain
+    from e31.edge import wiring
+    from e31.ops.drain import clear_drain
     repo = wiring.repo(settings)
     try:
         drained = [d.node for d in repo.drained_nodes()]
@@ -226,7 +226,7 @@ def api(host: str | None = typer.Option(None, "--host", help="[env E31_API_HOST]
 @app.command()
 def scheduler(home: Path | None = HomeOpt) -> None:
     """Publish queued jobs into their class queues (one leader; a second one waits)."""
-    from e31 import wiring
+    from e31.edge import wiring
     from e31.scheduling.leader import REDIS_SOCKET_TIMEOUT_S, Scheduler
     setup_logging("INFO")
     settings = load_settings(home=home)
@@ -244,9 +244,9 @@ def scheduler(home: Path | None = HomeOpt) -> None:
 def flower(home: Path | None = HomeOpt) -> None:
     """Flower on the same broker and settings, with basic auth on every route (its /metrics and
     /healthcheck too), on a private address."""
-    from e31 import wiring
     from e31.client.profile import read_profile
-    from e31.flowerauth import run
+    from e31.edge import wiring
+    from e31.edge.flowerauth import run
     settings = load_settings(home=home)
     password = settings.flower_password or read_profile(settings.home).get("flower_password")
     if not settings.redis_url or not password:
@@ -260,7 +260,7 @@ def flower(home: Path | None = HomeOpt) -> None:
 @db_app.command("upgrade")
 def db_upgrade(home: Path | None = HomeOpt, as_json: bool = JsonOpt) -> None:
     """Create or migrate the store's schema to the newest revision."""
-    from e31 import wiring
+    from e31.edge import wiring
     from e31.store.migrate import upgrade
     settings = load_settings(home=home)
     engine = wiring.repo(settings).engine

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 
 from e31.cli.common import EXIT_INPUT, EXIT_UNAVAILABLE, fail
-from e31.errors import ClientError
+from e31.core.errors import ClientError
 
 if TYPE_CHECKING:
     from e31.client.admin import Tenancy

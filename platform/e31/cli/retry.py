@@ -3,7 +3,7 @@
 Owns: the `retry` command and how it prints. The rule (the same jobs as their next attempt,
 and what their failure had cancelled queued again) is the store's: `Repo.retry_array`,
 through `POST /v1/arrays/{id}/retry` (docs/jobs.md, "Retry only what failed").
-May import: `e31.cli.common`, `e31.errors`, the client (lazily, inside the command).
+May import: `e31.cli.common`, `e31.core.errors`, the client (lazily, inside the command).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import typer
 
 from e31.cli.common import EXIT_INPUT, EXIT_UNAVAILABLE, JsonOpt, fail, out, print_json
-from e31.errors import ClientError
+from e31.core.errors import ClientError
 
 app = typer.Typer()
 

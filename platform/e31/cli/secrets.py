@@ -3,7 +3,7 @@
 Owns: the `secret` group and how it prints. The secrets live behind `/v1/secrets` (docs/security.md,
 "Secrets"); a value is read from stdin only, never from an argument (which `ps` and the shell's
 history would show), and never printed.
-May import: `e31.cli.common`, `e31.errors`, the client (lazily, inside the commands).
+May import: `e31.cli.common`, `e31.core.errors`, the client (lazily, inside the commands).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from e31.cli.common import EXIT_INPUT, EXIT_UNAVAILABLE, JsonOpt, fail, out, print_json
-from e31.errors import ClientError
+from e31.core.errors import ClientError
 
 app = typer.Typer(help="A tenant's secrets: given to the jobs that name them (secrets: [NAME]) "
                        "as environment variables; stored encrypted, never shown.",

@@ -35,10 +35,10 @@ from e31.cli.common import (
     out,
     print_json,
 )
-from e31.errors import ConfigError, E31Error
+from e31.core.errors import ConfigError, E31Error
 
 if TYPE_CHECKING:
-    from e31.settings import Settings
+    from e31.edge.settings import Settings
 
 DETACH_READY_TIMEOUT_S = 120.0
 DETACH_POLL_S = 0.3

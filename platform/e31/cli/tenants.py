@@ -2,7 +2,7 @@
 quotas and limits, whether they may use the pool, and their first API token.
 
 Owns: the `tenant` sub-app. On this machine each command migrates the store first and goes
-through the repository that `e31.wiring` builds (the audit log names the actor `local`); with
+through the repository that `e31.edge.wiring` builds (the audit log names the actor `local`); with
 `--url` (E31_URL) and an admin's `--token` (E31_TOKEN) it goes through the admin API instead.
 May import: `e31.cli.common`, `e31.cli.remote`, the `e31` core and store (lazily, inside the
 commands), `e31.client` (lazily, through `remote`).
@@ -18,10 +18,10 @@ import typer
 
 from e31.cli.common import EXIT_INPUT, HomeOpt, JsonOpt, fail, load_settings, out, print_json
 from e31.cli.remote import TokenOpt, UrlOpt, call, tenancy
-from e31.errors import Conflict, NotFound, SpecError
+from e31.core.errors import Conflict, NotFound, SpecError
 
 if TYPE_CHECKING:
-    from e31.settings import Settings
+    from e31.edge.settings import Settings
     from e31.store import Repo
 
 app = typer.Typer(help="Tenants: weight, quotas, limits, disable and enable.", no_args_is_help=True,
@@ -46,7 +46,7 @@ def tenant_create(name: str,
                   as_json: bool = JsonOpt) -> None:
     """Create a tenant; its first token (named default) is printed once (only its hash is
     stored)."""
-    from e31.clock import utcnow
+    from e31.core.clock import utcnow
     settings = load_settings(home=home)
     quotas = _quotas(quota, settings)
     limits = _limits(limit)
@@ -113,7 +113,7 @@ def tenant_update(name: str, weight: float | None = WeightOpt, quota: list[str] 
     shown = tenant.to_dict()
     text = f"tenant {tenant.name}: weight {tenant.weight:g}{_quota_text(tenant.quotas)}"
     if outputs is not None:   # asked about: its outputs quota and what it uses of it
-        from e31 import wiring
+        from e31.edge import wiring
         cap = (wiring.artifacts(settings).outputs_cap_bytes(settings.tenant_outputs_max_bytes)
                if outputs.max_bytes is None else outputs.max_bytes)
         shown.update(outputs_max_bytes=cap, outputs_bytes=outputs.used_bytes,
@@ -176,7 +176,7 @@ def _set_disabled(name: str, disabled: bool, *, url: str | None, token: str | No
     if url:
         shown = call(tenancy(url, token).set_disabled, name, disabled)
     else:
-        from e31.clock import utcnow
+        from e31.core.clock import utcnow
         repo = _migrated_repo(load_settings(home=home))
         try:
             shown = repo.set_tenant_disabled(name, disabled=disabled, now=utcnow()).to_dict()
@@ -203,7 +203,7 @@ def _text(t: dict[str, Any]) -> str:
 
 def _limits(items: list[str]) -> dict[str, Any]:
     """Parse `--limit NAME=VALUE` flags (a number each), checked as the admin API checks them."""
-    from e31.limits import check_limits
+    from e31.core.limits import check_limits
     raw: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -221,7 +221,7 @@ def _limits(items: list[str]) -> dict[str, Any]:
 
 def _migrated_repo(settings: Settings) -> Repo:
     """The store, its schema first brought to the newest revision (a fresh home works)."""
-    from e31 import wiring
+    from e31.edge import wiring
     from e31.store.migrate import upgrade
     repo = wiring.repo(settings)
     upgrade(repo.engine)

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from e31.cli.common import EXIT_INTERRUPTED, EXIT_UNAVAILABLE, JsonOpt, fail, out, print_json
-from e31.errors import ClientError
+from e31.core.errors import ClientError
 
 PATH = "/v1/top"
 REFRESH_DEFAULT_S = 2.0

@@ -4,10 +4,10 @@ writes for it (`profile`).
 
 Owns: everything a user's program needs to submit work and follow it over HTTP.
 
-May import: the `e31` core's job vocabulary and errors (`e31.spec`, `e31.errors`), httpx, and
-rich for the progress bars. Never the store, `e31.settings` or `e31.wiring` (a client holds
-a URL and a token, not the platform's configuration), the scheduler, the API's internals, the
-CLI, the local stack or `e31_worker`.
+May import: the `e31` core's job vocabulary and errors (`e31.core.spec`, `e31.core.errors`),
+httpx, and rich for the progress bars. Never the store or the edge (`e31.edge.settings`,
+`e31.edge.wiring`: a client holds a URL and a token, not the platform's configuration), the
+scheduler, the API's internals, the CLI, the local stack or `e31_worker`.
 """
 
 from e31.client.client import Client

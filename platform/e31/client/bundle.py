@@ -29,8 +29,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 import pathspec
 
-from e31.bundles import BUNDLE_SCHEME, bundle_input, input_scheme
-from e31.errors import ClientError, SpecError
+from e31.core.bundles import BUNDLE_SCHEME, bundle_input, input_scheme
+from e31.core.errors import ClientError, SpecError
 
 if TYPE_CHECKING:
     from e31.client.client import Client

@@ -19,7 +19,7 @@ import httpx
 from e31.client import bundle
 from e31.client.handles import ArrayHandle, JobHandle
 from e31.client.profile import read_profile
-from e31.errors import ClientError
+from e31.core.errors import ClientError
 
 DEFAULT_TIMEOUT_S = 30.0     # one HTTP call; waiting for a job polls, so no call lasts long
 UNAVAILABLE_RETRY_S = 60.0   # a read retried this long while the API answers 503

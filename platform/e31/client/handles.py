@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from e31.errors import ClientError, JobFailed, JobTimeout
-from e31.states import FINAL_STATES
+from e31.core.errors import ClientError, JobFailed, JobTimeout
+from e31.core.states import FINAL_STATES
 
 if TYPE_CHECKING:
     from e31.client.client import Client

@@ -41,9 +41,9 @@ from rich.table import Table
 
 from e31.client import ArrayHandle, Client, JobHandle
 from e31.client.profile import read_profile
-from e31.errors import ClientError, ConfigError, E31Error
+from e31.core.errors import ClientError, ConfigError, E31Error
+from e31.core.states import FINAL_STATES
 from e31.local.stack import STATE_FILE, pid_alive, stack_ready
-from e31.states import FINAL_STATES
 
 READY_TIMEOUT_S = 120.0      # `e31 up -d`'s own limit for a stack to come up
 STOP_TIMEOUT_S = 120.0       # `e31 down`'s: workers drain running jobs first

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import redis
 
-from e31.errors import ConfigError
+from e31.core.errors import ConfigError
 
 READY_TIMEOUT_S = 15.0
 

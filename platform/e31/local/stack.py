@@ -31,13 +31,13 @@ import httpx
 import redis
 from sqlalchemy.engine import make_url
 
-from e31 import keys
 from e31.client.profile import read_profile, write_profile
-from e31.clock import utcnow
-from e31.errors import ConfigError, Conflict
+from e31.core import keys
+from e31.core.clock import utcnow
+from e31.core.errors import ConfigError, Conflict
+from e31.edge.secrets import generate_key
+from e31.edge.settings import Settings
 from e31.local.redisserver import start_redis
-from e31.secrets import generate_key
-from e31.settings import Settings
 from e31.store import Repo, make_engine
 from e31.store.migrate import upgrade
 

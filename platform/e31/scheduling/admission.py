@@ -26,6 +26,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from e31.core.records import Candidate
+from e31.core.usage import DEFAULT_HALF_LIFE_S
 from e31.scheduling.fairshare import (
     BIG_JOB_MIN_GPUS,
     DEFAULT_RESERVE_AFTER_S,
@@ -34,8 +36,6 @@ from e31.scheduling.fairshare import (
     Tenant,
     quota_pending,
 )
-from e31.store.records import Candidate
-from e31.usage import DEFAULT_HALF_LIFE_S
 
 
 @dataclass(frozen=True)

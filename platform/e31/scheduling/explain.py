@@ -24,11 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from e31.heartbeat import WorkerInfo, gpu_ids
+from e31.core.records import JobRecord, QueueLoad, QueuePosition, SchedulingView, iso
+from e31.core.sizeclasses import SizeClass
+from e31.ops.heartbeat import WorkerInfo, gpu_ids
 from e31.scheduling import placement
 from e31.scheduling.fairshare import Pending, Reason, Tenant, estimated_start_s, position_in_queue
-from e31.settings import SizeClass
-from e31.store.records import JobRecord, QueueLoad, QueuePosition, SchedulingView, iso
 
 PUBLISHED = "published"     # not a policy reason: the job's message waits for a worker
 NO_WORKERS = "no_workers"   # read live from the heartbeats: no worker consumes the job's queue

@@ -15,11 +15,11 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 
-from e31.heartbeat import WorkerInfo, expand_gangs, gang_place, gang_slot
+from e31.core.records import Candidate, Published, RunningJob, TenantShare
+from e31.core.usage import UsageState
+from e31.ops.heartbeat import WorkerInfo, expand_gangs, gang_place, gang_slot
 from e31.scheduling.admission import Slot
 from e31.scheduling.fairshare import Tenant
-from e31.store.records import Candidate, Published, RunningJob, TenantShare
-from e31.usage import UsageState
 
 HEADROOM_NODE = "~headroom"   # sorts after real node names: real slots are filled first
 

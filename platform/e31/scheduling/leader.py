@@ -20,20 +20,20 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError as BrokerError
 
-from e31 import keys, metrics
-from e31.celeryapp import TASK_NAME
-from e31.clock import utcnow
-from e31.errors import SchedulingError, StoreError
-from e31.heartbeat import WorkerInfo, gang_place, read_workers
+from e31.core import keys, metrics
+from e31.core.clock import utcnow
+from e31.core.errors import SchedulingError, StoreError
+from e31.core.records import Candidate, SchedulingView
+from e31.core.sizeclasses import all_queues, node_queue, redis_priority
+from e31.core.spec import printable
+from e31.edge.celeryapp import TASK_NAME
+from e31.edge.settings import Settings
+from e31.ops.heartbeat import WorkerInfo, gang_place, read_workers
 from e31.scheduling import inputs
 from e31.scheduling.admission import AdmissionConfig, Decision, Dispatch, Slot, decide
 from e31.scheduling.fairshare import Reason
 from e31.scheduling.preemption import PreemptConfig, Waiter, plan
-from e31.settings import Settings
-from e31.sizeclasses import all_queues, node_queue, redis_priority
-from e31.spec import printable
 from e31.store import Repo
-from e31.store.records import Candidate, SchedulingView
 from e31.store.scheduling import running_gpus
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import redis
 
-from e31 import keys
-from e31.heartbeat import WorkerInfo, expand_gangs
-from e31.sizeclasses import QUEUE_PREFIX
+from e31.core import keys
+from e31.core.sizeclasses import QUEUE_PREFIX
+from e31.ops.heartbeat import WorkerInfo, expand_gangs
 
 NODE_MEMORY_S = 86400.0   # a node's shape counts for a day after its last heartbeat was seen
 

@@ -29,10 +29,10 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from e31.heartbeat import gang_place
+from e31.core.records import RunningJob
+from e31.ops.heartbeat import gang_place
 from e31.scheduling.admission import Slot
 from e31.scheduling.inputs import HEADROOM_NODE, held_set
-from e31.store.records import RunningJob
 
 DEFAULT_GRACE_S = 900.0          # how long a job waits before it may preempt
 DEFAULT_MIN_RUNTIME_S = 900.0    # how long an attempt runs before it may be preempted

@@ -17,19 +17,19 @@ from typing import Any
 from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from e31.errors import NotFound
-from e31.sizeclasses import Route
-from e31.spec import JobSpec
-from e31.states import AttemptReason, JobState
-from e31.store import bulk, deps, limits, transitions
-from e31.store.models import Array, Job, Tenant
-from e31.store.records import (
+from e31.core.errors import NotFound
+from e31.core.records import (
     ArrayItem,
     ArrayManifest,
     ArrayRecord,
     JobRecord,
     ManifestItem,
 )
+from e31.core.sizeclasses import Route
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason, JobState
+from e31.store import bulk, deps, limits, transitions
+from e31.store.models import Array, Job, Tenant
 from e31.store.rows import new_array_id, queued_job
 
 ARRAY_ID = re.compile(r"^a-[0-9a-f]{20}$")

@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from e31.errors import StoreError
-from e31.states import Isolation, JobState, Start
+from e31.core.errors import StoreError
+from e31.core.states import Isolation, JobState, Start
 from e31.store.models import Attempt, Job
 
 

@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from e31.core.records import Actor, AuditRecord
 from e31.store.models import AuditEvent
-from e31.store.records import Actor, AuditRecord
 
 READ_LIMIT_MAX = 10_000
 SOURCE_MAX = 100       # a client address as the column holds it

@@ -32,8 +32,8 @@ from datetime import datetime
 from sqlalchemy import Dialect, Exists, ScalarSelect, delete, exists, or_, select, update
 from sqlalchemy.orm import Session
 
-from e31.errors import SpecError
-from e31.states import FINAL_STATES, JobState
+from e31.core.errors import SpecError
+from e31.core.states import FINAL_STATES, JobState
 from e31.store import bulk, transitions
 from e31.store.db import unindexed
 from e31.store.models import Array, Job, JobDep

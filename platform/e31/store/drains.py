@@ -1,7 +1,7 @@
 """Drain requests, kept in the store: an operator's (`e31 worker --drain`), or a node's own
 when one of its GPUs reported an XID error (with the reason, shown by `e31 queue`).
 
-The worker node watches a Redis key (`e31.keys.drain`) at each heartbeat, but anyone who
+The worker node watches a Redis key (`e31.core.keys.drain`) at each heartbeat, but anyone who
 holds the broker's URL can write one; the key only rings the bell. The node drains only if
 the store, which no job and no broker client can write, holds a request for it
 (docs/security.md, "The broker is not a trust boundary"). A mixin of `Repo` (which
@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from e31.states import JobState
+from e31.core.states import JobState
 from e31.store.models import DrainRequest, Job
 
 

@@ -1,4 +1,4 @@
-"""The store's part of the limits per tenant (e31.limits): its most queued jobs, held under the
+"""The store's part of the limits per tenant (e31.core.limits): its most queued jobs, held under the
 same write transaction that inserts new ones.
 
 `hold_queued` locks the tenant's row (PostgreSQL: `SELECT … FOR UPDATE`; SQLite's write
@@ -11,8 +11,8 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from e31.errors import LimitExceeded, NotFound
-from e31.states import JobState
+from e31.core.errors import LimitExceeded, NotFound
+from e31.core.states import JobState
 from e31.store.models import Job, Tenant
 
 QUEUED_RETRY_AFTER_S = 30   # what a refusal at max_queued suggests: jobs start in about that

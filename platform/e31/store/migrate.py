@@ -9,7 +9,7 @@ from alembic.config import Config
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
-from e31.errors import StoreUnavailable
+from e31.core.errors import StoreUnavailable
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 

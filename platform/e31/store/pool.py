@@ -6,7 +6,7 @@ indexes (bounded by the backlog and the pool); the histograms read the starts an
 recent window through `ix_attempts_started` and `ix_jobs_ended`; the counters (jobs ended,
 attempts ended, GPU-seconds) read the jobs ended since a recent watermark through
 `ix_jobs_ended`, and their attempts by job: the history before it is read once per process
-(`e31.scrape.EndedTally`).
+(`e31.ops.scrape.EndedTally`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, case, func, or_, select, union_all
 from sqlalchemy.orm import Session
 
-from e31.metrics import RUN_BUCKETS_S, WAIT_BUCKETS_S
-from e31.scrape import LeaseHolder, PoolCounts, Spread, Totals
-from e31.states import JobState
+from e31.core.metrics import RUN_BUCKETS_S, WAIT_BUCKETS_S
+from e31.core.records import LeaseHolder, PoolCounts, Spread, Totals
+from e31.core.states import JobState
 from e31.store.db import unindexed
 from e31.store.models import Attempt, Job, Tenant
 

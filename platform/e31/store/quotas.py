@@ -17,7 +17,7 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from e31.errors import NotFound, SpecError
+from e31.core.errors import NotFound, SpecError
 from e31.store.models import Job, Tenant
 
 MAX_OUTPUTS_BYTES = 1 << 62   # a typo guard: no store holds this much

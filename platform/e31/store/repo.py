@@ -19,10 +19,18 @@ from sqlalchemy import ColumnElement, Engine, func, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from e31.errors import NotFound, StoreError, StoreUnavailable
-from e31.sizeclasses import OomRule, Route
-from e31.spec import JobSpec, RetryPolicy
-from e31.states import AttemptReason, JobState
+from e31.core.errors import NotFound, StoreError, StoreUnavailable
+from e31.core.records import (
+    AttemptRecord,
+    Claim,
+    JobRecord,
+    Outcome,
+    Renewal,
+    UsageRow,
+)
+from e31.core.sizeclasses import OomRule, Route
+from e31.core.spec import JobSpec, RetryPolicy
+from e31.core.states import AttemptReason, JobState
 from e31.store import deps, tenants, transitions
 from e31.store.arrays import ArrayQueries
 from e31.store.attempts import AttemptQueries
@@ -32,14 +40,6 @@ from e31.store.limits import hold_queued
 from e31.store.models import Attempt, Job, Tenant
 from e31.store.pool import PoolQueries
 from e31.store.quotas import QuotaQueries
-from e31.store.records import (
-    AttemptRecord,
-    Claim,
-    JobRecord,
-    Outcome,
-    Renewal,
-    UsageRow,
-)
 from e31.store.rows import queued_job, seconds
 from e31.store.scheduling import SchedulerQueries
 from e31.store.secrets import SecretQueries
@@ -58,7 +58,7 @@ class Repo(ArrayQueries, AttemptQueries, DrainQueries, PoolQueries, QuotaQueries
            SchedulerQueries, TenancyQueries, SecretQueries):
     """All database access, over one engine. `half_life_s` decays tenants' usage when an
     attempt's bill is added: `fair_share_half_life_s`, the same in every process, so it has
-    no default here (`e31.wiring.repo` builds a Repo from settings)."""
+    no default here (`e31.edge.wiring.repo` builds a Repo from settings)."""
 
     def __init__(self, engine: Engine, *, half_life_s: float) -> None:
         self._engine = engine

@@ -6,9 +6,9 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from e31.sizeclasses import Route
-from e31.spec import JobSpec
-from e31.states import JobState
+from e31.core.sizeclasses import Route
+from e31.core.spec import JobSpec
+from e31.core.states import JobState
 
 CHUNK = 500   # ids per `IN (...)`: well under any backend's bind limit
 

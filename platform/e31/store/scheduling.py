@@ -19,11 +19,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import ColumnElement, and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from e31.states import JobState
-from e31.store import deps
-from e31.store.db import unindexed
-from e31.store.models import Attempt, Job, Tenant
-from e31.store.records import (
+from e31.core.records import (
     Candidate,
     Published,
     QueueLoad,
@@ -32,6 +28,10 @@ from e31.store.records import (
     SchedulingView,
     TenantShare,
 )
+from e31.core.states import JobState
+from e31.store import deps
+from e31.store.db import unindexed
+from e31.store.models import Attempt, Job, Tenant
 from e31.store.rows import CHUNK
 
 QUEUED = JobState.QUEUED.value

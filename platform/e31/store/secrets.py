@@ -1,4 +1,4 @@
-"""Tenants' secrets in the store: names, dates and Fernet ciphertexts (`e31.secrets` encrypts
+"""Tenants' secrets in the store: names, dates and Fernet ciphertexts (`e31.edge.secrets` encrypts
 and decrypts; the store never sees a value). A mixin of `Repo` (which supplies `_session`).
 
 Every query is scoped by the tenant: another tenant's secret of the same name is a different
@@ -16,10 +16,10 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from e31.errors import NotFound
+from e31.core.errors import NotFound
+from e31.core.records import LOCAL_ACTOR, Actor
 from e31.store import audit
 from e31.store.models import Secret, Tenant
-from e31.store.records import LOCAL_ACTOR, Actor
 
 
 @dataclass(frozen=True)

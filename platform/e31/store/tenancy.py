@@ -17,12 +17,12 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from e31.clock import utcnow
-from e31.errors import Conflict, StoreError
-from e31.limits import check_limits
+from e31.core.clock import utcnow
+from e31.core.errors import Conflict, StoreError
+from e31.core.limits import check_limits
+from e31.core.records import LOCAL_ACTOR, Actor, AuditRecord, TenantRecord, TokenRecord
 from e31.store import audit, tenants, tokens
 from e31.store.models import Tenant
-from e31.store.records import LOCAL_ACTOR, Actor, AuditRecord, TenantRecord, TokenRecord
 
 
 class TenancyQueries:

@@ -17,11 +17,11 @@ from sqlalchemy import select
 from sqlalchemy import update as sql_update
 from sqlalchemy.orm import Session
 
-from e31.errors import NotFound, SpecError
-from e31.limits import check_limits
+from e31.core.errors import NotFound, SpecError
+from e31.core.limits import check_limits
+from e31.core.records import TenantRecord
+from e31.core.usage import UsageState
 from e31.store.models import Job, Tenant
-from e31.store.records import TenantRecord
-from e31.usage import UsageState
 
 MAX_QUOTA_GPUS = 1_000_000   # a typo guard, far above any pool
 TENANT_DISABLED = "tenant_disabled"   # the pending reason (e31.scheduling.fairshare.Reason)

@@ -23,9 +23,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
-from e31.errors import Conflict, NotFound, SpecError
+from e31.core.errors import Conflict, NotFound, SpecError
+from e31.core.records import TokenRecord
 from e31.store.models import ApiKey, Tenant
-from e31.store.records import TokenRecord
 
 TOKEN_PREFIX = "e31_"
 TOKEN_BYTES = 32               # 256 random bits

@@ -1,4 +1,4 @@
-"""The one way the store changes a job's state, checked against `e31.states.TRANSITIONS`.
+"""The one way the store changes a job's state, checked against `e31.core.states.TRANSITIONS`.
 
 `move(ids, src, dst)` is an `UPDATE jobs SET state = dst WHERE id … AND state = src`, built
 only after the table allowed `src -> dst` (`IllegalTransition` otherwise). Every state change
@@ -18,8 +18,8 @@ from datetime import datetime
 from sqlalchemy import Update, delete, update
 from sqlalchemy.orm import Session
 
-from e31.errors import IllegalTransition
-from e31.states import JobState, can_transition
+from e31.core.errors import IllegalTransition
+from e31.core.states import JobState, can_transition
 from e31.store.db import unindexed
 from e31.store.models import Job, JobDep
 from e31.store.rows import CHUNK, seconds
@@ -62,7 +62,7 @@ def cancel_queued(s: Session, jobs: Sequence[tuple[str, datetime | None]], *, no
 # A resubmit (`e31 retry A-ID --failed`) is the one way out of a final state, and only for
 # an array's failed or cancelled items and the jobs that were cancelled because one of them
 # failed: the same job runs again as its next attempt. It is kept apart from
-# `e31.states.TRANSITIONS`, which says what a job's own life allows (a final state stays
+# `e31.core.states.TRANSITIONS`, which says what a job's own life allows (a final state stays
 # final there): only `resubmit` takes these steps, each asked for by the job's owner.
 RESUBMITS: dict[JobState, JobState] = {JobState.FAILED: JobState.QUEUED,
                                        JobState.CANCELLED: JobState.QUEUED}

@@ -24,11 +24,12 @@ import httpx
 import pytest
 import redis
 
-from e31 import keys, wiring
 from e31.client import Client
-from e31.clock import utcnow
+from e31.core import keys
+from e31.core.clock import utcnow
+from e31.edge import wiring
+from e31.edge.settings import Settings
 from e31.local.redisserver import free_port, start_redis
-from e31.settings import Settings
 from e31.store.migrate import upgrade
 from tests.conftest import stop_process_groups, wait_for
 

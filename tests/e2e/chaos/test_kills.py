@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from e31.errors import JobFailed
+from e31.core.errors import JobFailed
 from tests.conftest import host_pid, process_alive, process_state, wait_for
 
 from .conftest import Cluster, billed_seconds, parse_ts, running_cluster, trail

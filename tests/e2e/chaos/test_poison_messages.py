@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 from kombu import Connection, Exchange, Producer
 
-from e31.celeryapp import broker_transport_options, make_celery
-from e31.errors import JobFailed
-from e31.settings import Settings
+from e31.core.errors import JobFailed
+from e31.edge.celeryapp import broker_transport_options, make_celery
+from e31.edge.settings import Settings
 from tests.conftest import wait_for
 
 from .conftest import Cluster, make_cluster

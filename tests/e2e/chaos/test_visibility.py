@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from kombu import Connection
 
-from e31.celeryapp import broker_transport_options
-from e31.settings import Settings
+from e31.edge.celeryapp import broker_transport_options
+from e31.edge.settings import Settings
 from tests.conftest import wait_for
 
 from .conftest import Cluster, billed_seconds, running_cluster, trail

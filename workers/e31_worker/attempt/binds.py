@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from e31.settings import Settings
+from e31.edge.settings import Settings
 
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 STAGE_DIR = Path("/run/e31-sandbox")  # staging mount point (a tmpfs in the child's namespace)

@@ -1,7 +1,7 @@
 """The sandbox a job environment's build runs in (`UvBuild`, with `isolation = "sandbox"`).
 
 uv reads what a job's requirements name; run as root outside any sandbox, it would read any
-file of the host (the requirements check, `e31.requirements`, keeps such lines out; this is
+file of the host (the requirements check, `e31.core.requirements`, keeps such lines out; this is
 the second wall, for whatever a line the check takes could still make uv read). So the build
 runs as the job's does: as its tenant's unprivileged uid (`Sandbox.uid_for`), in bubblewrap's
 user, mount, PID, IPC, UTS and cgroup namespaces, seeing the system and the worker's Python

@@ -8,7 +8,7 @@ hash and renames it into place, and the cache's index is changed only under an e
 bundle is handed out as an open file: evicting it meanwhile cannot pull it from under a
 reader.
 
-`unpack` extracts with tarfile's `data` filter after `e31.bundles.tar_problems` (no path out,
+`unpack` extracts with tarfile's `data` filter after `e31.core.bundles.tar_problems` (no path out,
 no link out, no device), then takes the write bits off everything (`chmod a-w`), so the job's
 code is read-only; `remove_tree` gives them back to a directory tree before removing it.
 """
@@ -28,11 +28,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-from e31.blobs import BundleStore
-from e31.bundles import DIGEST, tar_problems
-from e31.errors import SetupError
-from e31.settings import Settings
-from e31.store.records import Claim
+from e31.core.bundles import DIGEST, tar_problems
+from e31.core.errors import SetupError
+from e31.core.records import Claim
+from e31.edge.bundlestore import BundleStore
+from e31.edge.settings import Settings
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.supervisor import AttemptPlan
 

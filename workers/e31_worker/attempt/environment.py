@@ -14,7 +14,7 @@ package's own dependencies are the worker's, satisfied already).
 
 Wheels only (`--no-build`): building a source distribution would run its code.
 
-Requirements are requirements, nothing else (`e31.requirements`): the API refuses an option,
+Requirements are requirements, nothing else (`e31.core.requirements`): the API refuses an option,
 a path or a URL in `python.pip` or the requirements file at submit, and `EnvRequest.of` and
 `UvBuild` refuse them again (a spec stored before that check) with a `SetupError` naming the
 field and the line, before uv runs. The index a build uses is the operator's: uv gets it from
@@ -51,11 +51,11 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from e31.clock import utcnow
-from e31.errors import SetupError
-from e31.requirements import REQUIREMENTS_MAX_BYTES, requirement_problem, requirements_refusals
-from e31.settings import Settings
-from e31.spec import PythonEnv
+from e31.core.clock import utcnow
+from e31.core.errors import SetupError
+from e31.core.requirements import REQUIREMENTS_MAX_BYTES, requirement_problem, requirements_refusals
+from e31.core.spec import PythonEnv
+from e31.edge.settings import Settings
 from e31_worker.attempt.buildbox import BuildSandbox, operator_paths
 from e31_worker.attempt.envcache import Beat, EnvCache, JobEnv
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Tick

@@ -1,4 +1,4 @@
-"""An `http(s)://` input, fetched only from addresses the pool allows (e31.addresses).
+"""An `http(s)://` input, fetched only from addresses the pool allows (e31.core.addresses).
 
 The worker fetches an input from its own network, whatever the job's: so the address it
 connects to must be public or inside `input_allowed_networks`, or a tenant could stage the
@@ -23,8 +23,8 @@ from pathlib import Path
 import httpcore
 import httpx
 
-from e31.addresses import ALLOW_HINT, refusal
-from e31.errors import SetupError
+from e31.core.addresses import ALLOW_HINT, refusal
+from e31.core.errors import SetupError
 
 HTTP_TIMEOUT_S = 60.0     # between two reads of an http(s) input, not for the whole of it
 MAX_REDIRECTS = 10        # hops one input may take; httpx's own default is 20

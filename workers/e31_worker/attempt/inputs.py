@@ -7,7 +7,7 @@ rights). `http(s)://` is read with httpx (one file), from a public address or on
 `input_allowed_networks` only, checked at every connection (`e31_worker.attempt.http_inputs`);
 `s3://` with fsspec, which needs `s3fs` installed on the workers: anonymously or with the
 inputs' own credentials, never the artifact store's, and never from the store's bucket/prefix
-(`e31.s3inputs`). A local `file://` tree is copied without following a link, so a link planted
+(`e31.edge.s3inputs`). A local `file://` tree is copied without following a link, so a link planted
 in a shared directory does not hand a job what it points at. An input that cannot be staged
 fails the attempt with reason `setup`, naming it (docs/jobs.md, "Bring your code, environment
 and data").
@@ -35,9 +35,7 @@ from typing import IO, Any
 import fsspec
 import httpx
 
-from e31.artifacts import scan_tree
-from e31.blobs import BundleStore
-from e31.bundles import (
+from e31.core.bundles import (
     ARRAY_INPUT,
     beneath,
     file_input_path,
@@ -45,10 +43,12 @@ from e31.bundles import (
     parse_array_input,
     parse_bundle_input,
 )
-from e31.errors import NotFound, SetupError
-from e31.s3inputs import artifact_store_input, input_storage_options, same_credentials
-from e31.settings import Settings
-from e31.store.records import Claim
+from e31.core.errors import NotFound, SetupError
+from e31.core.records import Claim
+from e31.edge.artifacts import scan_tree
+from e31.edge.bundlestore import BundleStore
+from e31.edge.s3inputs import artifact_store_input, input_storage_options, same_credentials
+from e31.edge.settings import Settings
 from e31_worker.attempt.binds import exposes, protected_paths
 from e31_worker.attempt.bundle import cache_for, remove_tree, unpack
 from e31_worker.attempt.http_inputs import download
@@ -120,7 +120,8 @@ def _stage(svc: AttemptServices, claim: Claim, source: str, target: Path,
 
 def _copy_s3(settings: Settings, source: str, target: Path) -> None:
     """An `s3://` input: never the artifact store's objects (as at submit, checked again for
-    a spec that reached the queue otherwise), never read with its credentials (e31.s3inputs)."""
+    a spec that reached the queue otherwise), never read with its credentials
+    (e31.edge.s3inputs)."""
     refused = artifact_store_input(source, settings.resolved_artifacts_url)
     if refused is None:
         refused = same_credentials(settings)

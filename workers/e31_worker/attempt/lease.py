@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 import time
 
-from e31.clock import utcnow
-from e31.store.records import Claim
+from e31.core.clock import utcnow
+from e31.core.records import Claim
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.shipping import Shipper
 from e31_worker.attempt.supervisor import Directive

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e31.errors import StoreError
-from e31.settings import Settings
-from e31.spec import JobSpec
+from e31.core.errors import StoreError
+from e31.core.records import Claim
+from e31.core.spec import JobSpec
+from e31.edge.settings import Settings
 from e31.store import Repo
 from e31.store.attempts import AttemptFacts
-from e31.store.records import Claim
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from e31.settings import Settings
+from e31.edge.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -16,13 +16,13 @@ from typing import Any, TypeVar
 
 import redis
 
-from e31 import keys, metrics
-from e31.clock import utcnow
-from e31.errors import StoreError
-from e31.sizeclasses import OomRule
-from e31.spec import JobSpec
-from e31.states import AttemptReason
-from e31.store.records import Claim, Outcome
+from e31.core import keys, metrics
+from e31.core.clock import utcnow
+from e31.core.errors import StoreError
+from e31.core.records import Claim, Outcome
+from e31.core.sizeclasses import OomRule
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.shipping import Shipper
 

@@ -71,12 +71,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from e31.errors import ConfigError, StoreError
-from e31.settings import Settings
-from e31.states import Isolation, Start
+from e31.core.errors import ConfigError, StoreError
+from e31.core.records import Claim
+from e31.core.states import Isolation, Start
+from e31.edge.settings import Settings
 from e31.store import Repo
 from e31.store.attempts import AttemptFacts
-from e31.store.records import Claim
 from e31_worker.attempt.binds import (
     SYSTEM_PATHS,
     enter_as,

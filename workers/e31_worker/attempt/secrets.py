@@ -11,9 +11,9 @@ fails the attempt with reason `setup` (no retry), saying which name.
 
 from __future__ import annotations
 
-from e31.errors import SecretsUnavailable, SetupError
-from e31.secrets import NO_KEY, SecretBox
-from e31.store.records import Claim
+from e31.core.errors import SecretsUnavailable, SetupError
+from e31.core.records import Claim
+from e31.edge.secrets import NO_KEY, SecretBox
 from e31_worker.attempt.services import AttemptServices
 
 

@@ -15,10 +15,10 @@ from typing import Protocol
 
 import redis
 
-from e31.artifacts import ArtifactStore
-from e31.heartbeat import GpuSample, WorkerInfo
-from e31.settings import Settings
-from e31.states import Isolation
+from e31.core.states import Isolation
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.settings import Settings
+from e31.ops.heartbeat import GpuSample, WorkerInfo
 from e31.store import Repo
 from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.gangs import GpuLedger, ledger_for

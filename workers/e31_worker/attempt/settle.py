@@ -19,7 +19,7 @@ import json
 import logging
 from pathlib import Path
 
-from e31.store.records import Claim
+from e31.core.records import Claim
 from e31_worker.attempt.bundle import remove_tree
 from e31_worker.attempt.record import CLAIM_FILE, claim_from_file_data, finish_attempt
 from e31_worker.attempt.services import AttemptServices

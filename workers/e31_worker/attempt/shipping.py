@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from e31.artifacts import Refused, log_name, refusal, scan_tree
-from e31.store.records import Claim
+from e31.core.records import Claim
+from e31.edge.artifacts import Refused, log_name, refusal, scan_tree
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.supervisor import AttemptPlan
 

@@ -31,9 +31,9 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Protocol
 
-from e31.spec import JobSpec
-from e31.states import AttemptReason, Start
-from e31.store.records import Outcome
+from e31.core.records import Outcome
+from e31.core.spec import JobSpec
+from e31.core.states import AttemptReason, Start
 from e31_worker.attempt.cgroups import JobCgroup, JobCgroups
 from e31_worker.attempt.groups import GroupRegistry
 from e31_worker.attempt.jobenv import inherited_env

@@ -15,13 +15,13 @@ from typing import Any
 
 from celery import Celery
 
-from e31.celeryapp import TASK_NAME
-from e31.clock import utcnow
-from e31.errors import SetupError, StoreError
-from e31.heartbeat import wake
-from e31.states import AttemptReason
+from e31.core.clock import utcnow
+from e31.core.errors import SetupError, StoreError
+from e31.core.records import Claim, Outcome
+from e31.core.states import AttemptReason
+from e31.edge.celeryapp import TASK_NAME
+from e31.ops.heartbeat import wake
 from e31.store.attempts import AttemptFacts
-from e31.store.records import Claim, Outcome
 from e31.store.repo import JOB_ID
 from e31_worker.attempt.buildbox import BuildSandbox
 from e31_worker.attempt.bundle import remove_tree, stage_code

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from e31.states import AttemptReason, JobState
+from e31.core.states import AttemptReason, JobState
 
 ERROR_SHOWN_CHARS = 300     # of an attempt's error message, in what Flower shows
 NO_ATTEMPT = "no attempt: the message claimed no job (the worker's log says why)"

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from e31.clock import utcnow
-from e31.errors import StoreError
-from e31.heartbeat import GpuSample
+from e31.core.clock import utcnow
+from e31.core.errors import StoreError
+from e31.core.records import Claim
+from e31.ops.heartbeat import GpuSample
 from e31.store.attempts import AttemptFacts
-from e31.store.records import Claim
 from e31_worker.attempt.services import AttemptServices, GpuSampler, HeldGpus
 from e31_worker.attempt.supervisor import AttemptPlan, Directive, Tick
 

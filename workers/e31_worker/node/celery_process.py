@@ -17,10 +17,10 @@ from typing import Any
 
 from celery import signals
 
-from e31 import wiring
-from e31.drain import drain_authorized, request_drain
-from e31.heartbeat import WorkerInfo
-from e31.settings import Settings
+from e31.edge import wiring
+from e31.edge.settings import Settings
+from e31.ops.drain import drain_authorized, request_drain
+from e31.ops.heartbeat import WorkerInfo
 from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.gangs import ledger_for
 from e31_worker.attempt.groups import GroupRegistry, NodeLock

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from e31.errors import ConfigError
+from e31.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

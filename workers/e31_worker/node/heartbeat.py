@@ -3,14 +3,14 @@ and watches for an operator's drain request.
 
 A drain request's Redis key only rings the bell: anyone holding the broker's URL can write
 one. The node drains only when `drain_authorized` (the store's record of the request,
-`e31.drain`) says an operator asked; a key without it is logged `drain_unauthorized` and
+`e31.ops.drain`) says an operator asked; a key without it is logged `drain_unauthorized` and
 ignored (docs/security.md, "The broker is not a trust boundary").
 
 A GPU that reports an XID error its job cannot have caused takes the node out of service
 the same way, on the node's own authority: the request, with its reason, is written to the
 store (shown by `e31 queue`) and logged `gpu_xid_drain` (`e31_worker.node.telemetry`).
 
-It writes through `e31.heartbeat` (one record type for every reader), with the latest
+It writes through `e31.ops.heartbeat` (one record type for every reader), with the latest
 reading of each of the node's GPUs. The attempt layer sees it only as the `busy` callback
 and the `draining` event of its `AttemptServices`.
 """
@@ -23,9 +23,10 @@ from collections.abc import Callable
 
 import redis
 
-from e31 import heartbeat, keys
-from e31.errors import E31Error, StoreError
-from e31.heartbeat import WorkerInfo
+from e31.core import keys
+from e31.core.errors import E31Error, StoreError
+from e31.ops import heartbeat
+from e31.ops.heartbeat import WorkerInfo
 from e31_worker.node.telemetry import GpuMonitor, GpuView
 
 log = logging.getLogger(__name__)

@@ -19,12 +19,19 @@ from datetime import timedelta
 
 import redis
 
-from e31 import wiring
-from e31.clock import utcnow
-from e31.drain import DRAIN_REQUEST_TTL_S, clear_drain
-from e31.errors import ConfigError, E31Error
-from e31.settings import Settings, SizeClass
-from e31.sizeclasses import class_for_gpu, cpu_class, node_queue, queue_name, spill_queues
+from e31.core.clock import utcnow
+from e31.core.errors import ConfigError, E31Error
+from e31.core.sizeclasses import (
+    SizeClass,
+    class_for_gpu,
+    cpu_class,
+    node_queue,
+    queue_name,
+    spill_queues,
+)
+from e31.edge import wiring
+from e31.edge.settings import Settings
+from e31.ops.drain import DRAIN_REQUEST_TTL_S, clear_drain
 from e31_worker.attempt.supervisor import PR_SET_PDEATHSIG, prctl_function
 from e31_worker.node.celery_process import EXIT_DRAINED
 from e31_worker.node.gpus import Gpu

@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from e31.heartbeat import GpuSample
+from e31.ops.heartbeat import GpuSample
 from e31_worker.attempt.services import HeldGpus
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ counts, mean score; and the decoder used). A job may cover a part of a file (`st
 drained, preempted or lost attempt resumes after its last committed frame.
 
 A `source` param instead of `path` makes one submit a whole fan-out: chunk jobs in an array
-and a merge job (`e31.fanout`, `footage_merge`); `plan_chunks` splits files by hand.
+and a merge job (`e31.ops.fanout`, `footage_merge`); `plan_chunks` splits files by hand.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import numpy
 import torch
 
-from e31.fanout import decode_threads_ok, is_image, plan_chunks
+from e31.core.footage import decode_threads_ok, is_image, plan_chunks
 from e31_worker.child.context import JobContext
 from e31_worker.workloads.models import build_model
 from e31_worker.workloads.pipeline import (

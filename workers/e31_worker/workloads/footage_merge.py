@@ -1,6 +1,6 @@
 """The merge job of a footage fan-out: the chunk jobs' outputs into one result.
 
-`e31.fanout.plan` gives this job its params (the files in source order, each with the array
+`e31.ops.fanout.plan` gives this job its params (the files in source order, each with the array
 items that cover it) and one input, `chunks`: the array's outputs, staged by the worker as
 `chunks/<item index>/<output path>` (`array:<id>/outputs`, docs/jobs.md). It writes
 `frames.jsonl` (every sampled frame of the source, in source then time order: the rows a
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e31.fanout import CHUNKS_INPUT
+from e31.core.footage import CHUNKS_INPUT
 from e31_worker.child.context import JobContext
 from e31_worker.workloads.footage import summary_of
 
@@ -28,7 +28,7 @@ ITEM_DIR = "{:06d}"   # how the worker names an item's directory in the staged i
 
 def merge(ctx: JobContext, files: list[dict[str, Any]], total_frames: int = 0,
           fps: float | None = None, labels: list[str] | None = None) -> dict[str, Any]:
-    """Join the chunks of every file in `files` (as `e31.fanout.plan` listed them)."""
+    """Join the chunks of every file in `files` (as `e31.ops.fanout.plan` listed them)."""
     started = time.monotonic()
     root = Path(ctx.input_path(CHUNKS_INPUT))
     out = ctx.output_dir

@@ -1,6 +1,6 @@
 """Video files with PyAV: a rendered test clip, durations, and frames sampled at a rate.
 
-Which frames a span keeps is `e31.fanout.Sampler`'s rule (shared with the planner). On a
+Which frames a span keeps is `e31.core.footage.Sampler`'s rule (shared with the planner). On a
 GPU, `open_decoder` asks PyAV for NVDEC (`hwaccel` cuda) and falls back to the CPU where the
 build or the driver cannot; the decoder used is reported (`decoder`: "cpu" or "cuda").
 """
@@ -16,7 +16,7 @@ import av
 import fsspec
 import numpy
 
-from e31.fanout import (
+from e31.core.footage import (
     IMAGE_SUFFIXES,
     SEEK_MARGIN_S,
     TIME_EPS_S,

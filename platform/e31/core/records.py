@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from e31.clock import utcnow
-from e31.spec import JobSpec
-from e31.states import FINAL_STATES, AttemptReason, JobState
+from e31.core.clock import utcnow
+from e31.core.spec import JobSpec
+from e31.core.states import FINAL_STATES, AttemptReason, JobState
 
 
 def iso(ts: datetime | None) -> str | None:
@@ -420,3 +421,66 @@ class UsageRow:
                 "gpu_seconds": round(self.gpu_seconds, 3),
                 "run_seconds": round(self.run_seconds, 3),
                 "queued_seconds": round(self.queued_seconds, 3)}
+
+
+# -- the pool as the store counts it (e31.store.pool; e31.ops.scrape reads it) ----------
+
+JobKey = tuple[str, str, str]       # (state, class, tenant id)
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Sums over a set of jobs: jobs and GPU-seconds per (state, class, tenant id), ended
+    attempts per (class, reason). Two sets' totals add up (`+`)."""
+
+    jobs: Mapping[JobKey, int] = field(default_factory=dict)
+    gpu_seconds: Mapping[JobKey, float] = field(default_factory=dict)
+    attempts: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
+    def __add__(self, other: Totals) -> Totals:
+        def add(a: Mapping[Any, Any], b: Mapping[Any, Any]) -> dict[Any, Any]:
+            out = dict(a)
+            for k, v in b.items():
+                out[k] = out.get(k, 0) + v
+            return out
+        return Totals(add(self.jobs, other.jobs), add(self.gpu_seconds, other.gpu_seconds),
+                      add(self.attempts, other.attempts))
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One class's histogram: how many values fell at or below each bound (cumulative, in
+    the order of `bounds_s`), how many there were in all and their sum."""
+
+    bounds_s: tuple[float, ...]
+    at_or_below: tuple[int, ...]
+    count: int
+    sum_s: float
+
+    @classmethod
+    def empty(cls, bounds_s: tuple[float, ...]) -> Spread:
+        return cls(bounds_s, tuple(0 for _ in bounds_s), 0, 0.0)
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    """A running job's lease: the node that holds it, the job's class and GPUs, and whether
+    the lease is still live."""
+
+    node: str
+    size_class: str
+    gpus: int
+    live: bool
+    held_gpus: str = ""     # its attempt's GPU indexes on the node's host ("0,1")
+
+
+@dataclass(frozen=True)
+class PoolCounts:
+    """What the metrics read from the store at each scrape, besides the settled history."""
+
+    current: Totals                                   # live jobs, and those ended since a time
+    tenants: Mapping[str, str]                        # tenant id -> name
+    oldest_queued_at: Mapping[str, datetime]          # class -> oldest runnable job's wait
+    queue_wait: Mapping[str, Spread]                  # class -> jobs started in the window
+    run_time: Mapping[str, Spread]                    # class -> jobs ended in the window
+    holders: tuple[LeaseHolder, ...]

@@ -5,9 +5,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from e31.errors import ConfigError, SpecError
-from e31.settings import SizeClass
-from e31.spec import MAX_GPUS_PER_JOB, JobSpec
+from pydantic import BaseModel, ConfigDict, Field
+
+from e31.core.errors import ConfigError, SpecError
+from e31.core.spec import MAX_GPUS_PER_JOB, JobSpec
+
+
+class SizeClass(BaseModel):
+    """A class of GPUs by memory; `gpu_mem_gb = 0` is the CPU class."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    gpu_mem_gb: int = Field(ge=0)
+
+
+DEFAULT_SIZE_CLASSES = (
+    SizeClass(name="cpu", gpu_mem_gb=0),
+    SizeClass(name="gpu24", gpu_mem_gb=24),
+    SizeClass(name="gpu48", gpu_mem_gb=48),
+    SizeClass(name="gpu80", gpu_mem_gb=80),
+    SizeClass(name="gpu141", gpu_mem_gb=141),
+)
+
 
 QUEUE_PREFIX = "e31."
 # A GPU's reported memory (GiB, from NVML) is a little under its marketed size (GB):

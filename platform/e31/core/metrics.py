@@ -1,7 +1,7 @@
 """The Prometheus metrics of E31 Batch: every name, its help and its labels (the contract
 the dashboards and alert rules of config/ are written against), and the health hash in Redis
 that the scheduler and the workers write their tick and error counts into
-(docs/operations.md, "Monitoring"). `e31.scrape` reads the pool and renders them.
+(docs/operations.md, "Monitoring"). `e31.ops.scrape` reads the pool and renders them.
 
 One endpoint, on the API, exports the whole pool. Its numbers are read at scrape time from
 the places that hold the truth — the store (jobs, attempts, GPU-seconds), the worker
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import redis
 
-from e31 import keys
+from e31.core import keys
 
 log = logging.getLogger(__name__)
 

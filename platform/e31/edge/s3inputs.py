@@ -24,7 +24,7 @@ import posixpath
 import re
 from typing import Any
 
-from e31.settings import Settings
+from e31.edge.settings import Settings
 
 S3_SCHEME = re.compile(r"(?i)s3://")
 

@@ -1,7 +1,7 @@
 """One scrape of the pool: what the API's `/metrics` reads and how it renders it
 (docs/operations.md, "Monitoring"). `PoolCollector` reads the store (through `PoolReads`, which
 `e31.store.Repo` is), the heartbeats, drain requests and health hash in Redis, and the
-artifact store's filesystem at each scrape, and yields the series `e31.metrics` names.
+artifact store's filesystem at each scrape, and yields the series `e31.core.metrics` names.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,10 +25,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from e31 import keys, pool
-from e31.errors import StoreError
-from e31.heartbeat import WorkerInfo, read_workers
-from e31.metrics import (
+from e31.core import keys
+from e31.core.errors import StoreError
+from e31.core.metrics import (
     ALL,
     ARTIFACT_STORE_FREE,
     ARTIFACT_STORE_SIZE,
@@ -72,71 +71,11 @@ from e31.metrics import (
     WORKERS,
     Metric,
 )
+from e31.core.records import JobKey, PoolCounts, Spread, Totals
+from e31.ops import pool
+from e31.ops.heartbeat import WorkerInfo, read_workers
 
 log = logging.getLogger(__name__)
-
-
-# -- what the store answers (e31.store.pool) ----------------------------------------------
-
-JobKey = tuple[str, str, str]       # (state, class, tenant id)
-
-
-@dataclass(frozen=True)
-class Totals:
-    """Sums over a set of jobs: jobs and GPU-seconds per (state, class, tenant id), ended
-    attempts per (class, reason). Two sets' totals add up (`+`)."""
-
-    jobs: Mapping[JobKey, int] = field(default_factory=dict)
-    gpu_seconds: Mapping[JobKey, float] = field(default_factory=dict)
-    attempts: Mapping[tuple[str, str], int] = field(default_factory=dict)
-
-    def __add__(self, other: Totals) -> Totals:
-        def add(a: Mapping[Any, Any], b: Mapping[Any, Any]) -> dict[Any, Any]:
-            out = dict(a)
-            for k, v in b.items():
-                out[k] = out.get(k, 0) + v
-            return out
-        return Totals(add(self.jobs, other.jobs), add(self.gpu_seconds, other.gpu_seconds),
-                      add(self.attempts, other.attempts))
-
-
-@dataclass(frozen=True)
-class Spread:
-    """One class's histogram: how many values fell at or below each bound (cumulative, in
-    the order of `bounds_s`), how many there were in all and their sum."""
-
-    bounds_s: tuple[float, ...]
-    at_or_below: tuple[int, ...]
-    count: int
-    sum_s: float
-
-    @classmethod
-    def empty(cls, bounds_s: tuple[float, ...]) -> Spread:
-        return cls(bounds_s, tuple(0 for _ in bounds_s), 0, 0.0)
-
-
-@dataclass(frozen=True)
-class LeaseHolder:
-    """A running job's lease: the node that holds it, the job's class and GPUs, and whether
-    the lease is still live."""
-
-    node: str
-    size_class: str
-    gpus: int
-    live: bool
-    held_gpus: str = ""     # its attempt's GPU indexes on the node's host ("0,1")
-
-
-@dataclass(frozen=True)
-class PoolCounts:
-    """What the metrics read from the store at each scrape, besides the settled history."""
-
-    current: Totals                                   # live jobs, and those ended since a time
-    tenants: Mapping[str, str]                        # tenant id -> name
-    oldest_queued_at: Mapping[str, datetime]          # class -> oldest runnable job's wait
-    queue_wait: Mapping[str, Spread]                  # class -> jobs started in the window
-    run_time: Mapping[str, Spread]                    # class -> jobs ended in the window
-    holders: tuple[LeaseHolder, ...]
 
 
 class PoolReads(Protocol):

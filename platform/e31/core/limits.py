@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from e31.errors import SpecError
+from e31.core.errors import SpecError
 
 MAX_PRIORITY = 9                  # the spec's own bound (`JobSpec.priority`)
 MAX_QUEUED_CAP = 100_000_000      # a typo guard, far above any pool's backlog
-MAX_ARRAY_ITEMS_CAP = 10_000      # an array's own bound (`e31.sweep.MAX_ARRAY_ITEMS`)
+MAX_ARRAY_ITEMS_CAP = 10_000      # an array's own bound (`e31.ops.sweep.MAX_ARRAY_ITEMS`)
 MAX_REQUEST_BYTES_CAP = 1 << 40   # a typo guard; the pool's `max_request_bytes` bounds every
 #                                   body anyway, so an override above it changes nothing
 MAX_RATE_PER_S = 1_000_000.0      # a typo guard

@@ -1,6 +1,6 @@
 """The pool as its heartbeats and the store's leases show it: each worker slot with its state
 (idle, busy, draining, lost) and the per-GPU readings a worker relays in its heartbeat. Pure:
-the metrics (`e31.scrape`) and `e31 top` (`e31.api.top`) read Redis and the store and
+the metrics (`e31.ops.scrape`) and `e31 top` (`e31.api.top`) read Redis and the store and
 shape their answers with this.
 
 A worker that beats is `busy` when it holds a job (its heartbeat says so, or the store has
@@ -16,13 +16,13 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from e31.heartbeat import WorkerInfo, gpu_ids
+from e31.ops.heartbeat import WorkerInfo, gpu_ids
 
 IDLE, BUSY, DRAINING, LOST = "idle", "busy", "draining", "lost"
 
 
 class Lease(Protocol):
-    """A running job's lease as the store shows it (`e31.scrape.LeaseHolder` is one)."""
+    """A running job's lease as the store shows it (`e31.core.records.LeaseHolder` is one)."""
 
     @property
     def node(self) -> str: ...

@@ -14,9 +14,9 @@ import redis
 from celery import Celery
 from redis.sentinel import Sentinel
 
-from e31.artifacts import ArtifactStore
-from e31.celeryapp import make_celery
-from e31.settings import Settings
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.celeryapp import make_celery
+from e31.edge.settings import Settings
 from e31.store import Repo, make_engine
 from e31.store.db import end_abandoned_transactions
 

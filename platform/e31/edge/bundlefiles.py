@@ -13,7 +13,7 @@ import tarfile
 from typing import IO
 
 LINK_HOPS_MAX = 40    # links followed to find one member: the kernel's own bound (ELOOP)
-# What tarfile raises on hostile bytes besides its own TarError (as e31.bundles notes).
+# What tarfile raises on hostile bytes besides its own TarError (as e31.core.bundles notes).
 _MALFORMED = (tarfile.TarError, ValueError, EOFError, OverflowError, IndexError, KeyError,
               struct.error)
 

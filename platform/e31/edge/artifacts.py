@@ -37,7 +37,7 @@ from typing import IO, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from e31.errors import LinkRefused, NotFound
+from e31.core.errors import LinkRefused, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class ArtifactStore:
 
     def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None) -> None:
         """`storage_options`: the fsspec file system's arguments (for `s3://`: endpoint_url,
-        key, secret; see `e31.wiring.storage_options`)."""
+        key, secret; see `e31.edge.wiring.storage_options`)."""
         self._url = url
         self._options = dict(storage_options or {})
         opts = dict(self._options)

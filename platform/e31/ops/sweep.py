@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e31.errors import SpecError
-from e31.spec import load_spec_file
+from e31.core.errors import SpecError
+from e31.core.spec import load_spec_file
 
 # One array is one request and one transaction; 10,000 items insert in about a second
 # (docs/jobs.md). Bigger sweeps are several arrays.

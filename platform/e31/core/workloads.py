@@ -1,6 +1,6 @@
 """Short names for the built-in workloads (control plane: no torch, no e31_worker import).
 
-A job spec's `workload: train` stands for the entrypoint this table gives (`e31.spec`); the
+A job spec's `workload: train` stands for the entrypoint this table gives (`e31.core.spec`); the
 workloads themselves live in `e31_worker.workloads` and are described in docs/workloads.md.
 """
 

@@ -12,7 +12,7 @@ DRAIN_PREFIX = f"{PREFIX}:drain:"           # string per worker node: an operato
 # flushed, and every message in flight went with it
 BROKER_EPOCH = f"{PREFIX}:broker:epoch"
 # hash, no TTL: the scheduler's last tick (time, duration, jobs published) and every process's
-# store and broker error counts, read by the metrics (e31.metrics names the fields)
+# store and broker error counts, read by the metrics (e31.core.metrics names the fields)
 HEALTH = f"{PREFIX}:health"
 # pub/sub channel: a job's id, published by its worker when it records the job's final state;
 # the API's long polls (GET /v1/jobs/{id}?wait_s=N, e31.api.waits) listen to it

@@ -28,7 +28,7 @@ from typing import IO, Any
 
 import fsspec
 
-from e31.bundles import DIGEST
+from e31.core.bundles import DIGEST
 
 PREFIX = "bundles"
 TMP_PREFIX = ".upload-"   # an upload in progress: never a bundle

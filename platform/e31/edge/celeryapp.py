@@ -6,8 +6,8 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Queue
 
-from e31.settings import Settings
-from e31.sizeclasses import queue_name
+from e31.core.sizeclasses import queue_name
+from e31.edge.settings import Settings
 
 TASK_NAME = "e31.run"
 PRIORITY_STEPS = list(range(10))

@@ -34,9 +34,9 @@ from pydantic import (
     model_validator,
 )
 
-from e31.bundles import MAX_INPUTS, CodeRef, InputName, InputSource
-from e31.errors import SpecError
-from e31.requirements import requirement_problem
+from e31.core.bundles import MAX_INPUTS, CodeRef, InputName, InputSource
+from e31.core.errors import SpecError
+from e31.core.requirements import requirement_problem
 
 MAX_GPUS_PER_JOB = 8          # one node's worth; multi-node jobs are out of scope
 MAX_TIMEOUT_S = 14 * 86400    # two weeks: longer runs should checkpoint and resubmit
@@ -192,7 +192,7 @@ class PythonEnv(_Strict):
                                  "characters")
             if info.context and info.context.get(STORED):
                 continue   # a spec stored before the check: the worker refuses it (setup)
-            why = requirement_problem(item)   # e31.requirements: packages, nothing else
+            why = requirement_problem(item)   # e31.core.requirements: packages, nothing else
             if why is not None:
                 raise ValueError(f"pip[{i}]: {shown} {why}")
         return v
@@ -271,10 +271,10 @@ class JobSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _workload_alias(cls, data: Any) -> Any:
-        """`workload: train` stands for the built-in workload's entrypoint (e31.workloads)."""
+        """`workload: train` stands for the built-in workload's entrypoint (e31.core.workloads)."""
         if isinstance(data, dict) and isinstance(data.get("workload"), str) \
                 and data.get("entrypoint") is None and data.get("command") is None:
-            from e31.workloads import WORKLOADS
+            from e31.core.workloads import WORKLOADS
             if data["workload"] in WORKLOADS:
                 data = {**data, "entrypoint": WORKLOADS[data["workload"]]}
         return data
@@ -282,7 +282,7 @@ class JobSpec(_Strict):
     @field_validator("workload")
     @classmethod
     def _known_workload(cls, v: str | None, info: ValidationInfo) -> str | None:
-        from e31.workloads import WORKLOADS
+        from e31.core.workloads import WORKLOADS
         if v is None:
             return v
         if v not in WORKLOADS:
@@ -394,7 +394,7 @@ class JobSpec(_Strict):
         the built-in workload that checkpoints and resumes."""
         if self.preemptible is not None:
             return self.preemptible
-        from e31.workloads import WORKLOADS
+        from e31.core.workloads import WORKLOADS
         return self.entrypoint == WORKLOADS["train"]
 
     def with_retry_defaults(self, pool: RetryPolicy) -> JobSpec:

@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from e31 import keys
+from e31.core import keys
 
 TTL_INTERVALS = 3  # a heartbeat key outlives this many missed beats, no more
 

@@ -19,9 +19,9 @@ from typing import Protocol
 
 import redis
 
-from e31 import keys
-from e31.clock import utcnow
-from e31.heartbeat import read_workers
+from e31.core import keys
+from e31.core.clock import utcnow
+from e31.ops.heartbeat import read_workers
 
 DRAIN_REQUEST_TTL_S = 86400   # a request outlives any drain; it cannot linger for ever
 POLL_S = 0.5

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from e31.artifacts import ArtifactStore, Footprint
+from e31.edge.artifacts import ArtifactStore, Footprint
 
 log = logging.getLogger(__name__)
 
