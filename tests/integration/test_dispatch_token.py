@@ -38,7 +38,7 @@ from e31.edge.settings import Settings
 from e31.ops.drain import drain_authorized, request_drain
 from e31.ops.heartbeat import WorkerInfo
 from e31.store import Repo
-from e31.store import repo as repo_module
+from e31.store import attempts as attempts_module
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.task import register
 from e31_worker.node.heartbeat import Heartbeat
@@ -57,7 +57,7 @@ def guarded(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     """True with the dispatch check on; False with it off (any token holds any publication),
     as the store behaved before it."""
     if request.param == "unguarded":
-        monkeypatch.setattr(repo_module, "holds_dispatch", lambda token: true())
+        monkeypatch.setattr(attempts_module, "holds_dispatch", lambda token: true())
     return bool(request.param == "guarded")
 
 

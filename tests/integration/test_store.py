@@ -18,6 +18,7 @@ from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason, JobState
 from e31.edge.settings import Settings
 from e31.store import Repo
+from e31.store import jobs as jobs_module
 from e31.store.models import Base, Job
 
 CLASSES = Settings().size_classes
@@ -237,7 +238,7 @@ def test_a_cancel_racing_the_workers_outcome_write_is_serialised(
     c = claim(repo, job.id)
     writers: list[threading.Thread] = []
     seen: list[object] = []
-    original = Repo._job
+    original = jobs_module.find_job
 
     def read_then_race(s, tenant_id, job_id, **kw):  # type: ignore[no-untyped-def]
         found = original(s, tenant_id, job_id, **kw)
@@ -247,9 +248,9 @@ def test_a_cancel_racing_the_workers_outcome_write_is_serialised(
         writers.append(writer)
         return found
 
-    monkeypatch.setattr(Repo, "_job", staticmethod(read_then_race))
+    monkeypatch.setattr(jobs_module, "find_job", read_then_race)
     repo.request_cancel(tenant.id, job.id, now=utcnow())
-    monkeypatch.setattr(Repo, "_job", staticmethod(original))
+    monkeypatch.setattr(jobs_module, "find_job", original)
     for w in writers:
         w.join(timeout=30)
 

@@ -25,7 +25,7 @@ from e31.core.spec import JobSpec
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
 from e31.store import Repo
-from e31.store import repo as repo_module
+from e31.store import jobs as jobs_module
 from e31.store.limits import hold_queued
 from e31.store.models import Job, Tenant
 from tests.integration.conftest import MakeApp
@@ -185,7 +185,7 @@ def test_submits_racing_at_the_queue_limit_do_not_all_pass(
         pytest.skip("SQLite's BEGIN IMMEDIATE serialises every writer: no race to show there")
     # Given a tenant one job below its limit, a window between the check and the insert,
     # and eight submits released at once
-    monkeypatch.setattr(repo_module, "hold_queued", check)
+    monkeypatch.setattr(jobs_module, "hold_queued", check)
     settings = Settings(redis_url="redis://unused", home=tmp_path, tenant_max_queued=4)
     service = Service(settings=settings, repo=repo,
                       artifacts=ArtifactStore(f"file://{tmp_path / 'a'}"),

@@ -235,7 +235,7 @@ def scheduler(home: Path | None = HomeOpt) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    Scheduler(settings=settings, repo=wiring.repo(settings),
+    Scheduler(settings=settings, repo=wiring.scheduling_store(settings),
               redis_client=wiring.redis_client(settings, socket_timeout_s=REDIS_SOCKET_TIMEOUT_S),
               celery=wiring.celery(settings)).run(stop)
 

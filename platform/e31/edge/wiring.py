@@ -1,5 +1,6 @@
 """Build every shared object from `Settings`, in one place, so that no caller forgets a
-setting: the store's `Repo`, the Celery app, the artifact store and Redis clients.
+setting: the stores (`Repo`, their union, or the one noun a process uses), the Celery app,
+the artifact store and Redis clients.
 
 Entry points (the API factory, the scheduler, a worker process, the CLI, the local stack)
 call these; nothing else constructs them from settings by hand.
@@ -13,23 +14,37 @@ from urllib.parse import unquote, urlsplit
 import redis
 from celery import Celery
 from redis.sentinel import Sentinel
+from sqlalchemy import Engine
 
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.celeryapp import make_celery
 from e31.edge.settings import Settings
-from e31.store import Repo, make_engine
+from e31.store import Repo, SchedulingStore, make_engine
 from e31.store.db import end_abandoned_transactions
 
 
 def repo(settings: Settings, *, node: str | None = None) -> Repo:
-    """The store, with the pool's fair-share half-life (the same in every process). A worker
-    process passes its `node` (`gpu0@host`): it keeps one connection (store/db.py) and names
-    itself `e31 worker <node>` to PostgreSQL, so pg_stat_activity counts a node's."""
-    engine = (make_engine(settings.resolved_database_url) if node is None else
-              end_abandoned_transactions(make_engine(settings.resolved_database_url,
-                                                     application_name=f"e31 worker {node}",
-                                                     worker=True)))
-    return Repo(engine, half_life_s=settings.fair_share_half_life_s)
+    """Every store in one (the API, the CLI, the local stack; the worker until its narrowing),
+    with the pool's fair-share half-life (the same in every process). A worker process passes
+    its `node`: see `store_engine`."""
+    return Repo(store_engine(settings, node=node), half_life_s=settings.fair_share_half_life_s)
+
+
+def scheduling_store(settings: Settings) -> SchedulingStore:
+    """The scheduler's store: what its leader reads and writes, nothing else of the store."""
+    return SchedulingStore(store_engine(settings), half_life_s=settings.fair_share_half_life_s)
+
+
+def store_engine(settings: Settings, *, node: str | None = None) -> Engine:
+    """The engine of the results store. A worker process passes its `node` (`gpu0@host`): it
+    keeps one connection (store/db.py), names itself `e31 worker <node>` to PostgreSQL, so
+    pg_stat_activity counts a node's, and its abandoned transactions are ended. (The worker's
+    own builder, an `AttemptStore` on this engine, comes with its narrowing: issue 26.)"""
+    if node is None:
+        return make_engine(settings.resolved_database_url)
+    return end_abandoned_transactions(make_engine(settings.resolved_database_url,
+                                                  application_name=f"e31 worker {node}",
+                                                  worker=True))
 
 
 def artifacts(settings: Settings) -> ArtifactStore:

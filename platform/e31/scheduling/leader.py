@@ -33,8 +33,7 @@ from e31.scheduling import inputs
 from e31.scheduling.admission import AdmissionConfig, Decision, Dispatch, Slot, decide
 from e31.scheduling.fairshare import Reason
 from e31.scheduling.preemption import PreemptConfig, Waiter, plan
-from e31.store import Repo
-from e31.store.scheduling import running_gpus
+from e31.store.scheduling import SchedulingStore, running_gpus
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +54,11 @@ return 0
 
 
 class Scheduler:
-    """The leader loop over one store, one Redis client (its calls bounded by
-    REDIS_SOCKET_TIMEOUT_S in the `e31 scheduler` process) and one Celery app."""
+    """The leader loop over the scheduler's store (`repo`: a `SchedulingStore`, or a `Repo`,
+    which is one), one Redis client (its calls bounded by REDIS_SOCKET_TIMEOUT_S in the
+    `e31 scheduler` process) and one Celery app."""
 
-    def __init__(self, *, settings: Settings, repo: Repo, redis_client: redis.Redis,
+    def __init__(self, *, settings: Settings, repo: SchedulingStore, redis_client: redis.Redis,
                  celery: Celery) -> None:
         self._settings = settings
         self._repo = repo

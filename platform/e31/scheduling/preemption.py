@@ -3,8 +3,8 @@ docs/scheduling.md "Preemption").
 
 Pure, like `admission`: the scheduler passes the worker slots, the running jobs, the jobs
 waiting for capacity and the tenants' weights; `plan` answers which running jobs to preempt
-now. The scheduler marks them (`Repo.request_preemption`); each one's worker sees it at its
-next lease renewal, sends the job SIGTERM and its grace to checkpoint, and the job is
+now. The scheduler marks them (`SchedulingStore.request_preemption`); each one's worker sees
+it at its next lease renewal, sends the job SIGTERM and its grace to checkpoint, and the job is
 requeued with reason `preempted` (not counted against its retries) to resume later.
 
 The rule. A job that has waited `grace_s` since it was last queued, for lack of capacity, may

@@ -1,7 +1,9 @@
-"""Arrays: N jobs submitted as one (sweeps), their status, cancel and manifest.
+"""`ArrayStore`: arrays, N jobs submitted as one (sweeps, fan-outs): their submit, status,
+progress, cancel, retry and manifest.
 
-A mixin of `Repo` (which supplies `_session` and `engine`), so there is one repository to pass
-around.
+Who uses it: the API (the array routes, a fan-out's submit, an array input's check) and the
+CLI; the worker reads a manifest through `AttemptStore.array_manifest`. A fan-out returns its
+merge job through `JobStore.get_job` on the same engine.
 """
 
 from __future__ import annotations
@@ -9,12 +11,12 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
-from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import NotFound
@@ -29,6 +31,8 @@ from e31.core.sizeclasses import Route
 from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason, JobState
 from e31.store import bulk, deps, limits, transitions
+from e31.store.base import Store
+from e31.store.jobs import JobStore
 from e31.store.models import Array, Job, Tenant
 from e31.store.rows import new_array_id, queued_job
 
@@ -49,15 +53,12 @@ class RetryRecord:
                 "rearmed": self.rearmed}
 
 
-class ArrayQueries:
-    """The arrays' part of `Repo`."""
+class ArrayStore(Store):
+    """Arrays and fan-outs."""
 
-    def _session(self, *, write: bool = False) -> AbstractContextManager[Session]:
-        raise NotImplementedError
-
-    @property
-    def engine(self) -> Engine:
-        raise NotImplementedError
+    @cached_property
+    def _jobs(self) -> JobStore:
+        return JobStore(self._engine)
 
     def insert_array(self, tenant_id: str, name: str, items: Sequence[tuple[JobSpec, Route]], *,
                      now: datetime, max_queued: int | None = None) -> ArrayRecord:
@@ -99,15 +100,6 @@ class ArrayQueries:
         return (bulk.prepare(self.engine.dialect, Job, rows),
                 deps.links(self.engine.dialect, [(row["id"], wait)
                                                  for row, wait in zip(rows, waits, strict=True)]))
-
-    def _check_after(self, tenant_id: str, after: Sequence[Sequence[str]],
-                     fields: Sequence[str]) -> list[list[str]]:
-        """`deps.check_after` on a read session of its own, before a submit's write transaction
-        opens (none when no job has dependencies)."""
-        if not any(after):
-            return [[] for _ in after]
-        with self._session() as s:
-            return deps.check_after(s, tenant_id, after, fields)
 
     def get_array(self, tenant_id: str, array_id: str, *, items: bool = True) -> ArrayRecord:
         """An array of the tenant: item counts by state, and each item's state when `items`."""
@@ -211,7 +203,7 @@ class ArrayQueries:
                             submitted_at=now, counts={queued: len(rows)},
                             items=[ArrayItem(r["array_index"], r["id"], queued, None)
                                    for r in rows])
-        return array, self.get_job(tenant_id, last["id"])  # type: ignore[attr-defined]
+        return array, self._jobs.get_job(tenant_id, last["id"])
 
     def array_progress(self, tenant_id: str, array_id: str) -> float:
         """The progress its items reported, summed: a succeeded item's whole total, a live

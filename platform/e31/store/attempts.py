@@ -1,24 +1,45 @@
-"""Facts a worker notes on an attempt while it runs: its isolation, how its child started,
-how long its setup took, what it used of its GPUs, the limits it ran under. A mixin of
-`Repo` (which supplies `_session`), so there is one repository to pass around.
+"""`AttemptStore`: everything a worker asks of the store for the attempts it runs.
 
-The columns are nullable: an attempt started before they existed, or one whose worker did not
-get as far as measuring, shows null ("not known"), never a made-up zero.
+Who uses it: the worker (`e31_worker`): the claim of a published job for the message that
+carries its dispatch token, the lease's renewal, the fenced outcome write, the dispatch
+checks of a message that claimed nothing, the facts it notes on an attempt while it runs
+(`AttemptFacts`), the ciphertexts of the attempt's secrets, the charge of its outputs against
+its tenant's quota. Two of the worker's calls are other nouns' and reach their stores on the
+same engine: an array's manifest (`ArrayStore`, for an array input) and its node's drain
+requests (`DrainStore`). `end_attempt`, the statement that ends an attempt and moves its job
+on, also serves the scheduler's recovery of expired leases (`SchedulingStore.expire_leases`).
+
+The attempt facts' columns are nullable: an attempt started before they existed, or one whose
+worker did not get as far as measuring, shows null ("not known"), never a made-up zero.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from functools import cached_property
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import ColumnElement, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import StoreError
-from e31.core.states import Isolation, JobState, Start
+from e31.core.records import ArrayManifest, Claim, Outcome, Renewal
+from e31.core.sizeclasses import OomRule
+from e31.core.spec import JobSpec, RetryPolicy
+from e31.core.states import AttemptReason, Isolation, JobState, Start
+from e31.store import deps, quotas, secrets, tenants, transitions
+from e31.store.arrays import ArrayStore
+from e31.store.base import BillingStore
+from e31.store.drains import DrainStore
 from e31.store.models import Attempt, Job
+from e31.store.quotas import OutputsCharge
+from e31.store.rows import seconds
+
+ERROR_MAX_CHARS = 16_384   # an attempt's error text; the whole story is in the log
+COUNTED_REASONS = [r.value for r in AttemptReason if r.counts_against_retries]
 
 
 @dataclass(frozen=True)
@@ -47,11 +68,112 @@ class AttemptFacts:
         return out
 
 
-class AttemptQueries:
-    """The attempt facts' part of `Repo`."""
+class AttemptStore(BillingStore):
+    """The worker's store: claim, renew, record; dispatch checks; attempt facts; secrets and
+    outputs for an attempt; and, through their stores, array manifests and drain requests."""
 
-    def _session(self, *, write: bool = False) -> AbstractContextManager[Session]:
-        raise NotImplementedError
+    @cached_property
+    def _arrays(self) -> ArrayStore:
+        return ArrayStore(self._engine)
+
+    @cached_property
+    def _drains(self) -> DrainStore:
+        return DrainStore(self._engine)
+
+    # -- claim, renew, record --------------------------------------------------------------
+
+    def claim(self, job_id: str, *, dispatch_token: str, worker: str, gpus: str, gpu_count: int,
+              now: datetime, lease_ttl_s: float) -> Claim | None:
+        """Atomically move a runnable queued job to running, for the message that carries the
+        job's current dispatch token; None if it is not claimable. The claim clears the token:
+        the same message delivered again, or replayed, claims nothing."""
+        with self._session(write=True) as s:
+            row = s.execute(transitions.move(job_id, JobState.QUEUED, JobState.RUNNING).where(
+                holds_dispatch(dispatch_token), Job.cancel_requested.is_(False),
+                or_(Job.not_before.is_(None), Job.not_before <= now))
+                .values(lease_owner=worker,
+                        lease_token=Job.lease_token + 1,
+                        lease_expires_at=now + timedelta(seconds=lease_ttl_s),
+                        attempts_used=Job.attempts_used + 1,
+                        started_at=func.coalesce(Job.started_at, now),
+                        dispatched_at=None, dispatch_token=None, dispatch_host=None,
+                        dispatch_gpus=None, progress_done=None, progress_total=None)
+                .returning(Job.lease_token, Job.attempts_used, Job.queued_since, Job.spec,
+                           Job.tenant_id, Job.gpus)).first()
+            if row is None:
+                return None
+            token, attempt, queued_since, spec, tenant_id, job_gpus = row
+            s.execute(update(Job).where(Job.id == job_id).values(
+                queued_seconds=Job.queued_seconds + seconds(queued_since, now), queued_since=None))
+            s.add(Attempt(job_id=job_id, n=attempt, worker=worker, gpus=gpus, gpu_count=gpu_count,
+                          started_at=now))
+        # Validated after the commit: params of up to a megabyte are not checked while the
+        # write transaction holds the store. It was validated on submit, so it passes again.
+        return Claim(job_id=job_id, tenant_id=tenant_id, token=token, attempt=attempt,
+                     spec=JobSpec.parse(spec, stored=True), gpus=job_gpus)
+
+    def renew(self, job_id: str, token: int, *, now: datetime, lease_ttl_s: float,
+              progress: tuple[float, float] | None = None) -> Renewal:
+        """Extend the lease; says whether it is still ours and whether the job's owner
+        cancelled it or the scheduler asked to preempt it."""
+        values: dict[str, Any] = {"lease_expires_at": now + timedelta(seconds=lease_ttl_s)}
+        if progress is not None:
+            values.update(progress_done=progress[0], progress_total=progress[1])
+        with self._session(write=True) as s:
+            row = s.execute(update(Job).where(
+                Job.id == job_id, Job.lease_token == token, Job.state == JobState.RUNNING.value)
+                .values(**values).returning(Job.cancel_requested, Job.preempt_requested_at)
+            ).first()
+            if row is None:
+                return Renewal(False, False, False)
+            return Renewal(True, bool(row[0]), row[1] is not None)
+
+    def record_outcome(self, job_id: str, token: int, outcome: Outcome, *,
+                       now: datetime, oom: OomRule | None = None) -> JobState | None:
+        """Write an attempt's outcome if `token` still holds the lease; None when fenced off.
+        `oom`: the pool's rule for an attempt that ran out of memory (the next size class);
+        None: such an attempt is retried in its own class like any failure."""
+        with self._session(write=True) as s:
+            job = s.scalar(select(Job).where(Job.id == job_id).with_for_update())
+            if job is None or job.state != JobState.RUNNING.value or job.lease_token != token:
+                return None
+            return end_attempt(s, job, outcome, ended_at=now, now=now,
+                               half_life_s=self._half_life_s, oom=oom)
+
+    def release_dispatch(self, job_id: str, dispatch_token: str) -> bool:
+        """Forget a publication that a worker received but will not claim (it is draining),
+        so the scheduler publishes the job again at once instead of after the dispatch timeout.
+        Only the message that carries the publication's token may hand it back."""
+        with self._session(write=True) as s:
+            res = s.execute(update(Job).where(
+                Job.id == job_id, Job.state == JobState.QUEUED.value,
+                Job.dispatched_at.is_not(None), holds_dispatch(dispatch_token))
+                .values(dispatched_at=None, dispatch_token=None, dispatch_host=None,
+                        dispatch_gpus=None))
+            return bool(res.rowcount)  # type: ignore[attr-defined]
+
+    def dispatch_place(self, job_id: str, dispatch_token: str) -> tuple[str, str] | None:
+        """The host and GPU indexes a gang dispatch gives the job, for the message that carries
+        its current token; None for any other message, or a class queue's."""
+        with self._session() as s:
+            row = s.execute(select(Job.dispatch_host, Job.dispatch_gpus).where(
+                Job.id == job_id, Job.state == JobState.QUEUED.value,
+                holds_dispatch(dispatch_token))).first()
+            if row is None or row[0] is None or row[1] is None:
+                return None
+            return str(row[0]), str(row[1])
+
+    def dispatch_refused(self, job_id: str, dispatch_token: str) -> bool:
+        """Whether a message that claimed nothing was refused for its token: its job waits to
+        be claimed, under another publication's token or none, so the message was forged,
+        replayed, or superseded by a re-publication. False when the job itself was not
+        claimable (running, final, cancelled, not due yet, or no such job)."""
+        with self._session() as s:
+            return s.scalar(select(Job.id).where(
+                Job.id == job_id, Job.state == JobState.QUEUED.value,
+                or_(Job.dispatch_token.is_(None), ~holds_dispatch(dispatch_token)))) is not None
+
+    # -- what a worker notes on an attempt ------------------------------------------------
 
     def note_attempt(self, job_id: str, attempt: int, facts: AttemptFacts) -> bool:
         """Set `facts` on attempt `attempt` of `job_id`; False when there is no such attempt.
@@ -76,13 +198,164 @@ class AttemptQueries:
                                                   Attempt.n == attempt).values(idle_since=since))
             return bool(res.rowcount)  # type: ignore[attr-defined]
 
-    def idle_jobs(self) -> dict[str, int]:
-        """Running jobs flagged idle, per size class (the metric `e31_jobs_idle`)."""
+    # -- an attempt's secrets and outputs ---------------------------------------------------
+
+    def secret_ciphertexts(self, tenant_id: str, names: Sequence[str]) -> dict[str, str]:
+        """The ciphertexts of the tenant's secrets among `names` (a worker decrypts them for
+        the attempt it starts); a name the tenant lacks is absent."""
+        if not names:
+            return {}
         with self._session() as s:
-            rows = s.execute(
-                select(Job.size_class, func.count())
-                .join(Attempt, (Attempt.job_id == Job.id) & (Attempt.n == Job.attempts_used))
-                .where(Job.state == JobState.RUNNING.value, Attempt.idle_since.is_not(None),
-                       Attempt.ended_at.is_(None))
-                .group_by(Job.size_class))
-            return {str(cls): int(n) for cls, n in rows}
+            return secrets.ciphertexts(s, tenant_id, names)
+
+    def charge_outputs(self, tenant_id: str, deltas_bytes: Sequence[int], *,
+                       default_max_bytes: int, force: bool = False) -> OutputsCharge:
+        """Add each delta to the tenant's outputs total, in order, if the total stays within
+        its cap (the tenant's own, else `default_max_bytes`); a delta <= 0 (a refund, a file
+        replaced by a smaller one) is always taken, and every delta with `force` (bytes that
+        are stored already). One row-locked transaction, so the concurrent charges of one
+        tenant's jobs add up and none is lost."""
+        with self._session(write=True) as s:
+            return quotas.charge(s, tenant_id, deltas_bytes, default_max_bytes=default_max_bytes,
+                                 force=force)
+
+    # -- other nouns' statements a worker calls, through their stores -----------------------
+
+    def array_manifest(self, tenant_id: str, array_id: str) -> ArrayManifest:
+        """An array's manifest, for an array input (`ArrayStore.array_manifest`)."""
+        return self._arrays.array_manifest(tenant_id, array_id)
+
+    def request_drain(self, nodes: Sequence[str], *, now: datetime,
+                      reason: str | None = None) -> None:
+        """A node's own drain request, for a GPU's XID error (`DrainStore.request_drain`)."""
+        self._drains.request_drain(nodes, now=now, reason=reason)
+
+    def drain_requested(self, node: str, *, since: datetime) -> bool:
+        """Whether the node was asked to drain (`DrainStore.drain_requested`)."""
+        return self._drains.drain_requested(node, since=since)
+
+    def drained_since(self, *, since: datetime) -> set[str]:
+        """The nodes a launcher leaves stopped (`DrainStore.drained_since`)."""
+        return self._drains.drained_since(since=since)
+
+    def clear_drain(self, nodes: Sequence[str]) -> int:
+        """Forget the drain requests of the nodes a launcher starts (`DrainStore.clear_drain`)."""
+        return self._drains.clear_drain(nodes)
+
+
+# -- statements on a session a store opens -------------------------------------------------
+
+def holds_dispatch(dispatch_token: str) -> ColumnElement[bool]:
+    """The condition that a message's token is its job's current dispatch token: the one
+    check that lets a message claim a job or hand its publication back (docs/security.md,
+    "The broker is not a trust boundary")."""
+    return Job.dispatch_token == dispatch_token
+
+
+def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, now: datetime,
+                half_life_s: float, oom: OomRule | None = None) -> JobState | None:
+    """End the running attempt of a row-locked `job` with `outcome`, bill it (the job and its
+    tenant's decayed usage), move the job on, and settle what waited for it. An `oom`
+    attempt that `oom` sends to a bigger class queues the job there at once, noted on the
+    attempt (`moved_to`) and not counted against its retries (docs/scheduling.md)."""
+    token = job.lease_token
+    attempt = s.scalar(select(Attempt).where(Attempt.job_id == job.id,
+                                             Attempt.n == job.attempts_used))
+    duration = bill_s = 0.0
+    if attempt is not None:
+        ended_at = max(ended_at, attempt.started_at)
+        attempt.ended_at, attempt.reason = ended_at, outcome.reason.value
+        attempt.error, attempt.exit_code = _clean(outcome.error), outcome.exit_code
+        # Run time from the end of its setup, which its worker noted (`setup_s`): fetching
+        # code, building the environment and staging inputs is never billed.
+        duration = max(0.0, seconds(attempt.started_at, ended_at) - (attempt.setup_s or 0.0))
+        bill_s = duration * attempt.gpu_count
+        job.gpu_seconds += bill_s
+    job.run_seconds += duration
+    move = None
+    if outcome.reason is AttemptReason.OOM and oom is not None and attempt is not None \
+            and not job.cancel_requested:
+        move = oom.target((job.spec.get("resources") or {}).get("on_oom"), job.size_class,
+                          job.gpus)
+        attempt.moved_to = move.size_class if move else None
+    s.flush()
+    # The tally of earlier endings decides only whether a retryable ending is retried: a
+    # success, a cancel or a final error skips it (one statement less per outcome).
+    tally: dict[str | None, int] = {}
+    # Attempts that moved the job to a bigger class are not failures of it.
+    if outcome.reason.is_retryable and not job.cancel_requested and move is None:
+        tally = dict(s.execute(select(Attempt.reason, func.count()).where(
+            Attempt.job_id == job.id, Attempt.moved_to.is_(None))
+            .group_by(Attempt.reason)).tuples().all())
+    failures = sum(n for reason, n in tally.items() if reason in COUNTED_REASONS)
+    lost = tally.get(AttemptReason.LOST.value, 0)
+    state, error = _next_state(job, outcome, failures, lost)
+    if move is not None:
+        state, error = JobState.QUEUED, f"oom: moved to {move.size_class}: {outcome.error}"
+    values = _outcome_values(job, dataclasses.replace(outcome, error=error), state, now,
+                             failures)
+    if move is not None:    # its next attempt, in the bigger class, may start at once
+        values.update(size_class=move.size_class, queue=move.queue, not_before=now)
+    res = s.execute(transitions.move(job.id, JobState.RUNNING, state)
+                    .where(Job.lease_token == token).values(**values))
+    if not res.rowcount:  # type: ignore[attr-defined]
+        return None
+    if state.is_final:
+        deps.on_final(s, [(job.id, job.array_id, state.value)], now=now)
+    tenants.bill(s, job.tenant_id, bill_s, now=now, half_life_s=half_life_s)
+    return state
+
+
+def _clean(text: str | None) -> str | None:
+    """Error text as every backend stores it: no NUL (PostgreSQL refuses it), bounded."""
+    if text is None:
+        return None
+    text = text.replace("\x00", "\\0")
+    return text if len(text) <= ERROR_MAX_CHARS else text[:ERROR_MAX_CHARS] + " [cut]"
+
+
+def _next_state(job: Job, outcome: Outcome, failures: int,
+                lost: int) -> tuple[JobState, str | None]:
+    """The job's next state and its error text.
+
+    `failures`: attempts so far, this one included, that count against `retries.max`;
+    `lost`: attempts lost with their worker, capped separately by `retries.max_lost`.
+    """
+    if outcome.reason is AttemptReason.SUCCEEDED:
+        return JobState.SUCCEEDED, None
+    if outcome.reason is AttemptReason.CANCELLED or job.cancel_requested:
+        return JobState.CANCELLED, outcome.error
+    if not outcome.reason.is_retryable:
+        return JobState.FAILED, outcome.error
+    retries = RetryPolicy.model_validate(job.spec.get("retries") or {})
+    if outcome.reason is AttemptReason.LOST and lost >= retries.max_lost:
+        return JobState.FAILED, (
+            f"poison job: lost its worker {lost} times (retries.max_lost={retries.max_lost}); "
+            f"it may be killing the workers it runs on. Last: {outcome.error}")
+    if not outcome.reason.counts_against_retries:
+        return JobState.QUEUED, outcome.error
+    return (JobState.QUEUED if failures <= retries.max else JobState.FAILED), outcome.error
+
+
+def _outcome_values(job: Job, outcome: Outcome, state: JobState, now: datetime,
+                    failures: int) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "gpu_seconds": job.gpu_seconds, "run_seconds": job.run_seconds,
+        "lease_owner": None, "lease_expires_at": None, "preempt_requested_at": None}
+    if outcome.outputs:
+        values["outputs"] = outcome.outputs
+    if state is JobState.QUEUED:
+        retries = RetryPolicy.model_validate(job.spec.get("retries") or {})
+        delay_s = retries.delay_s(failures) if outcome.reason.counts_against_retries else 0.0
+        values.update(not_before=now + timedelta(seconds=delay_s),
+                      queued_since=now, dispatched_at=None, reason=outcome.reason.value,
+                      error=_clean(outcome.error), pending_reason=None, pending_detail=None)
+        return values
+    values.update(ended_at=now, reason=None if state is JobState.SUCCEEDED else (
+        AttemptReason.CANCELLED.value if state is JobState.CANCELLED else outcome.reason.value),
+        error=None if state is JobState.SUCCEEDED else _clean(outcome.error))
+    if state is JobState.SUCCEEDED:
+        values["result"] = outcome.result
+    return values
+
+

@@ -1,5 +1,5 @@
 """The audit log: every admin action, token change and secret change (its name, never its
-value), on a session `Repo` opens.
+value), on a session a store opens (`TenantStore`'s, for a change and its line together).
 
 Each change writes its line in the transaction that makes it, so a change and its line are
 stored together or not at all. A line says who (the tenant and key over the API, `local` for

@@ -4,22 +4,25 @@ when one of its GPUs reported an XID error (with the reason, shown by `e31 queue
 The worker node watches a Redis key (`e31.core.keys.drain`) at each heartbeat, but anyone who
 holds the broker's URL can write one; the key only rings the bell. The node drains only if
 the store, which no job and no broker client can write, holds a request for it
-(docs/security.md, "The broker is not a trust boundary"). A mixin of `Repo` (which
-supplies `_session`), so there is one repository to pass around.
+(docs/security.md, "The broker is not a trust boundary").
+
+`DrainStore` keeps them. Who uses it: the worker node (its drain check at each heartbeat, its
+own request on a GPU fault) and its launcher (which nodes stay stopped, whose requests to
+forget), both through `AttemptStore`; `e31 worker --drain` and `e31 queue` (the CLI and the
+API).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, select
-from sqlalchemy.orm import Session
 
 from e31.core.states import JobState
+from e31.store.base import Store
 from e31.store.models import DrainRequest, Job
 
 
@@ -36,11 +39,8 @@ class DrainedNode:
                 "reason": self.reason or "drained by an operator"}
 
 
-class DrainQueries:
-    """The drain requests' part of `Repo`."""
-
-    def _session(self, *, write: bool = False) -> AbstractContextManager[Session]:
-        raise NotImplementedError
+class DrainStore(Store):
+    """Nodes' drain requests."""
 
     def request_drain(self, nodes: Sequence[str], *, now: datetime,
                       reason: str | None = None) -> None:

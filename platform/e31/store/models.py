@@ -57,7 +57,7 @@ class Tenant(Base):
     # Size class -> most GPUs held at once; None or a missing class: no quota.
     quotas: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
     # Decayed GPU-seconds (`e31.core.usage.UsageState`): the value as of `usage_at`. Every
-    # attempt's bill is added in the transaction that ends it (`Repo._end_attempt`).
+    # attempt's bill is added in the transaction that ends it (`attempts.end_attempt`).
     usage_gpu_s: Mapped[float] = mapped_column(Float, default=0.0, server_default=text("0"))
     usage_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # Outputs (docs/security.md, "Limits and quotas"): the tenant's own cap (None: the pool's

@@ -1,5 +1,6 @@
-"""The store's part of the metrics and of `e31 top`: a few grouped reads per scrape
-(docs/operations.md, "Monitoring"). A mixin of `Repo` (which supplies `_session`).
+"""`PoolStore`: the store's part of the metrics and of `e31 top`, a few grouped reads per
+scrape (docs/operations.md, "Monitoring"). Who uses it: the API's `/metrics`
+(`e31.ops.scrape.PoolReads`) and `/v1/top` (`e31.api.top.TopReads`).
 
 Cost: the live counts, the oldest waits and the lease holders read ranges of the state
 indexes (bounded by the backlog and the pool); the histograms read the starts and ends of a
@@ -12,7 +13,6 @@ attempts ended, GPU-seconds) read the jobs ended since a recent watermark throug
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from e31.core.metrics import RUN_BUCKETS_S, WAIT_BUCKETS_S
 from e31.core.records import LeaseHolder, PoolCounts, Spread, Totals
 from e31.core.states import JobState
+from e31.store.base import Store
 from e31.store.db import unindexed
 from e31.store.models import Attempt, Job, Tenant
 
@@ -52,11 +53,8 @@ class RunningRow:
     held_gpus: str = ""                    # its attempt's GPU indexes on its host ("0,1")
 
 
-class PoolQueries:
-    """The metrics' and `e31 top`'s reads of `Repo`."""
-
-    def _session(self, *, write: bool = False) -> AbstractContextManager[Session]:
-        raise NotImplementedError
+class PoolStore(Store):
+    """The metrics' and `e31 top`'s reads."""
 
     def pool_counts(self, *, now: datetime, window_s: float,
                     ended_since: datetime) -> PoolCounts:
@@ -122,6 +120,17 @@ class PoolQueries:
                                progress_done=r[9], progress_total=r[10], lease_expires_at=r[11],
                                idle_since=r[12], held_gpus=r[13] or "")
                     for r in rows]
+
+    def idle_jobs(self) -> dict[str, int]:
+        """Running jobs flagged idle, per size class (the metric `e31_jobs_idle`)."""
+        with self._session() as s:
+            rows = s.execute(
+                select(Job.size_class, func.count())
+                .join(Attempt, (Attempt.job_id == Job.id) & (Attempt.n == Job.attempts_used))
+                .where(Job.state == RUNNING, Attempt.idle_since.is_not(None),
+                       Attempt.ended_at.is_(None))
+                .group_by(Job.size_class))
+            return {str(cls): int(n) for cls, n in rows}
 
 
 def _ended_between(since: datetime | None, until: datetime | None) -> ColumnElement[bool]:

@@ -1,5 +1,10 @@
-"""The scheduler's queries, each bounded by the pool and the number of tenants, never by
-the backlog (`Repo` delegates to these; docs/scheduling.md, "Cost").
+"""`SchedulingStore`: what the scheduler's leader reads and writes, and what explains a queued
+job. Who uses it: the scheduler (`e31.scheduling.leader`: the admission inputs, the marks of
+what it published, the expiry of lost publications and of leases, the preemption requests)
+and the API (a queued job's position, its queue's load, `e31 queue`'s counts).
+
+The leader's reads are bounded by the pool and the number of tenants, never by the backlog
+(docs/scheduling.md, "Cost"):
 
 - `heads`: per queue, each tenant's oldest K runnable jobs per priority band. Which
   (queue, tenant, band) have work is found by a skip-scan of `ix_jobs_heads` (one index
@@ -13,7 +18,6 @@ from __future__ import annotations
 import secrets
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import ColumnElement, and_, case, func, or_, select, update
@@ -21,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from e31.core.records import (
     Candidate,
+    Outcome,
     Published,
     QueueLoad,
     QueuePosition,
@@ -28,9 +33,12 @@ from e31.core.records import (
     SchedulingView,
     TenantShare,
 )
-from e31.core.states import JobState
+from e31.core.states import AttemptReason, JobState
 from e31.store import deps
+from e31.store.attempts import end_attempt
+from e31.store.base import BillingStore
 from e31.store.db import unindexed
+from e31.store.jobs import find_job
 from e31.store.models import Attempt, Job, Tenant
 from e31.store.rows import CHUNK
 
@@ -39,6 +47,7 @@ RECENT_STARTS_S = 600.0     # the window of starts behind a queued job's estimat
 POSITION_CAP = 10_000       # own older jobs counted for a position: deeper, the figure is a floor
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)   # `dispatched_at >= EPOCH`: IS NOT NULL as an index range
 DISPATCH_TOKEN_BYTES = 24   # 192 random bits: no one guesses a publication's token
+EXPIRE_BATCH = 100          # most expired leases recovered per call (the next tick does the rest)
 
 
 def new_dispatch_token() -> str:
@@ -193,16 +202,9 @@ def running_gpus(running: Sequence[RunningJob],
     return {t: dict(c) for t, c in acc.items()}
 
 
-class SchedulerQueries:
-    """The scheduler's part of `Repo`: a mixin, so there is one repository to pass around
-    (`Repo` supplies `_session`)."""
-
-    def _session(self, *, write: bool = False) -> AbstractContextManager[Session]:
-        raise NotImplementedError
-
-    @staticmethod
-    def _job(s: Session, tenant_id: str | None, job_id: str, *, lock: bool = False) -> Job:
-        raise NotImplementedError
+class SchedulingStore(BillingStore):
+    """The leader's reads and writes, and the explanations' reads. It ends the attempts of
+    expired leases (`attempts.end_attempt`), so it bills them: a `BillingStore`."""
 
     def heads(self, queues: Mapping[str, int], *, now: datetime) -> list[Candidate]:
         """Per queue (-> K), each tenant's K oldest runnable jobs per band (store/scheduling.py)."""
@@ -225,7 +227,7 @@ class SchedulerQueries:
     def queue_position(self, tenant_id: str, job_id: str) -> QueuePosition:
         """What a queued job's position needs besides its queue's load (on request only)."""
         with self._session() as s:
-            return position(s, self._job(s, tenant_id, job_id))
+            return position(s, find_job(s, tenant_id, job_id))
 
     def queue_load(self, queue: str, *, now: datetime) -> QueueLoad:
         """A queue's backlog per (tenant, band) and recent starts (on request only)."""
@@ -281,3 +283,43 @@ class SchedulerQueries:
             res = s.execute(q.values(dispatched_at=None, dispatch_token=None,
                                      dispatch_host=None, dispatch_gpus=None))
             return int(res.rowcount or 0)  # type: ignore[attr-defined]
+
+    def request_preemption(self, job_ids: Sequence[str], *, now: datetime) -> list[str]:
+        """Ask the running attempts of `job_ids` to stop for a preemption (their workers see
+        it at their next renewal); only preemptible running jobs not asked already. Returns
+        the ids asked now."""
+        if not job_ids:
+            return []
+        with self._session(write=True) as s:
+            return list(s.scalars(update(Job).where(
+                Job.id.in_(list(job_ids)), Job.state == JobState.RUNNING.value,
+                Job.preemptible.is_(True), Job.preempt_requested_at.is_(None))
+                .values(preempt_requested_at=now).returning(Job.id),
+                execution_options={"synchronize_session": False}))
+
+    def expire_leases(self, *, now: datetime, lease_ttl_s: float,
+                      limit: int = EXPIRE_BATCH) -> list[tuple[str, JobState]]:
+        """Recover running jobs whose lease expired: their worker or node died or was cut off.
+
+        Each one's attempt ends as `lost` when its lease was last renewed (so the user is
+        billed for what the worker last confirmed, not for the time it was silent), and the
+        job is queued again at once, or fails when `retries.max_lost` attempts were lost.
+        The fencing token stays, so the old worker's late writes are refused.
+        """
+        with self._session(write=True) as s:
+            jobs = s.scalars(select(Job).where(
+                Job.state == JobState.RUNNING.value, Job.lease_expires_at < now)
+                .order_by(Job.lease_expires_at).limit(limit).with_for_update()).all()
+            done = []
+            for job in jobs:
+                assert job.lease_expires_at is not None
+                renewed = job.lease_expires_at - timedelta(seconds=lease_ttl_s)
+                outcome = Outcome(AttemptReason.LOST, error=(
+                    f"lease of worker {job.lease_owner} expired at "
+                    f"{job.lease_expires_at.isoformat()}: the worker or its node died or was "
+                    "cut off"))
+                state = end_attempt(s, job, outcome, ended_at=renewed, now=now,
+                                    half_life_s=self._half_life_s)
+                if state is not None:
+                    done.append((job.id, state))
+            return done

@@ -1,4 +1,4 @@
-"""A tenant's API keys: named, optionally expiring, revocable; on a session `Repo` opens.
+"""A tenant's API keys: named, optionally expiring, revocable; on a session `TenantStore` opens.
 
 Only a key's sha256 is stored; the token itself is returned once, when it is made. A key's
 `prefix` (its first `PREFIX_CHARS` characters) tells keys apart in `e31 token list` without
