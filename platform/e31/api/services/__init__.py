@@ -46,8 +46,7 @@ class Services:
 
     def __init__(self, *, settings: Settings, repo: Repo, artifacts: ArtifactStore,
                  redis_client: redis.Redis) -> None:
-        self.settings = settings
-        self.repo = repo
+        self.repo = repo             # what every service is built over
         self.artifacts = artifacts
         self.redis = redis_client
         store = BundleStore(artifacts.url, artifacts.storage_options)
