@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from e31.api import create_app
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
 from e31.store import Repo
@@ -126,13 +126,13 @@ MakeApp = Callable[..., FastAPI]
 def make_app(repo: Repo, redis_url: str, redis_client: redis.Redis,
              tmp_path: Path) -> MakeApp:
     """The API app over the test's store and Redis, with `settings` overriding the defaults;
-    each call a process of its own (its own Service)."""
+    each call a process of its own (its own Services)."""
     def make(**settings: Any) -> FastAPI:
         s = Settings(redis_url=redis_url, home=tmp_path, **settings)
-        service = Service(settings=s, repo=repo,
+        service = Services(settings=s, repo=repo,
                           artifacts=ArtifactStore(f"file://{tmp_path / 'artifacts'}"),
                           redis_client=redis_client)
-        return create_app(s, service=service)
+        return create_app(s, services=service)
     return make
 
 

@@ -18,7 +18,7 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from e31.api.service import Service
+from e31.api.services.jobs import JobService
 from e31.core.clock import utcnow
 from e31.store import Repo
 from e31.store.models import Job
@@ -116,7 +116,7 @@ def test_a_disabled_tenant_is_refused_its_jobs_wait_and_enabling_resumes_them(
     with repo.engine.connect() as c:
         stored = c.execute(select(Job.state, Job.pending_reason).where(Job.id == job_a)).one()
     assert tuple(stored) == ("queued", "tenant_disabled")
-    service: Service = api.app.state.service      # the status its tenant would read
+    service: JobService = api.app.state.services.jobs   # the status its tenant would read
     assert service.get(team_a, job_a).pending["reason"] == "tenant_disabled"
     assert api.post("/v1/admin/tenants/ops/disable", headers=bearer(root)).status_code == 409
 

@@ -9,7 +9,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from e31.api import create_app
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.core.spec import JobSpec, RetryPolicy
 from e31.edge.artifacts import ArtifactStore
@@ -21,10 +21,10 @@ from e31.store import Repo
 def api(repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path):
     settings = Settings(redis_url=redis_url, home=tmp_path)
     artifacts = ArtifactStore(f"file://{tmp_path / 'artifacts'}")
-    service = Service(settings=settings, repo=repo, artifacts=artifacts, redis_client=redis_client)
+    service = Services(settings=settings, repo=repo, artifacts=artifacts, redis_client=redis_client)
     _, token_a = repo.create_tenant("team-a", now=utcnow())
     _, token_b = repo.create_tenant("team-b", now=utcnow())
-    client = TestClient(create_app(settings, service=service))
+    client = TestClient(create_app(settings, services=service))
     return client, artifacts, {"a": {"Authorization": f"Bearer {token_a}"},
                                "b": {"Authorization": f"Bearer {token_b}"}}
 
@@ -184,7 +184,7 @@ def test_outputs_are_listed_and_downloaded_and_paths_cannot_escape(api, tmp_path
 def _tenant_id(client: TestClient, headers: dict[str, str]) -> str:
     """The tenant id behind a token, as the artifact store keys it."""
     token = headers["Authorization"].split()[1]
-    service = client.app.state.service
+    service = client.app.state.services.tokens
     return service.authenticate(token).id
 
 
@@ -197,8 +197,8 @@ def test_the_openapi_document_describes_the_job_routes(api) -> None:
 def test_the_pools_retry_policy_fills_what_a_spec_leaves_out(
         repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
     settings = Settings(redis_url=redis_url, retries=RetryPolicy(max=2, backoff_s=3))
-    service = Service(settings=settings, repo=repo, artifacts=ArtifactStore(f"file://{tmp_path}"),
-                      redis_client=redis_client)
+    service = Services(settings=settings, repo=repo, artifacts=ArtifactStore(f"file://{tmp_path}"),
+                       redis_client=redis_client).jobs
     tenant, _ = repo.create_tenant("pool", now=utcnow())
 
     plain = service.submit(tenant, JobSpec.parse({"entrypoint": "m:f"}))

@@ -30,7 +30,7 @@ from cryptography.fernet import Fernet
 
 from e31.api import create_app
 from e31.api.errors import STATUS
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.core.spec import MAX_DISK_GB
 from e31.edge.artifacts import ArtifactStore
@@ -194,9 +194,9 @@ def test_the_document_says_every_refusal_with_one_body_and_only_json_schema(
         sqlite_repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
     # Given the OpenAPI document of the app
     settings = Settings(redis_url=redis_url, home=tmp_path)
-    service = Service(settings=settings, repo=sqlite_repo, redis_client=redis_client,
+    service = Services(settings=settings, repo=sqlite_repo, redis_client=redis_client,
                       artifacts=ArtifactStore(f"file://{tmp_path / 'artifacts'}"))
-    doc = create_app(settings, service=service).openapi()
+    doc = create_app(settings, services=service).openapi()
 
     # Then every operation but health documents 401 and 503, each error answer is ErrorBody,
     error_ref = "#/components/schemas/ErrorBody"

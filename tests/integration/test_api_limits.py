@@ -25,7 +25,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import TypeAdapter
 
-from e31.api import service as service_module
+from e31.api.services import arrays as arrays_service
 from e31.core import spec as spec_module
 from e31.core.clock import utcnow
 from e31.edge.celeryapp import make_celery
@@ -345,7 +345,7 @@ def test_a_name_with_a_newline_gets_422_naming_the_field(
 
     # With the check switched off (the hole), the same request is taken
     monkeypatch.setattr(spec_module, "check_name", lambda value, what="": value)
-    monkeypatch.setattr(service_module, "check_name", lambda value, what="": value)
+    monkeypatch.setattr(arrays_service, "check_name", lambda value, what="": value)
     assert client.post(path, json=body, headers=token).status_code == 201
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.core.errors import SetupError, SpecConflict
 from e31.core.spec import JobSpec
@@ -54,8 +54,8 @@ def test_an_arrays_outputs_are_staged_for_its_tenant_and_refused_to_another(
 def test_a_spec_naming_another_tenants_array_is_refused_at_submit(
         repo: Repo, redis_client: redis.Redis, tmp_path: Path) -> None:
     # Given the API's service, and tenant A's array
-    service = Service(settings=Settings(home=tmp_path), repo=repo, artifacts=ArtifactStore(
-        f"file://{tmp_path / 'artifacts'}"), redis_client=redis_client)
+    service = Services(settings=Settings(home=tmp_path), repo=repo, artifacts=ArtifactStore(
+        f"file://{tmp_path / 'artifacts'}"), redis_client=redis_client).jobs
     a, _ = repo.create_tenant("a", now=utcnow())
     b, _ = repo.create_tenant("b", now=utcnow())
     array_id, _ = array(repo, a.id, 1)

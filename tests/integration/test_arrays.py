@@ -10,7 +10,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from e31.api import create_app
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core import keys
 from e31.core.clock import utcnow
 from e31.core.errors import NotFound, SpecError
@@ -29,8 +29,8 @@ CPU = {"entrypoint": "pkg.mod:main", "resources": {"gpus": 0}}
 
 
 @pytest.fixture
-def service(repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> Service:
-    return Service(settings=Settings(redis_url=redis_url, home=tmp_path), repo=repo,
+def service(repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> Services:
+    return Services(settings=Settings(redis_url=redis_url, home=tmp_path), repo=repo,
                    artifacts=ArtifactStore(f"file://{tmp_path / 'artifacts'}"),
                    redis_client=redis_client)
 
@@ -55,14 +55,14 @@ def claim(repo: Repo, job_id: str):  # type: ignore[no-untyped-def]
 
 
 def test_an_array_stores_every_item_queued_in_index_order_and_wakes_the_scheduler_once(
-        service: Service, repo: Repo, tenant: TenantRecord, redis_client: redis.Redis) -> None:
+        service: Services, repo: Repo, tenant: TenantRecord, redis_client: redis.Redis) -> None:
     # Given five items over common defaults
     # When they are submitted as one array
-    array = service.submit_many(tenant, items(5), name="lr-sweep", defaults=CPU)
+    array = service.arrays.submit(tenant, items(5), name="lr-sweep", defaults=CPU)
 
     # Then the array and its five jobs are stored, queued, in index order
     assert array.id.startswith("a-") and array.size == 5
-    status = service.get_array(tenant, array.id).to_status()
+    status = service.arrays.get(tenant, array.id).to_status()
     assert (status["state"], status["total"], status["queued"], status["done"]) == \
         ("queued", 5, 5, 0)
     assert [i["index"] for i in status["items"]] == [0, 1, 2, 3, 4]
@@ -75,7 +75,7 @@ def test_an_array_stores_every_item_queued_in_index_order_and_wakes_the_schedule
 
 
 def test_one_bad_item_refuses_the_whole_array_naming_the_item_and_stores_nothing(
-        service: Service, repo: Repo, tenant: TenantRecord) -> None:
+        service: Services, repo: Repo, tenant: TenantRecord) -> None:
     # Given ten items of which the fourth asks for 64 GPUs and the seventh an unknown class
     batch = items(10)
     batch[3]["resources"] = {"gpus": 64}
@@ -83,7 +83,7 @@ def test_one_bad_item_refuses_the_whole_array_naming_the_item_and_stores_nothing
 
     # When they are submitted as one array
     with pytest.raises(SpecError) as exc:
-        service.submit_many(tenant, batch, defaults=CPU)
+        service.arrays.submit(tenant, batch, defaults=CPU)
 
     # Then one error names both items and their fields, and nothing was stored
     fields = [e["field"] for e in exc.value.errors]
@@ -93,13 +93,13 @@ def test_one_bad_item_refuses_the_whole_array_naming_the_item_and_stores_nothing
 
 
 def test_too_many_or_no_items_are_refused_with_a_clear_error(
-        service: Service, tenant: TenantRecord) -> None:
+        service: Services, tenant: TenantRecord) -> None:
     with pytest.raises(SpecError) as exc:
-        service.submit_many(tenant, [{}] * (MAX_ARRAY_ITEMS + 1), defaults=CPU)
+        service.arrays.submit(tenant, [{}] * (MAX_ARRAY_ITEMS + 1), defaults=CPU)
     assert exc.value.errors[0]["field"] == "items"
     assert f"at most {MAX_ARRAY_ITEMS}" in exc.value.errors[0]["reason"]
     with pytest.raises(SpecError):
-        service.submit_many(tenant, [], defaults=CPU)
+        service.arrays.submit(tenant, [], defaults=CPU)
 
 
 def test_ten_thousand_items_are_inserted_by_one_insert_array_call(
@@ -125,9 +125,9 @@ def test_ten_thousand_items_are_inserted_by_one_insert_array_call(
 
 
 def test_the_counts_follow_the_items_through_success_failure_and_cancel(
-        service: Service, repo: Repo, tenant: TenantRecord) -> None:
+        service: Services, repo: Repo, tenant: TenantRecord) -> None:
     # Given a four-item array: one succeeds, one fails, one runs, one waits
-    array = service.submit_many(tenant, items(4), defaults=CPU)
+    array = service.arrays.submit(tenant, items(4), defaults=CPU)
     ids = [i.id for i in array.items or []]
     ok = claim(repo, ids[0])
     succeeded = Outcome(AttemptReason.SUCCEEDED, result={"loss": 0.5},
@@ -138,7 +138,7 @@ def test_the_counts_follow_the_items_through_success_failure_and_cancel(
     claim(repo, ids[2])
 
     # When the array is read
-    status = service.get_array(tenant, array.id).to_status()
+    status = service.arrays.get(tenant, array.id).to_status()
 
     # Then the whole and each item say where they are
     counted = ("total", "done", "succeeded", "failed", "running", "queued")
@@ -149,7 +149,7 @@ def test_the_counts_follow_the_items_through_success_failure_and_cancel(
     assert status["items"][1]["reason"] == "error"
 
     # And the manifest gives each item's params, result, outputs and error in index order
-    manifest = service.array_manifest(tenant, array.id).to_dict()
+    manifest = service.arrays.manifest(tenant, array.id).to_dict()
     assert [m["index"] for m in manifest["items"]] == [0, 1, 2, 3]
     first, second = manifest["items"][0], manifest["items"][1]
     assert (first["params"], first["result"], first["outputs"]) == \
@@ -158,9 +158,9 @@ def test_the_counts_follow_the_items_through_success_failure_and_cancel(
 
 
 def test_cancelling_an_array_cancels_queued_items_at_once_and_asks_running_ones_to_stop(
-        service: Service, repo: Repo, tenant: TenantRecord) -> None:
+        service: Services, repo: Repo, tenant: TenantRecord) -> None:
     # Given a three-item array: one succeeded, one running, one queued
-    array = service.submit_many(tenant, items(3), defaults=CPU)
+    array = service.arrays.submit(tenant, items(3), defaults=CPU)
     ids = [i.id for i in array.items or []]
     done = claim(repo, ids[0])
     repo.record_outcome(ids[0], done.token, Outcome(AttemptReason.SUCCEEDED, result=1),
@@ -168,7 +168,7 @@ def test_cancelling_an_array_cancels_queued_items_at_once_and_asks_running_ones_
     running = claim(repo, ids[1])
 
     # When the whole array is cancelled
-    status = service.cancel_array(tenant, array.id).to_status()
+    status = service.arrays.cancel(tenant, array.id).to_status()
 
     # Then the queued item is cancelled and can never be claimed, the running one is asked
     # to stop through its lease, and the finished one stays
@@ -177,17 +177,17 @@ def test_cancelling_an_array_cancels_queued_items_at_once_and_asks_running_ones_
     assert repo.get_job(tenant.id, ids[2]).reason == "cancelled"
     assert repo.renew(ids[1], running.token, now=utcnow(), lease_ttl_s=30) == (True, True, False)
     repo.record_outcome(ids[1], running.token, Outcome(AttemptReason.CANCELLED), now=utcnow())
-    final = service.get_array(tenant, array.id).to_status()
+    final = service.arrays.get(tenant, array.id).to_status()
     assert (final["state"], final["done"], final["cancelled"]) == ("cancelled", 3, 2)
     # and cancelling again changes nothing
-    assert service.cancel_array(tenant, array.id).to_status()["items"] == final["items"]
+    assert service.arrays.cancel(tenant, array.id).to_status()["items"] == final["items"]
 
 
 def test_a_tenant_cannot_read_cancel_or_fetch_the_manifest_of_another_tenants_array(
-        service: Service, repo: Repo, tenant: TenantRecord) -> None:
+        service: Services, repo: Repo, tenant: TenantRecord) -> None:
     # Given an array of tenant A
     other, _ = repo.create_tenant("team-b", now=utcnow())
-    array = service.submit_many(tenant, items(2), defaults=CPU)
+    array = service.arrays.submit(tenant, items(2), defaults=CPU)
 
     # When tenant B asks for it
     # Then it does not exist for B, and A's array is untouched
@@ -203,11 +203,11 @@ def test_a_tenant_cannot_read_cancel_or_fetch_the_manifest_of_another_tenants_ar
 # -- through the HTTP API -----------------------------------------------------------------
 
 @pytest.fixture
-def api(service: Service, repo: Repo,
+def api(service: Services, repo: Repo,
         tmp_path: Path) -> tuple[TestClient, dict[str, dict[str, str]]]:
     _, token_a = repo.create_tenant("api-a", now=utcnow())
     _, token_b = repo.create_tenant("api-b", now=utcnow())
-    client = TestClient(create_app(Settings(home=tmp_path), service=service))
+    client = TestClient(create_app(Settings(home=tmp_path), services=service))
     return client, {"a": {"Authorization": f"Bearer {token_a}"},
                     "b": {"Authorization": f"Bearer {token_b}"}}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from e31.api.bundles import GIB, BundleChecks
+from e31.api.services.bundles import GIB, BundleService
 from e31.core.clock import utcnow
 from e31.core.errors import TooLarge
 from e31.edge.bundlestore import STALE_UPLOAD_S, TMP_PREFIX, BundleStore
@@ -96,9 +96,9 @@ def test_the_default_quota_takes_bundles(repo: Repo, make_app: MakeApp) -> None:
                                       headers=bearer(token)).status_code == 201
 
 
-def checks_over(tmp_path: Path) -> tuple[BundleChecks, BundleStore]:
+def checks_over(tmp_path: Path) -> tuple[BundleService, BundleStore]:
     store = BundleStore(f"file://{tmp_path / 'artifacts'}")
-    return BundleChecks(settings=Settings(tenant_bundle_gb=QUOTA_GB), store=store), store
+    return BundleService(settings=Settings(tenant_bundle_gb=QUOTA_GB), store=store), store
 
 
 async def paused(data: bytes, gate: asyncio.Event | None) -> AsyncIterator[bytes]:

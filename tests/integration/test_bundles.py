@@ -14,7 +14,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from e31.api import create_app
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.client import Client
 from e31.client.bundle import pack
 from e31.core.clock import utcnow
@@ -33,10 +33,10 @@ def api(repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path) -
     settings = Settings(redis_url=redis_url, home=tmp_path, bundle_max_bytes=LIMIT_BYTES,
                         input_file_roots=(str(shared),))
     artifacts = ArtifactStore(f"file://{tmp_path / 'artifacts'}")
-    service = Service(settings=settings, repo=repo, artifacts=artifacts, redis_client=redis_client)
+    service = Services(settings=settings, repo=repo, artifacts=artifacts, redis_client=redis_client)
     tenant_a, token_a = repo.create_tenant("team-a", now=utcnow())
     tenant_b, token_b = repo.create_tenant("team-b", now=utcnow())
-    http = TestClient(create_app(settings, service=service))
+    http = TestClient(create_app(settings, services=service))
     return {"http": http, "shared": shared, "bundles": tmp_path / "artifacts" / "bundles",
             "ids": {"a": tenant_a.id, "b": tenant_b.id},
             "h": {"a": {"Authorization": f"Bearer {token_a}"},
@@ -164,8 +164,8 @@ def test_an_oversized_bundle_gets_413_naming_the_limit(api) -> None:
 def test_a_bundle_is_not_bounded_by_the_request_body_limit(api, tmp_path: Path) -> None:
     # Given a request body limit smaller than the bundle
     settings = Settings(redis_url="redis://unused", home=tmp_path, max_request_bytes=1024)
-    service = api["http"].app.state.service
-    small = TestClient(create_app(settings, service=service))
+    service = api["http"].app.state.services
+    small = TestClient(create_app(settings, services=service))
     data = tar_of((member("a.bin"), b"\1" * 4096))
 
     # Then the bundle's own limit applies to the upload, not max_request_bytes
@@ -271,7 +271,7 @@ def test_the_client_uploads_code_and_a_local_input_once(api, tmp_path: Path) -> 
     assert [(s.field, s.held, s.uploaded) for s in client.last_bundles] == \
         [("workdir", True, False), ("inputs.rows", True, False)]
     assert len(stored_files(api)) == 2
-    spec = api["http"].app.state.service._repo.get_job(None, second.id).spec
+    spec = api["http"].app.state.services.repo.get_job(None, second.id).spec
     assert first.id != second.id and spec["code"] == sent_first[0].digest
     assert spec["inputs"] == {"rows": f"bundle:{sent_first[1].digest}/rows.csv"}
 
@@ -290,10 +290,10 @@ def test_the_client_reports_the_api_limit_on_an_oversized_bundle(api, tmp_path: 
 def test_inputs_count_toward_what_one_request_may_store(api, tmp_path: Path) -> None:
     # Given a pool that lets one request store 1024 bytes of free-form text
     settings = Settings(redis_url="redis://unused", home=tmp_path, max_spec_bytes_per_request=1024)
-    service = api["http"].app.state.service
-    small = TestClient(create_app(settings, service=Service(
-        settings=settings, repo=service._repo, artifacts=service._artifacts,
-        redis_client=service._redis)))
+    service = api["http"].app.state.services
+    small = TestClient(create_app(settings, services=Services(
+        settings=settings, repo=service.repo, artifacts=service.artifacts,
+        redis_client=service.redis)))
     source = "s3://bucket/" + "k" * 400
 
     # When an array's defaults lay a long input under each of 3 items

@@ -8,7 +8,8 @@ from pathlib import Path
 import redis
 from sqlalchemy import text
 
-from e31.api.service import Service
+from e31.api.services import Services
+from e31.api.services.jobs import JobService
 from e31.core.clock import utcnow
 from e31.core.records import Outcome
 from e31.core.sizeclasses import route
@@ -51,9 +52,9 @@ def owners(repo: Repo, job_ids: list[str]) -> dict[str, int]:
     return counts
 
 
-def service(repo: Repo, redis_client: redis.Redis, tmp_path: Path) -> Service:
-    return Service(settings=Settings(), repo=repo, artifacts=ArtifactStore(f"file://{tmp_path}"),
-                   redis_client=redis_client)
+def service(repo: Repo, redis_client: redis.Redis, tmp_path: Path) -> JobService:
+    return Services(settings=Settings(), repo=repo, artifacts=ArtifactStore(f"file://{tmp_path}"),
+                    redis_client=redis_client).jobs
 
 
 def test_weights_two_to_one_split_the_idle_slots_two_to_one(

@@ -33,7 +33,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from e31.api import create_app
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
@@ -166,9 +166,9 @@ def world(repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path)
     settings = Settings(redis_url=redis_url, home=tmp_path, metrics_token=METRICS_TOKEN,
                         secrets_key=Fernet.generate_key().decode())
     artifacts = ArtifactStore(f"file://{tmp_path / 'artifacts'}")
-    service = Service(settings=settings, repo=repo, redis_client=redis_client,
+    service = Services(settings=settings, repo=repo, redis_client=redis_client,
                       artifacts=artifacts)
-    http = TestClient(create_app(settings, service=service))
+    http = TestClient(create_app(settings, services=service))
     now = utcnow()
     owner, owner_token = repo.create_tenant("owner", now=now)
     _, other_token = repo.create_tenant("other", now=now)
@@ -203,7 +203,7 @@ def world(repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path)
 
 def test_every_route_has_a_row_of_expected_statuses(tmp_path: Path) -> None:
     # Given the app's route table (no store is asked: the service is a stand-in)
-    routes = set(api_routes(create_app(Settings(home=tmp_path), service=MagicMock())))
+    routes = set(api_routes(create_app(Settings(home=tmp_path), services=MagicMock())))
 
     # Then every route has a row, and every row a route (no stale row hides a renamed one)
     missing = sorted(routes - set(ROWS))

@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event
 
 from e31.api import create_app, waits
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core import keys
 from e31.core.clock import utcnow
 from e31.core.records import Claim, Outcome
@@ -181,11 +181,11 @@ def api(sqlite_repo: Repo, redis_url: str, redis_client: redis.Redis,
         tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
     """The API over SQLite only: what a long poll reads of the store is one SELECT by key."""
     settings = Settings(redis_url=redis_url, home=tmp_path)
-    service = Service(settings=settings, repo=sqlite_repo,
+    service = Services(settings=settings, repo=sqlite_repo,
                       artifacts=ArtifactStore(f"file://{tmp_path / 'artifacts'}"),
                       redis_client=redis_client)
     _, token = sqlite_repo.create_tenant("team-a", now=utcnow())
-    app = create_app(settings, service=service)
+    app = create_app(settings, services=service)
     yield TestClient(app), {"Authorization": f"Bearer {token}"}
     app.state.job_ends.close()
 

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from e31.api import create_app
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core import keys, metrics
 from e31.core.clock import utcnow
 from e31.core.records import Outcome
@@ -50,10 +50,10 @@ def api(repo: Repo, redis_url: str, redis_client: redis.Redis,
         tmp_path: Path) -> Iterator[tuple[TestClient, Repo]]:
     settings = Settings(redis_url=redis_url, home=tmp_path, metrics_token=TOKEN)
     (tmp_path / "artifacts").mkdir()
-    service = Service(settings=settings, repo=repo,
+    service = Services(settings=settings, repo=repo,
                       artifacts=ArtifactStore(f"file://{tmp_path / 'artifacts'}"),
                       redis_client=redis_client)
-    with TestClient(create_app(settings, service=service)) as client:
+    with TestClient(create_app(settings, services=service)) as client:
         yield client, repo
 
 
@@ -287,9 +287,9 @@ def test_without_a_metrics_token_only_loopback_clients_are_answered(
         repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path, host: str,
         status: int) -> None:
     settings = Settings(redis_url=redis_url, home=tmp_path)
-    service = Service(settings=settings, repo=repo, artifacts=ArtifactStore(f"file://{tmp_path}"),
+    service = Services(settings=settings, repo=repo, artifacts=ArtifactStore(f"file://{tmp_path}"),
                       redis_client=redis_client)
-    client = TestClient(create_app(settings, service=service), client=(host, 50000))
+    client = TestClient(create_app(settings, services=service), client=(host, 50000))
     response = client.get("/metrics")
     assert response.status_code == status
     if status == 200:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import redis
 
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
@@ -22,9 +22,9 @@ from tests.integration.test_store import publish
 GPU24 = "e31.gpu24"
 
 
-def service(repo: Repo, redis_client: redis.Redis, tmp_path: Path) -> Service:
-    return Service(settings=Settings(), repo=repo, artifacts=ArtifactStore(f"file://{tmp_path}"),
-                   redis_client=redis_client)
+def service(repo: Repo, redis_client: redis.Redis, tmp_path: Path) -> Services:
+    return Services(settings=Settings(), repo=repo, artifacts=ArtifactStore(f"file://{tmp_path}"),
+                    redis_client=redis_client)
 
 
 def test_a_class_without_any_worker_says_so_and_gives_no_estimate(
@@ -41,7 +41,7 @@ def test_a_class_without_any_worker_says_so_and_gives_no_estimate(
     make(repo, redis_url, dispatch_headroom=0).tick()
 
     # When its owner asks why it waits
-    pending = service(repo, redis_client, tmp_path).get(a, big).pending
+    pending = service(repo, redis_client, tmp_path).jobs.get(a, big).pending
 
     # Then it hears that no worker serves gpu80 at all, not that it waits for a free GPU
     assert pending is not None
@@ -53,7 +53,7 @@ def test_a_class_without_any_worker_says_so_and_gives_no_estimate(
 
     # And once a gpu80 worker beats, the same job waits for it like any other
     heartbeat(redis_client, "gpu2@n", ["e31.gpu80", GPU24], busy_job="j-" + "0" * 20)
-    again = service(repo, redis_client, tmp_path).get(a, big).pending
+    again = service(repo, redis_client, tmp_path).jobs.get(a, big).pending
     assert again is not None and again["reason"] == "no_capacity"
 
 
@@ -72,7 +72,7 @@ def test_a_quota_of_zero_gives_no_estimated_start_and_says_why(
     assert make(repo, redis_url, dispatch_headroom=0).tick() == 0
 
     # When its owner asks when it starts
-    pending = service(repo, redis_client, tmp_path).get(a, held).pending
+    pending = service(repo, redis_client, tmp_path).jobs.get(a, held).pending
 
     # Then it is held by the quota, with no estimate: only an admin raising the quota starts it
     assert pending is not None and pending["reason"] == "quota"
@@ -82,7 +82,7 @@ def test_a_quota_of_zero_gives_no_estimated_start_and_says_why(
 
     # And a quota that only the running jobs fill keeps its estimate
     repo.update_tenant("a", quotas={"gpu24": 1})
-    again = service(repo, redis_client, tmp_path).get(a, held).pending
+    again = service(repo, redis_client, tmp_path).jobs.get(a, held).pending
     assert again is not None and again["estimated_start"] is not None
 
 
@@ -93,15 +93,15 @@ def test_while_redis_is_down_a_waiting_job_and_the_queue_say_the_broker_is_unrea
     job = one(repo, a.id)
     heartbeat(redis_client, "gpu0@n", [GPU24])
     up = service(repo, redis_client, tmp_path)
-    assert up.queue(a)["broker"] == "ok"
-    assert up.queue(a)["classes"][0]["gpus"] == 1
+    assert up.queue.overview(a)["broker"] == "ok"
+    assert up.queue.overview(a)["classes"][0]["gpus"] == 1
 
     # When the API's Redis cannot be reached (a port nobody listens on)
     down_client = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0",
                                        socket_connect_timeout=1)
     down = service(repo, down_client, tmp_path)
-    pending = down.get(a, job).pending
-    view = down.queue(a)
+    pending = down.jobs.get(a, job).pending
+    view = down.queue.overview(a)
 
     # Then the job's reason is the broker, not capacity, and the queue says it could not read
     # the pool rather than showing zero GPUs as if it had

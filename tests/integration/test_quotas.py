@@ -19,7 +19,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from e31.api import create_app
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.client import Client
 from e31.core.clock import utcnow
 from e31.core.sizeclasses import route
@@ -117,9 +117,9 @@ class Api:
     def __init__(self, repo: Repo, store: ArtifactStore, redis_url: str, r: redis.Redis,
                  home: Path, token: str, **limits: Any) -> None:
         settings = Settings(redis_url=redis_url, home=home, **limits)
-        service = Service(settings=settings, repo=repo, artifacts=store, redis_client=r)
+        service = Services(settings=settings, repo=repo, artifacts=store, redis_client=r)
         headers = {"Authorization": f"Bearer {token}"}
-        self.http = TestClient(create_app(settings, service=service), headers=headers)
+        self.http = TestClient(create_app(settings, services=service), headers=headers)
         self.client = Client("http://testserver", token)
         self.client._http = self.http  # every call of the client goes to the app in-process
 

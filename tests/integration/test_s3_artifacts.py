@@ -21,7 +21,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from e31.api import create_app
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.core.errors import NotFound
 from e31.edge import artifacts as artifacts_module
@@ -168,10 +168,10 @@ def api(sqlite_repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: 
                         s3_endpoint_url=s3.endpoint, s3_access_key_id=s3.options["key"],
                         s3_secret_access_key=s3.options["secret"])
     artifacts = ArtifactStore(s3_url, storage_options=storage_options(settings))
-    service = Service(settings=settings, repo=sqlite_repo, artifacts=artifacts,
+    service = Services(settings=settings, repo=sqlite_repo, artifacts=artifacts,
                       redis_client=redis_client)
     tenant, token = sqlite_repo.create_tenant("team-s3", now=utcnow())
-    client = TestClient(create_app(settings, service=service))
+    client = TestClient(create_app(settings, services=service))
     return client, artifacts, {"Authorization": f"Bearer {token}"}, tenant.id
 
 

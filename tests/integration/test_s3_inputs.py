@@ -16,7 +16,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from e31.api import create_app
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.core.errors import SetupError
 from e31.core.records import Claim
@@ -61,11 +61,11 @@ def _forms(url: str) -> list[str]:
 def _submit(s3: S3Server, artifacts_url: str, tmp_path: Path, repo: Repo,
             redis_client: redis.Redis, source: str) -> Any:
     settings = _settings(s3, artifacts_url, tmp_path)
-    service = Service(settings=settings, repo=repo,
+    service = Services(settings=settings, repo=repo,
                       artifacts=ArtifactStore(artifacts_url, storage_options=s3.options),
                       redis_client=redis_client)
     _, token = repo.create_tenant(f"b-{len(repo.list_tenants())}", now=utcnow())
-    client = TestClient(create_app(settings, service=service))
+    client = TestClient(create_app(settings, services=service))
     return client.post("/v1/jobs", json={"entrypoint": "m:f", "inputs": {"theirs": source}},
                        headers={"Authorization": f"Bearer {token}"})
 

@@ -137,7 +137,7 @@ def test_a_second_scheduler_waits_while_the_first_leads(repo: Repo, redis_url: s
 
 def test_a_submit_wakes_the_scheduler_at_once(repo: Repo, redis_url: str,
                                               redis_client: redis.Redis, tmp_path) -> None:
-    from e31.api.service import Service
+    from e31.api.services import Services
     from e31.edge.artifacts import ArtifactStore
     tenant, _ = repo.create_tenant("a", now=utcnow())
     heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])
@@ -150,8 +150,9 @@ def test_a_submit_wakes_the_scheduler_at_once(repo: Repo, redis_url: str,
     try:
         from tests.conftest import wait_for
         wait_for(lambda: redis_client.get(keys.LEADER), what="leadership")
-        service = Service(settings=settings, repo=repo, artifacts=ArtifactStore(f"file://{tmp_path}"),
-                          redis_client=redis_client)
+        service = Services(settings=settings, repo=repo,
+                           artifacts=ArtifactStore(f"file://{tmp_path}"),
+                           redis_client=redis_client).jobs
         job = service.submit(tenant, JobSpec.parse({"entrypoint": "pkg.mod:main"}))
         wait_for(lambda: job.id in published(redis_client, "e31.gpu24"), timeout_s=5,
                  what="the job to be published without waiting for a tick")

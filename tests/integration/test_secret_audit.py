@@ -10,7 +10,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from e31.api import create_app
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.secrets import generate_key
@@ -25,9 +25,9 @@ def test_secret_set_and_delete_are_audited_by_name_never_by_value(
         repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
     # Given a pool with a secrets key, an admin, and a tenant with a token
     settings = Settings(redis_url=redis_url, home=tmp_path, secrets_key=generate_key())
-    service = Service(settings=settings, repo=repo, redis_client=redis_client,
+    service = Services(settings=settings, repo=repo, redis_client=redis_client,
                       artifacts=ArtifactStore(f"file://{tmp_path / 'artifacts'}"))
-    api = TestClient(create_app(settings, service=service))
+    api = TestClient(create_app(settings, services=service))
     _, root = repo.create_tenant("ops", admin=True, now=utcnow())
     _, token = repo.create_tenant("team-a", now=utcnow())
     key = repo.tenant_for_token(token).key_id   # type: ignore[union-attr]

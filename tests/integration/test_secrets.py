@@ -29,7 +29,7 @@ from kombu import Connection
 from sqlalchemy import MetaData, select
 
 from e31.api import create_app
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.celeryapp import make_celery
@@ -54,9 +54,9 @@ def stack(repo: Repo, redis_url: str, redis_client: redis.Redis,
     settings = Settings(redis_url=redis_url, home=tmp_path, secrets_key=generate_key(),
                         dispatch_headroom=0)
     artifacts = ArtifactStore(f"file://{tmp_path / 'artifacts'}")
-    service = Service(settings=settings, repo=repo, artifacts=artifacts,
+    service = Services(settings=settings, repo=repo, artifacts=artifacts,
                       redis_client=redis_client)
-    client = TestClient(create_app(settings, service=service))
+    client = TestClient(create_app(settings, services=service))
     heads = {}
     for name in ("team-a", "team-b"):
         _, token = repo.create_tenant(name, now=utcnow())
@@ -213,12 +213,12 @@ def test_the_same_search_finds_a_value_given_in_env(stack: dict[str, Any],
 def test_without_a_key_the_secrets_routes_answer_503_saying_so(
         repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
     settings = Settings(redis_url=redis_url, home=tmp_path)
-    service = Service(settings=settings, repo=repo,
+    service = Services(settings=settings, repo=repo,
                       artifacts=ArtifactStore(f"file://{tmp_path / 'a'}"),
                       redis_client=redis_client)
     _, token = repo.create_tenant("team-a", now=utcnow())
     head = {"Authorization": f"Bearer {token}"}
-    with TestClient(create_app(settings, service=service)) as client:
+    with TestClient(create_app(settings, services=service)) as client:
         answers = [client.put("/v1/secrets/HF_TOKEN", json={"value": "v"}, headers=head),
                    client.get("/v1/secrets", headers=head),
                    client.delete("/v1/secrets/HF_TOKEN", headers=head)]

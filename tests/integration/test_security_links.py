@@ -20,7 +20,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from e31.api import create_app
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.core.errors import LinkRefused
 from e31.core.sizeclasses import route
@@ -66,8 +66,8 @@ class Api:
     def __init__(self, repo: Repo, store: ArtifactStore, redis_url: str, r: redis.Redis,
                  home: Path, token: str) -> None:
         settings = Settings(redis_url=redis_url, home=home)
-        service = Service(settings=settings, repo=repo, artifacts=store, redis_client=r)
-        self.client = TestClient(create_app(settings, service=service))
+        service = Services(settings=settings, repo=repo, artifacts=store, redis_client=r)
+        self.client = TestClient(create_app(settings, services=service))
         self.headers = {"Authorization": f"Bearer {token}"}
 
     def get(self, path: str) -> Any:

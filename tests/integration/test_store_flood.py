@@ -43,7 +43,7 @@ from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session
 
 from e31.api import create_app
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.core.errors import SpecError, StoreError
 from e31.core.sizeclasses import route
@@ -302,7 +302,7 @@ def test_a_flood_of_the_worst_array_requests_locks_no_one_out_of_the_store(
                         max_after_per_request=MAX_ARRAY_ITEMS * ATTACK_AFTER_PER_ITEM,
                         tenant_max_queued=1_000_000, tenant_submit_rate_per_s=1e6,
                         tenant_submit_burst=1_000_000)
-    service = Service(settings=settings, repo=api_repo, artifacts=ArtifactStore(
+    service = Services(settings=settings, repo=api_repo, artifacts=ArtifactStore(
         f"file://{tmp_path / 'artifacts'}"), redis_client=redis_client)
     a, token_a = api_repo.create_tenant("a", now=utcnow())
     b, token_b = api_repo.create_tenant("b", now=utcnow())
@@ -323,7 +323,7 @@ def test_a_flood_of_the_worst_array_requests_locks_no_one_out_of_the_store(
     renewed = utcnow()
     assert worker.renew(running.id, lease.token, now=renewed, lease_ttl_s=lease_s)[0]
     parties = Parties(
-        app=create_app(settings, service=service),
+        app=create_app(settings, services=service),
         as_a={"Authorization": f"Bearer {token_a}", "Content-Type": "application/json"},
         as_b={"Authorization": f"Bearer {token_b}"}, attack=attack, valid=valid,
         worker=worker, reconciler=reconciler, job_id=running.id, token=lease.token,

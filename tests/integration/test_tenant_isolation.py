@@ -27,7 +27,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from e31.api import create_app
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.core.sizeclasses import route
 from e31.core.spec import JobSpec
@@ -109,8 +109,8 @@ def world(repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path,
     # And bravo's array, logs, outputs and bundle, through the same API alpha uses
     settings = Settings(redis_url=redis_url, home=tmp_path)
     artifacts = ArtifactStore(f"file://{tmp_path / 'artifacts'}")
-    service = Service(settings=settings, repo=repo, artifacts=artifacts, redis_client=redis_client)
-    http = TestClient(create_app(settings, service=service))
+    service = Services(settings=settings, repo=repo, artifacts=artifacts, redis_client=redis_client)
+    http = TestClient(create_app(settings, services=service))
     as_bravo = {"Authorization": f"Bearer {bravo_token}"}
     array = http.post("/v1/arrays", json={"name": "bravo-secret-array", "items": [
         {"entrypoint": "pkg.mod:main"}, {"entrypoint": "pkg.mod:main"}]}, headers=as_bravo)

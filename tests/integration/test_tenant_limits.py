@@ -17,7 +17,7 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
-from e31.api.service import Service
+from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.core.errors import LimitExceeded, SpecError
 from e31.core.limits import TenantLimits, check_limits
@@ -138,7 +138,7 @@ def test_a_tenant_at_its_most_queued_jobs_gets_429_and_stores_nothing(
 
 def test_the_submit_rate_is_one_bucket_for_every_api_process(
         make_app: MakeApp, repo: Repo, head: dict[str, str]) -> None:
-    # Two API processes (two apps, each its own Service) sharing Redis: three at once, then
+    # Two API processes (two apps, each its own Services) sharing Redis: three at once, then
     # one a hundred seconds, whichever process a request reaches.
     one, two = (TestClient(make_app(tenant_submit_rate_per_s=0.01, tenant_submit_burst=3))
                 for _ in range(2))
@@ -187,9 +187,9 @@ def test_submits_racing_at_the_queue_limit_do_not_all_pass(
     # and eight submits released at once
     monkeypatch.setattr(jobs_module, "hold_queued", check)
     settings = Settings(redis_url="redis://unused", home=tmp_path, tenant_max_queued=4)
-    service = Service(settings=settings, repo=repo,
-                      artifacts=ArtifactStore(f"file://{tmp_path / 'a'}"),
-                      redis_client=redis_client)
+    service = Services(settings=settings, repo=repo,
+                       artifacts=ArtifactStore(f"file://{tmp_path / 'a'}"),
+                       redis_client=redis_client).jobs
     _, token = repo.create_tenant("alpha", now=utcnow())
     tenant = repo.tenant_for_token(token)
     assert tenant is not None

@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from fastapi.testclient import TestClient
 
-from e31.api import service as service_module
+from e31.api.services import tokens as tokens_service
 from e31.core.clock import utcnow
 from e31.store import Repo
 from e31.store.tokens import LAST_USED_RESOLUTION_S, PREFIX_CHARS
@@ -60,7 +60,7 @@ def test_an_expired_token_is_refused_and_served_before_its_expiry(
 
     # When the clock passes its expiry, the next request with it is refused (the other stays)
     real = utcnow
-    monkeypatch.setattr(service_module, "utcnow", lambda: real() + timedelta(seconds=61))
+    monkeypatch.setattr(tokens_service, "utcnow", lambda: real() + timedelta(seconds=61))
     assert api.get("/v1/jobs", headers=bearer(short)).status_code == 401
     assert api.get("/v1/jobs", headers=bearer(first)).status_code == 200
 

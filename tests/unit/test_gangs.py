@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from e31.api import top
+from e31.api.services import top
 from e31.core.errors import ConfigError
 from e31.core.records import (
     Candidate,

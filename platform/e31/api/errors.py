@@ -17,7 +17,7 @@ means what (docs/jobs.md, "Status codes"):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -26,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
 
 from e31.core.errors import (
     AuthError,
@@ -193,11 +193,22 @@ def _allowed_methods(request: Request) -> list[str]:
     """The methods of every route whose path matches the request's (a path such as /v1/jobs has
     a route per method, and Starlette's 405 names only the first one's)."""
     methods: set[str] = set()
-    for route in request.app.router.routes:
+    for route in _routes(request.app.router.routes):
         match, _ = route.matches(request.scope)
         if match is not Match.NONE:
             methods |= getattr(route, "methods", None) or set()
     return sorted(methods)
+
+
+def _routes(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
+    """`routes` with the routes of each included router in its place: FastAPI keeps an included
+    router as one entry (`original_router`) that names no methods of its own."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            yield from _routes(included.routes)
+        else:
+            yield route
 
 
 def _field_path(error: Mapping[str, Any]) -> list[Any]:

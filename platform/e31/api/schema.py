@@ -69,7 +69,7 @@ NOT_A_RELATIVE_PATH = {"anyOf": [{"pattern": "^/"}, {"pattern": "\\\\"}, {"patte
 OVERRIDES = ("name", "env", "after", "inputs", "priority", "timeout_s", "retries", "resources",
              "network", "idle_timeout_s", "on_idle", "allow_pending", "preemptible")
 
-# A dry run's answer (e31.api.service.Service.dry_run): a footage source's answers only
+# A dry run's answer (e31.api.services.jobs.JobService.dry_run): a footage source's answers only
 # `dry_run`, `name` and `fanout`; a job's also where and when it could start.
 _TEXT_OR_NULL = {"type": ["string", "null"]}
 DRY_RUN: Schema = {"type": "object", "required": ["dry_run"], "properties": {

@@ -1,22 +1,20 @@
-"""`GET /v1/top`: one snapshot of the pool for `e31 top` — each class's GPUs (busy, idle,
-draining, lost; utilisation and memory from the workers' heartbeats), its backlog and oldest
-runnable wait, each GPU with its readings, and the running jobs with their tenant, runtime and
-GPU use. A tenant's token sees its own jobs by id and name and everyone else's merged into
-`others` per class, as `e31 queue` does; an admin's sees every job.
+"""One snapshot of the pool for `e31 top` (`GET /v1/top`, `e31.api.routes.top`): each class's
+GPUs (busy, idle, draining, lost; utilisation and memory from the workers' heartbeats), its
+backlog and oldest runnable wait, each GPU with its readings, and the running jobs with their
+tenant, runtime and GPU use. A tenant's token sees its own jobs by id and name and everyone
+else's merged into `others` per class, as `e31 queue` does; an admin's sees every job.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
 import redis
-from fastapi import APIRouter, Depends
 
-from e31.api import errors
 from e31.core import metrics
 from e31.core.clock import utcnow
 from e31.core.records import LeaseHolder, TenantRecord
@@ -27,7 +25,6 @@ from e31.store.pool import RunningRow
 
 log = logging.getLogger(__name__)
 
-PATH = "/v1/top"
 OTHERS = "others"   # how a tenant's token sees every other tenant (as in `e31 queue`)
 
 
@@ -39,32 +36,33 @@ class TopReads(Protocol):
     def running_jobs(self) -> list[RunningRow]: ...
 
 
-def router(settings: Settings, reads: TopReads, redis_client: redis.Redis,
-           caller: Callable[..., TenantRecord]) -> APIRouter:
-    """The `/v1/top` route; `caller` names the requesting tenant (401 without a token)."""
-    r = APIRouter()
+class TopService:
+    """The snapshot of `/v1/top`, read from the store and the workers' heartbeats in Redis."""
 
-    @r.get(PATH, tags=["queue"], responses=errors.responses(401, 503))
-    def top(t: TenantRecord = Depends(caller)) -> dict[str, Any]:
-        """The pool now: classes, GPUs, running jobs (yours, or all with an admin token)."""
+    def __init__(self, *, settings: Settings, reads: TopReads, redis_client: redis.Redis) -> None:
+        self._classes = [c.name for c in settings.size_classes]
+        self._reads = reads
+        self._redis = redis_client
+
+    def top(self, viewer: TenantRecord) -> dict[str, Any]:
+        """The pool now as `viewer` may see it: classes, GPUs, running jobs (its own, or all
+        for an admin's token)."""
         now = utcnow()
-        backlog = reads.backlog(now=now)
-        running = reads.running_jobs()
+        backlog = self._reads.backlog(now=now)
+        running = self._reads.running_jobs()
         try:
-            view: scrape.PoolView | None = scrape.read_pool_view(redis_client)
+            view: scrape.PoolView | None = scrape.read_pool_view(self._redis)
         except redis.RedisError as exc:
             log.warning("top_workers_unknown: %s", exc)
             view = None
-        return snapshot(classes=[c.name for c in settings.size_classes], backlog=backlog,
-                        running=running, view=view, viewer=t, now=now)
-
-    return r
+        return snapshot(classes=self._classes, backlog=backlog, running=running, view=view,
+                        viewer=viewer, now=now)
 
 
 def snapshot(*, classes: Sequence[str], backlog: dict[str, tuple[int, datetime | None]],
              running: Sequence[RunningRow], view: scrape.PoolView | None,
              viewer: TenantRecord, now: datetime) -> dict[str, Any]:
-    """The answer of `/v1/top` (pure: the route reads, this shapes)."""
+    """The answer of `/v1/top` (pure: `TopService.top` reads, this shapes)."""
     leases = [LeaseHolder(r.node or "", r.size_class, r.gpus,
                           bool(r.lease_expires_at and r.lease_expires_at > now),
                           held_gpus=r.held_gpus)

@@ -1,30 +1,26 @@
-"""`/v1/bundles`: a tenant's code and data bundles, uploaded once under their sha256.
+"""A tenant's code and data bundles, uploaded once under their sha256, and what a submission
+checks of the bundles and inputs its spec names (docs/jobs.md, "Bring your code, environment
+and data"); the routes are `e31.api.routes.bundles`.
 
-`HEAD /v1/bundles/sha256:<hex>` answers 200 when the caller's tenant holds the bundle (then the
-client uploads nothing; `X-E31-Bundle-Bytes` is its size) and 404 otherwise.
-`PUT /v1/bundles/sha256:<hex>` streams the body into the store while hashing it: over
-`bundle_max_bytes` it answers 413 naming the limit, and past the tenant's quota of all its
-bundles together (`tenant_bundle_gb`; 0: no bundles) 413 naming the quota and the bytes in use,
-checked before the body is read, while it is, and once more, counting the tenant's other
-uploads in progress, just before it is committed (`BundleStore.used_bytes`); a body whose
-sha256 is not the one named (409: the body conflicts with its name), or a tar with a path that
-escapes, a link out, a hard link, a device, a sparse file or a header that cannot be read (422
-naming the member), is removed and nothing is stored.
-`BundleChecks.check_spec` is what a submission checks of the bundles and inputs its spec names
-(docs/jobs.md, "Bring your code, environment and data").
+`BundleService.receive` streams a body into the store while hashing it: over `bundle_max_bytes`
+it refuses 413 naming the limit, and past the tenant's quota of all its bundles together
+(`tenant_bundle_gb`; 0: no bundles) 413 naming the quota and the bytes in use, checked before
+the body is read, while it is, and once more, counting the tenant's other uploads in progress,
+just before it is committed (`BundleStore.used_bytes`); a body whose sha256 is not the one named
+(409: the body conflicts with its name), or a tar with a path that escapes, a link out, a hard
+link, a device, a sparse file or a header that cannot be read (422 naming the member), is
+removed and nothing is stored. `BundleService.check_spec` is the bundles step of a submission
+(`e31.api.services.submission`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio.to_thread
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
 
-from e31.api import errors
 from e31.core.addresses import url_refusal
 from e31.core.bundles import (
     ARRAY_INPUT,
@@ -43,13 +39,11 @@ from e31.edge.settings import Settings
 
 log = logging.getLogger(__name__)
 
-BUNDLES_PATH = "/v1/bundles/"
-SIZE_HEADER = "X-E31-Bundle-Bytes"
 PROBLEMS_SHOWN = 20      # bad members named in one answer
 GIB = 1024 ** 3
 
 
-class BundleChecks:
+class BundleService:
     """The bundles of each tenant, as the API receives them and as specs name them."""
 
     def __init__(self, *, settings: Settings, store: BundleStore) -> None:
@@ -65,9 +59,13 @@ class BundleChecks:
         """The most bytes one tenant's bundles may take together (`tenant_bundle_gb`)."""
         return int(self._settings.tenant_bundle_gb * GIB)
 
-    def size(self, tenant: TenantRecord, digest: str) -> int | None:
-        """The tenant's bundle's size, or None when it holds none of that hash."""
-        return self._store.size(tenant.id, _digest(digest))
+    def size(self, tenant: TenantRecord, digest: str) -> int:
+        """The size of the tenant's bundle `digest`; `NotFound` when it holds none of that
+        hash (another tenant's answers the same)."""
+        size = self._store.size(tenant.id, _digest(digest))
+        if size is None:
+            raise NotFound(f"no bundle {_digest(digest)} of your tenant")
+        return size
 
     async def receive(self, tenant: TenantRecord, digest: str, chunks: AsyncIterator[bytes],
                       declared_bytes: int | None) -> dict[str, Any]:
@@ -143,7 +141,7 @@ class BundleChecks:
             field = f"inputs.{name}"
             scheme = input_scheme(source)
             if ARRAY_INPUT.fullmatch(source):
-                continue   # the store checks the array is the tenant's (Service.submit)
+                continue   # the store checks the array is the tenant's (JobService.submit)
             if scheme is None:
                 digest, _ = parse_bundle_input(source)
                 if not self._store.exists(tenant_id, digest):
@@ -184,31 +182,3 @@ def _digest(value: str) -> str:
         return check_digest(value)
     except ValueError as exc:
         raise SpecError.one("bundle", str(exc)) from None
-
-
-def add_bundle_routes(app: FastAPI, checks: BundleChecks,
-                      caller: Callable[..., TenantRecord]) -> None:
-    """`HEAD` and `PUT /v1/bundles/{digest}` for the tenant `caller` names."""
-
-    @app.head(BUNDLES_PATH + "{digest}", tags=["bundles"], responses={
-        200: {"description": "your tenant holds the bundle",
-              "headers": {SIZE_HEADER: {"schema": {"type": "integer"}}}},
-        **errors.responses(401, 404, 422, 503)})
-    def head_bundle(digest: str, t: TenantRecord = Depends(caller)) -> Response:
-        """200 when your tenant holds the bundle (its size in X-E31-Bundle-Bytes), else 404."""
-        size = checks.size(t, digest)
-        if size is None:
-            raise NotFound(f"no bundle {_digest(digest)} of your tenant")
-        return Response(status_code=200, headers={SIZE_HEADER: str(size)})
-
-    @app.put(BUNDLES_PATH + "{digest}", status_code=201, tags=["bundles"], responses={
-        200: {"description": "your tenant held the bundle already"},
-        **errors.responses(401, 409, 413, 422, 503)})
-    async def put_bundle(digest: str, request: Request,
-                         t: TenantRecord = Depends(caller)) -> JSONResponse:
-        """Upload a bundle (an uncompressed tar) under its sha256; 201 when stored, 200 when
-        your tenant held it already."""
-        length = request.headers.get("content-length")
-        answer = await checks.receive(t, digest, request.stream(),
-                                      int(length) if length and length.isdigit() else None)
-        return JSONResponse(answer, status_code=201 if answer["stored"] else 200)

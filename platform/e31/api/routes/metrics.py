@@ -1,6 +1,4 @@
-"""`GET /metrics`: the pool's Prometheus series (`e31.core.metrics` names them,
-`e31.ops.scrape` reads them from the store and Redis at each scrape, so every API replica
-answers the same; docs/operations.md, "Monitoring").
+"""`GET /metrics`: the pool's Prometheus series (`e31.api.services.metrics`).
 
 Guarded apart from the tenants' tokens: with `metrics_token` set, a scrape must send it as
 `Authorization: Bearer <token>` (401 otherwise); without one, only a client on the loopback
@@ -12,26 +10,18 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from pathlib import Path
-from urllib.parse import urlsplit
 
-import redis
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import PlainTextResponse
 
+from e31.api.services.metrics import CONTENT_TYPE, MetricsService
 from e31.edge.settings import Settings
-from e31.ops import scrape
 
 PATH = "/metrics"
 
 
-def router(settings: Settings, reads: scrape.PoolReads, redis_client: redis.Redis) -> APIRouter:
-    """The `/metrics` route over the store reads and Redis of the API."""
-    artifacts = urlsplit(settings.resolved_artifacts_url)
-    registry = scrape.registry(scrape.PoolCollector(
-        reads=reads, redis_client=redis_client, classes=[c.name for c in settings.size_classes],
-        window_s=settings.metrics_window_s,
-        artifacts_dir=Path(artifacts.path) if artifacts.scheme == "file" else None))
+def router(settings: Settings, svc: MetricsService) -> APIRouter:
+    """The `/metrics` route, guarded by the `metrics_token` of `settings`."""
     r = APIRouter()
 
     @r.get(PATH, include_in_schema=False)
@@ -39,7 +29,7 @@ def router(settings: Settings, reads: scrape.PoolReads, redis_client: redis.Redi
         refused = refusal(request, settings.metrics_token)
         if refused is not None:
             return refused
-        return Response(scrape.render(registry), media_type=scrape.CONTENT_TYPE)
+        return Response(svc.text(), media_type=CONTENT_TYPE)
 
     return r
 

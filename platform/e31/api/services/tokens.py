@@ -1,0 +1,73 @@
+"""API tokens: who a token names (`authenticate`, at every request), and a tenant's own tokens
+(`e31.api.routes.tokens`; an admin's token reaches any tenant's).
+
+A token is shown once, when it is made; only its hash is stored. A new token never outlives the
+token that asks for it (the store bounds its expiry, 422 naming `expires_in_s` otherwise).
+Making and revoking one is written to the audit log with who asked (`Actor`), in the same
+transaction.
+"""
+
+from __future__ import annotations
+
+import builtins
+from datetime import timedelta
+from typing import Any
+
+from e31.api.services.tenants import admin_only
+from e31.core.clock import utcnow
+from e31.core.errors import AuthError, Forbidden
+from e31.core.records import Actor, TenantRecord
+from e31.store import Repo
+
+
+class TokenService:
+    """The tokens of each tenant, over one store."""
+
+    def __init__(self, *, repo: Repo) -> None:
+        self._repo = repo
+
+    def authenticate(self, token: str | None) -> TenantRecord:
+        """The tenant of a live token, read from the store at every request (nothing cached:
+        a revoked or expired token is refused on the very next one). 401 for no, an unknown,
+        a revoked or an expired token (one answer: it tells a guesser nothing); 403 for the
+        token of a disabled tenant, which only its holder can learn."""
+        if not token:
+            raise AuthError("missing API token: send 'Authorization: Bearer <token>'")
+        tenant = self._repo.tenant_for_token(token, now=utcnow())
+        if tenant is None:
+            raise AuthError("invalid API token (unknown, revoked or expired)")
+        if tenant.disabled_at is not None:
+            raise Forbidden(f"tenant {tenant.name} is disabled (since "
+                            f"{tenant.disabled_at.isoformat()}); ask an admin to enable it")
+        return tenant
+
+    def list(self, caller: TenantRecord,
+             tenant: str | None) -> builtins.list[dict[str, Any]]:
+        """The live tokens of `tenant` (None: the caller's own): names, prefixes, dates; never
+        a token."""
+        now = utcnow()
+        return [k.to_dict(now=now) for k in self._repo.list_tokens(_whose(caller, tenant))]
+
+    def create(self, caller: TenantRecord, tenant: str | None, *, name: str,
+               expires_in_s: int | None, actor: Actor) -> dict[str, Any]:
+        """A new named token of `tenant` (None: the caller's own), with the token itself."""
+        now = utcnow()
+        expires = now + timedelta(seconds=expires_in_s) if expires_in_s else None
+        record, token = self._repo.add_token(_whose(caller, tenant), now=now, name=name,
+                                             expires_at=expires, actor=actor)
+        return {**record.to_dict(now=now), "token": token}
+
+    def revoke(self, caller: TenantRecord, tenant: str | None, name: str, *,
+               actor: Actor) -> dict[str, Any]:
+        """Revoke the token `name` of `tenant` (None: the caller's own)."""
+        now = utcnow()
+        return self._repo.revoke_token(_whose(caller, tenant), name, now=now,
+                                       actor=actor).to_dict(now=now)
+
+
+def _whose(caller: TenantRecord, tenant: str | None) -> str:
+    """The tenant whose tokens are asked about: the caller's own, or (admin) any."""
+    if tenant is None or tenant == caller.name:
+        return caller.name
+    admin_only(caller)
+    return tenant
