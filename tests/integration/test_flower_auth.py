@@ -26,7 +26,8 @@ START_S = 60      # Flower imports Celery and connects to Redis before it listen
 ROUTES = ("/", "/workers", "/tasks", "/api/workers", "/api/tasks", "/metrics", "/healthcheck",
           "/static/css/flower.css", "/login", "/no-such-page")
 # A plain Flower (no e31.edge.flowerauth) on the pool's settings, with the same basic auth.
-PLAIN_FLOWER = ("import sys; from e31.edge import wiring; from e31.cli.common import load_settings; "
+PLAIN_FLOWER = ("import sys; from e31.edge import wiring; "
+                "from e31.cli.common import load_settings; "
                 "wiring.celery(load_settings()).start(['flower', *sys.argv[1:]])")
 
 

@@ -1,5 +1,5 @@
 """One file of a bundle, read from the tar without unpacking it: what the API reads of a job's
-code at submit (its requirements file, `e31.api.requirements`), bounded in size.
+code at submit (its requirements file, `e31.api.services.requirements`), bounded in size.
 
 The file is found as the worker's unpacked copy would show it: the path normalised, each link
 of the tar on the way (a directory's or the file's) followed inside the tar, never out of it.

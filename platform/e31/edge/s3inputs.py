@@ -7,7 +7,7 @@ input would get another tenant's files if the worker read it with the store's cr
 So (docs/security.md):
 
 - an input in the artifact store's bucket beneath its prefix (the whole bucket for a store
-  without prefix) is refused: 403 naming the input at submit (`e31.api.bundles`), and the
+  without prefix) is refused: 403 naming the input at submit (`e31.api.services.bundles`), and the
   worker refuses it again before it reads (`e31_worker.attempt.inputs`), so a spec that
   reached the queue some other way is not read either;
 - the worker reads other `s3://` inputs with `input_storage_options`: anonymously, or with

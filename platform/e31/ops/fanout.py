@@ -1,7 +1,7 @@
 """Footage fan-out, the planning part: a source of videos or images into chunk jobs and a merge.
 
 `footage` with a `source` param (a directory, a file, a list of them, `file://` or fsspec
-URLs) is expanded at submit by the API (`e31.api.service`): the files are listed, each
+URLs) is expanded at submit by the API (`e31.api.services.fanout`): the files are listed, each
 video's duration is probed (PyAV, imported lazily: only the process that plans needs it),
 and `plan` returns the chunk jobs' specs (one array) and the merge job's, which runs
 `after` the array and reads the items' outputs as its input `array:<id>/outputs`.

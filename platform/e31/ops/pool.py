@@ -1,6 +1,6 @@
 """The pool as its heartbeats and the store's leases show it: each worker slot with its state
 (idle, busy, draining, lost) and the per-GPU readings a worker relays in its heartbeat. Pure:
-the metrics (`e31.ops.scrape`) and `e31 top` (`e31.api.top`) read Redis and the store and
+the metrics (`e31.ops.scrape`) and `e31 top` (`e31.api.services.top`) read Redis and the store and
 shape their answers with this.
 
 A worker that beats is `busy` when it holds a job (its heartbeat says so, or the store has

@@ -1,6 +1,6 @@
 """`PoolStore`: the store's part of the metrics and of `e31 top`, a few grouped reads per
 scrape (docs/operations.md, "Monitoring"). Who uses it: the API's `/metrics`
-(`e31.ops.scrape.PoolReads`) and `/v1/top` (`e31.api.top.TopReads`).
+(`e31.ops.scrape.PoolReads`) and `/v1/top` (`e31.api.services.top.TopReads`).
 
 Cost: the live counts, the oldest waits and the lease holders read ranges of the state
 indexes (bounded by the backlog and the pool); the histograms read the starts and ends of a
