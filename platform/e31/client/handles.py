@@ -23,7 +23,8 @@ WAIT_POLL_GROWTH = 1.5
 WAIT_POLL_MAX_S = 1.0        # up to this: a tiny job is seen ended within ~50 ms, a long one
                              # costs one request a second
 FOLLOW_POLL_S = 1.0          # status and log poll while following a log (`e31 logs -f`)
-LOG_SIZE_HEADER = "X-E31-Log-Size"   # GET …/logs: the log's size (e31.api.routes.jobs says the same)
+# GET …/logs: the log's size (e31.api.routes.jobs says the same)
+LOG_SIZE_HEADER = "X-E31-Log-Size"
 WAIT_LONG_POLL_S = 8         # wait(): one long poll (GET /v1/jobs/{id}?wait_s=…); the API's cap
 LONG_POLL_SLACK_S = 30.0     # its HTTP timeout beyond the wait
 

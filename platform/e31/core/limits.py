@@ -3,9 +3,10 @@
 The pool's defaults are settings (`tenant_max_priority` …); a tenant's own overrides are the
 `tenants.limits` JSON column, keyed by the names in `LIMIT_KEYS`. An admin writes them through
 the admin API, which validates them with `check_limits` first; `TenantLimits.of` combines
-both into the limits a request is held to. The API enforces them at submit (`e31.api.services.submission`):
-a priority or an array over its limit is refused 422, a body over its limit 413, and a tenant
-at its most queued jobs or past its submit rate 429 with `Retry-After`.
+both into the limits a request is held to. The API enforces them at submit
+(`e31.api.services.submission`): a priority or an array over its limit is refused 422, a body
+over its limit 413, and a tenant at its most queued jobs or past its submit rate 429 with
+`Retry-After`.
 """
 
 from __future__ import annotations
