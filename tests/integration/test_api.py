@@ -96,6 +96,25 @@ def test_a_method_a_path_does_not_take_gets_405_naming_every_method_it_takes(api
     assert client.get("/v1/nowhere", headers=h["a"]).json()["error"] == "not_found"
 
 
+@pytest.mark.parametrize("method, path, allowed", [
+    ("DELETE", "/v1/tokens", "GET, POST"),
+    ("PUT", "/v1/secrets", "GET"),
+    ("POST", "/v1/top", "GET"),
+])
+def test_a_405_on_any_route_group_names_the_methods_of_its_path(api, method, path,
+                                                                 allowed) -> None:
+    # Given routes registered by a router of their own (tokens, secrets, top)
+    client, _, h = api
+
+    # When a method the path does not take is asked
+    response = client.request(method, path, headers=h["a"])
+
+    # Then the 405 names every method the path takes (before Rooms II these answered an
+    # empty Allow header: FastAPI keeps an included router as one entry without methods)
+    assert response.status_code == 405, response.text
+    assert response.headers["Allow"] == allowed
+
+
 @pytest.mark.parametrize("body, field", [
     ({"entrypoint": "m:f", "colour": "red"}, "colour"),
     ({"entrypoint": "m:f", "command": ["ls"]}, "entrypoint"),
