@@ -40,8 +40,9 @@ from typing import Any
 from e31.core.records import Claim
 from e31.core.spec import JobSpec
 from e31.edge.settings import Settings
+from e31_worker.attempt.plan import AttemptPlan, Directive
 from e31_worker.attempt.sandbox import Sandbox, sandbox_unavailable
-from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
+from e31_worker.attempt.supervisor import Supervisor
 from e31_worker.attempt.warm import WarmStarter, warm_env
 
 from report import parse, save

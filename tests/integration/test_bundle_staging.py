@@ -20,7 +20,7 @@ from e31.edge.bundlestore import BundleStore
 from e31.edge.settings import Settings
 from e31_worker.attempt.bundle import BundleCache, remove_tree, stage_code, unpack
 from e31_worker.attempt.inputs import stage_inputs
-from e31_worker.attempt.supervisor import AttemptPlan
+from e31_worker.attempt.plan import AttemptPlan
 
 TENANT = "t-test"
 

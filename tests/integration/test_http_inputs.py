@@ -33,8 +33,8 @@ from e31.edge.settings import Settings
 from e31.store import Repo
 from e31_worker.attempt import task
 from e31_worker.attempt.inputs import stage_inputs
+from e31_worker.attempt.plan import AttemptPlan
 from e31_worker.attempt.services import AttemptServices
-from e31_worker.attempt.supervisor import AttemptPlan
 from tests.integration.conftest import MakeApp, bearer
 from tests.integration.test_store import publish
 from tests.integration.test_task import services

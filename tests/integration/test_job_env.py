@@ -23,7 +23,8 @@ import pytest
 from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason, Start
 from e31_worker.attempt.jobenv import inherited_env
-from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
+from e31_worker.attempt.plan import AttemptPlan, Directive
+from e31_worker.attempt.supervisor import Supervisor
 from e31_worker.attempt.warm import WarmStarter, warm_env
 
 SECRET = "aws-secret-of-the-worker-host"

@@ -28,8 +28,9 @@ from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason
 from e31.edge.settings import Settings
 from e31_worker.attempt.network import BLOCKED_NETWORKS, JobNetwork, host_addresses
+from e31_worker.attempt.plan import AttemptPlan, Directive
 from e31_worker.attempt.sandbox import Sandbox, network_unavailable, sandbox_unavailable
-from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
+from e31_worker.attempt.supervisor import Supervisor
 from e31_worker.attempt.warm import WarmStarter, warm_env
 from e31_worker.child.netns import enter_isolated
 from tests.internet import Internet

@@ -31,7 +31,8 @@ from e31.store import Repo
 from e31.store.attempts import AttemptFacts
 from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.limits import AttemptLimits, attempt_limits, default_mem_gb
-from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
+from e31_worker.attempt.plan import AttemptPlan, Directive
+from e31_worker.attempt.supervisor import Supervisor
 from e31_worker.attempt.warm import WarmStarter, warm_env
 from tests.conftest import wait_for
 from tests.integration.conftest import MakeApp

@@ -27,8 +27,8 @@ from e31.edge.settings import Settings
 from e31.store import Repo
 from e31_worker.attempt import inputs as inputs_module
 from e31_worker.attempt.inputs import stage_inputs
+from e31_worker.attempt.plan import AttemptPlan
 from e31_worker.attempt.services import AttemptServices
-from e31_worker.attempt.supervisor import AttemptPlan
 from tests.integration.conftest import ACCESS_KEY, SECRET_KEY, S3Server
 
 OUTPUT = b"tenant A's private result"

@@ -19,8 +19,9 @@ from e31.core.records import Claim, Outcome
 from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason
 from e31.edge.settings import Settings
+from e31_worker.attempt.plan import AttemptPlan, Directive
 from e31_worker.attempt.sandbox import Sandbox, sandbox_unavailable
-from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
+from e31_worker.attempt.supervisor import Supervisor
 from tests.conftest import job_processes, wait_for
 
 TENANT = "t-0123456789ab"

@@ -13,7 +13,8 @@ import pytest
 
 from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason
-from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
+from e31_worker.attempt.plan import AttemptPlan, Directive
+from e31_worker.attempt.supervisor import Supervisor
 from tests.conftest import process_alive, wait_for
 
 

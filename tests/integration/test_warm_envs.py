@@ -22,7 +22,8 @@ from e31.core.records import Outcome
 from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason, Start
 from e31_worker.attempt.environment import BaseEnv, EnvRequest, UvBuild, uv_binary
-from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
+from e31_worker.attempt.plan import AttemptPlan, Directive
+from e31_worker.attempt.supervisor import Supervisor
 from e31_worker.attempt.warm import WarmPool, WarmStarter, warm_env
 from tests.conftest import process_alive, wait_for
 

@@ -22,8 +22,9 @@ from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason, Start
 from e31.edge.settings import Settings
 from e31_worker.attempt.groups import GroupRegistry
+from e31_worker.attempt.plan import AttemptPlan, Directive
 from e31_worker.attempt.sandbox import Sandbox, sandbox_unavailable
-from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
+from e31_worker.attempt.supervisor import Supervisor
 from e31_worker.attempt.warm import WarmStarter, warm_env
 from tests.conftest import job_processes, process_alive, wait_for
 
@@ -343,7 +344,8 @@ WORKER = """\
 import os, sys
 from pathlib import Path
 from e31.core.spec import JobSpec
-from e31_worker.attempt.supervisor import AttemptPlan, Directive, Supervisor
+from e31_worker.attempt.plan import AttemptPlan, Directive
+from e31_worker.attempt.supervisor import Supervisor
 from e31_worker.attempt.warm import WarmStarter, warm_env
 warm = WarmStarter(env=warm_env(os.environ))
 warm.start()

@@ -20,13 +20,13 @@ from e31_worker.attempt.envcache import RECORD, EnvCache
 from e31_worker.attempt.environment import (
     BaseEnv,
     EnvRequest,
-    SetupStopped,
     UvBuild,
     cache_key,
     job_environment,
     to_install,
 )
-from e31_worker.attempt.supervisor import AttemptPlan, Directive
+from e31_worker.attempt.plan import AttemptPlan, Directive
+from e31_worker.attempt.watchdog import SetupStopped
 from tests.conftest import process_alive
 
 CODE = "sha256:" + "a" * 64

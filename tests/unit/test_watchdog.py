@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from e31.ops.heartbeat import GpuSample
-from e31_worker.attempt.supervisor import Directive
+from e31_worker.attempt.plan import Directive
 from e31_worker.attempt.watchdog import GpuUse, Watchdog
 from e31_worker.node.telemetry import GpuMonitor, SimulatedSource
 

@@ -1,4 +1,4 @@
-"""The prepare stage's code: fetch a job's bundle once per machine, unpack it read-only.
+"""The code stage: fetch a job's bundle once per machine, unpack it read-only.
 
 Bundles are cached per host under `<work_dir>/.bundles/<hex>.tar`, shared by every worker
 process of the host and bounded by `bundle_cache_max_bytes` (least recently used evicted
@@ -33,8 +33,9 @@ from e31.core.errors import SetupError
 from e31.core.records import Claim
 from e31.edge.bundlestore import BundleStore
 from e31.edge.settings import Settings
+from e31_worker.attempt.plan import AttemptPlan
 from e31_worker.attempt.services import AttemptServices
-from e31_worker.attempt.supervisor import AttemptPlan
+from e31_worker.attempt.stages import Attempt, Stage
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,14 @@ LOCK_FILE = ".lock"
 TMP_PREFIX = ".fetch-"
 COPY_CHUNK_BYTES = 1024 * 1024
 WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+
+
+class CodeStage(Stage):
+    """The code stage: the job's code bundle, if its spec names one, unpacked read-only into
+    the attempt's `code` directory, where the job starts."""
+
+    def setup(self, attempt: Attempt) -> None:
+        stage_code(attempt.svc, attempt.claim, attempt.plan)
 
 
 def stage_code(svc: AttemptServices, claim: Claim, plan: AttemptPlan) -> None:

@@ -31,6 +31,7 @@ upgraded in place builds anew.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -58,7 +59,9 @@ from e31.core.spec import PythonEnv
 from e31.edge.settings import Settings
 from e31_worker.attempt.buildbox import BuildSandbox, operator_paths
 from e31_worker.attempt.envcache import Beat, EnvCache, JobEnv
-from e31_worker.attempt.supervisor import AttemptPlan, Directive, Tick
+from e31_worker.attempt.plan import AttemptPlan
+from e31_worker.attempt.stages import Attempt, Stage
+from e31_worker.attempt.watchdog import lease_beat
 
 log = logging.getLogger(__name__)
 
@@ -79,22 +82,20 @@ BUILD_ENV_PREFIX = "UV_"
 _VIA = re.compile(r"^(?P<req>\S.*?)\s+# via (?P<via>.*)$")
 
 
-class SetupStopped(Exception):
-    """The lease's tick stopped the attempt while it was being set up (cancel, drain, lost)."""
+class EnvironmentStage(Stage):
+    """The environment stage: the job's own environment (`python:`), built or found in this
+    host's cache, held for the attempt (a held environment is never evicted) and given to its
+    plan; nothing for a job that asks for none. A build runs in the tenant's build sandbox
+    where the worker has a sandbox, and beats the lease while it runs."""
 
-    def __init__(self, directive: Directive) -> None:
-        super().__init__(directive.value)
-        self.directive = directive
-
-
-def lease_beat(tick: Tick) -> Beat:
-    """A setup's beat from the attempt's lease tick: renews the lease (a build may take
-    minutes), and stops the setup with `SetupStopped` when the tick says stop."""
-    def beat() -> None:
-        directive = tick(None)
-        if directive is not Directive.CONTINUE:
-            raise SetupStopped(directive)
-    return beat
+    def setup(self, attempt: Attempt) -> None:
+        svc = attempt.svc
+        env = job_environment(svc.settings, attempt.plan, beat=lease_beat(attempt.lease),
+                              sandbox=(BuildSandbox.for_tenant(svc.sandbox, attempt.claim.tenant_id)
+                                       if svc.sandbox else None))
+        if env is not None:
+            attempt.held.callback(env.release)
+            attempt.plan = dataclasses.replace(attempt.plan, venv=env.path)
 
 
 def job_environment(settings: Settings, plan: AttemptPlan, *, beat: Beat,

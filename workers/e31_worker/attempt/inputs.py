@@ -1,4 +1,4 @@
-"""The prepare stage's data: stage each of a job's inputs into `$E31_INPUT_DIR/<name>`.
+"""The inputs stage: stage each of a job's inputs into `$E31_INPUT_DIR/<name>`.
 
 An input is an uploaded bundle entry (`bundle:sha256:<hex>/<entry>`, fetched through the host's
 bundle cache, like the code) or a URL the worker reads with fsspec (`s3://`, `http(s)://`, and
@@ -25,6 +25,7 @@ a link would hand it the source to write) are copied, as before.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import posixpath
@@ -52,13 +53,23 @@ from e31.edge.settings import Settings
 from e31_worker.attempt.binds import exposes, protected_paths
 from e31_worker.attempt.bundle import cache_for, remove_tree, unpack
 from e31_worker.attempt.http_inputs import download
+from e31_worker.attempt.plan import AttemptPlan
 from e31_worker.attempt.services import AttemptServices
-from e31_worker.attempt.supervisor import AttemptPlan
+from e31_worker.attempt.stages import Attempt, Stage
 
 log = logging.getLogger(__name__)
 
 COPY_CHUNK_BYTES = 1024 * 1024
 STAGING_PREFIX = ".staging-"
+
+
+class InputsStage(Stage):
+    """The inputs stage: every input of the job staged into the attempt's `inputs` directory;
+    the local files staged as links are added to the plan, for the sandbox to bind."""
+
+    def setup(self, attempt: Attempt) -> None:
+        binds = stage_inputs(attempt.svc, attempt.claim, attempt.plan)
+        attempt.plan = dataclasses.replace(attempt.plan, input_binds=binds)
 
 
 def stage_inputs(svc: AttemptServices, claim: Claim, plan: AttemptPlan) -> tuple[Path, ...]:

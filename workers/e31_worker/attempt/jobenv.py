@@ -10,8 +10,8 @@ allowlist). A worker's own `E31_*` settings never pass, whatever the passthrough
 job needs beyond this, its spec sets in `env:` (or `secrets:`).
 
 Both starts use it: the supervisor's environment for an attempt (cold and warm alike,
-`Supervisor._env`) and the warm process's own (`e31_worker.attempt.warm.warm_env`), whose
-memory every warm job is forked from.
+`ChildStart.env` in `e31_worker.attempt.start`) and the warm process's own
+(`e31_worker.attempt.warm.warm_env`), whose memory every warm job is forked from.
 """
 
 from __future__ import annotations

@@ -17,14 +17,13 @@
   the attempt is stopped like a timeout with reason `disk_quota`, and what it wrote is removed
   unshipped (`discard_writes`).
 
-`applied` says which of them held for one attempt; it is noted on the attempt (`attempts.limits`:
-`e31 status`, the API's `attempts[]`).
+Which of them held for one attempt (`AttemptLimits`) is noted on the attempt by the isolation
+stage (`attempts.limits`: `e31 status`, the API's `attempts[]`; e31_worker.attempt.isolation).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import shutil
 import stat
@@ -34,14 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e31.core.errors import StoreError
-from e31.core.records import Claim
 from e31.core.spec import JobSpec
 from e31.edge.settings import Settings
-from e31.store import Repo
-from e31.store.attempts import AttemptFacts
-
-log = logging.getLogger(__name__)
 
 BYTES_PER_GB = 1024 ** 3
 BLOCK_BYTES = 512                 # st_blocks counts 512-byte units, whatever the filesystem
@@ -109,18 +102,6 @@ def attempt_limits(settings: Settings, spec: JobSpec, *, default_mem: float | No
         mem_gb=spec.resources.mem_gb or default_mem,
         disk_gb=min(asked, settings.attempt_disk_max_gb) if asked else settings.attempt_disk_gb,
         network=network)
-
-
-def note_limits(repo: Repo, claim: Claim, limits: AttemptLimits) -> None:
-    """Note the limits the attempt runs under on it (`attempts.limits`), before it starts; a
-    store that fails only costs the note."""
-    log.info("attempt_limits job=%s attempt=%d pids_max=%s mem_gb=%s disk_gb=%s",
-             claim.job_id, claim.attempt, limits.pids_max, limits.mem_gb, limits.disk_gb)
-    try:
-        repo.note_attempt(claim.job_id, claim.attempt, AttemptFacts(limits=limits.to_dict()))
-    except StoreError as exc:
-        log.warning("limits_note_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt,
-                    exc)
 
 
 def tree_usage(root: Path, max_entries: int = DISK_WALK_MAX_ENTRIES) -> tuple[int, int]:

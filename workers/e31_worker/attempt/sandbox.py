@@ -47,12 +47,9 @@ death kills the namespace's init (`--die-with-parent`), which makes the kernel k
 process in it. bubblewrap reports a job killed by signal N as exit status 128 + N
 (`exit_code` turns it back into -N, as for a process isolated job).
 
-The attempt facts (columns `isolation`, `start`, `start_ms`, `setup_s`, `gpu_mem_peak_gb`,
-`gpu_util_mean` of `attempts`) are written through `Repo.note_attempt(job_id, attempt,
-AttemptFacts(...))` (`e31.store.attempts`): `note_start` notes the isolation, `start`
-(`warm` when forked from the worker's warm process, `e31_worker.attempt.warm`, which enters
-this same view after the fork) and `start_ms` once the child started; the prepare stage notes
-`setup_s` the same way.
+How the attempt was isolated and started (`isolation`, `start`: `warm` when forked from the
+worker's warm process, `e31_worker.attempt.warm`, which enters this same view after the fork,
+and `start_ms`) is noted on it by the isolation stage (`e31_worker.attempt.isolation`).
 """
 
 from __future__ import annotations
@@ -71,12 +68,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from e31.core.errors import ConfigError, StoreError
+from e31.core.errors import ConfigError
 from e31.core.records import Claim
-from e31.core.states import Isolation, Start
 from e31.edge.settings import Settings
-from e31.store import Repo
-from e31.store.attempts import AttemptFacts
 from e31_worker.attempt.binds import (
     SYSTEM_PATHS,
     enter_as,
@@ -396,18 +390,6 @@ def read_job_file(path: Path, *, max_bytes: int = JOB_FILE_MAX_BYTES) -> bytes |
         if st.st_size > max_bytes:
             raise ValueError(f"{path.name} is larger than {max_bytes} bytes")
         return f.read(max_bytes + 1)[:max_bytes]
-
-
-def note_start(repo: Repo, claim: Claim, isolation: Isolation, start_ms: float,
-               start: Start = Start.COLD) -> None:
-    """Note how the attempt's child started (`warm`: forked from the worker's warm process)
-    and how long from the attempt's start to its first line of code; a store that fails only
-    costs the note."""
-    try:
-        repo.note_attempt(claim.job_id, claim.attempt, AttemptFacts(
-            isolation=isolation, start=start, start_ms=round(start_ms, 3)))
-    except StoreError as exc:
-        log.warning("start_note_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt, exc)
 
 
 def _namespace_init(bwrap_pid: int) -> int | None:

@@ -1,4 +1,5 @@
-"""The job's secrets, resolved when its attempt starts (docs/security.md, "Secrets").
+"""The secrets stage: the job's secrets, resolved when its attempt starts (docs/security.md,
+"Secrets").
 
 The spec carries only names (`secrets: [HF_TOKEN]`); here, during the attempt's setup, the
 worker reads the job's tenant's ciphertexts from the store and decrypts them with the pool's
@@ -11,10 +12,21 @@ fails the attempt with reason `setup` (no retry), saying which name.
 
 from __future__ import annotations
 
+import dataclasses
+
 from e31.core.errors import SecretsUnavailable, SetupError
 from e31.core.records import Claim
 from e31.edge.secrets import NO_KEY, SecretBox
 from e31_worker.attempt.services import AttemptServices
+from e31_worker.attempt.stages import Attempt, Stage
+
+
+class SecretsStage(Stage):
+    """The secrets stage: the job's secrets, decrypted into its plan (`secret_env`)."""
+
+    def setup(self, attempt: Attempt) -> None:
+        attempt.plan = dataclasses.replace(attempt.plan,
+                                           secret_env=secret_env(attempt.svc, attempt.claim))
 
 
 def secret_env(svc: AttemptServices, claim: Claim) -> dict[str, str]:

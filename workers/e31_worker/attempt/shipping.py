@@ -1,4 +1,9 @@
-"""The ship stage: an attempt's log, checkpoints and outputs, copied to the artifact store."""
+"""The shipping stage: an attempt's log, checkpoints and outputs, copied to the artifact store.
+
+Its setup restores the checkpoints of the job's earlier attempts; while the child runs, each
+beat of the lease starts a background copy of what changed (`Shipper.poke`); once it ended,
+the record stores its files and then its outcome (`e31_worker.attempt.record`).
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,9 @@ from typing import Any
 
 from e31.core.records import Claim
 from e31.edge.artifacts import Refused, log_name, refusal, scan_tree
+from e31_worker.attempt.plan import AttemptPlan
 from e31_worker.attempt.services import AttemptServices
-from e31_worker.attempt.supervisor import AttemptPlan
+from e31_worker.attempt.stages import Attempt, Stage
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +26,20 @@ UPLOAD_TRIES = 3            # outputs and checkpoints: an upload is retried this
 UPLOAD_BACKOFF_S = 1.0      # doubled after each failed try
 NOTE_LINES_MAX = 100        # the worker's notes (refused files) added to one attempt's log
 NOTE_LINE_MAX_CHARS = 512   # one note; a longer one (a deep path) is cut
+
+
+class ShippingStage(Stage):
+    """The shipping stage's setup: the checkpoints of the job's earlier attempts, restored
+    into the attempt's `checkpoints` directory (and so needing no upload)."""
+
+    def setup(self, attempt: Attempt) -> None:
+        svc, claim, plan = attempt.svc, attempt.claim, attempt.plan
+        restored = svc.artifacts.get_tree(claim.tenant_id, claim.job_id, "checkpoints",
+                                          plan.checkpoint_dir)
+        if restored:
+            log.info("checkpoint_restored job=%s attempt=%d files=%d", claim.job_id,
+                     claim.attempt, restored)
+        attempt.shipper.mark_checkpoints()  # what came down needs no upload
 
 
 class Shipper:

@@ -1,14 +1,16 @@
-"""The Celery task `e31.run` and the attempt it drives: claim → prepare → run → ship → record.
+"""The Celery task `e31.run` and the attempt it drives: claim → the stages → record.
 
-Each stage has its own module: the job's own environment (`environment`), the child process
-(`supervisor`), the lease while it runs (`lease`), the copies to the artifact store
-(`shipping`), the outcome (`record`). The task never touches CUDA itself.
+The claim is here (`run_job`: the message's dispatch token, a gang's GPUs, `Repo.claim`);
+then the attempt is a loop over its stages (`e31_worker.attempt.stages`: setup, before_run,
+the child, after_run, the record, on_end), each stage in its own module: the workspace, the
+job's secrets, code, inputs and environment, the shipping of its files, the watchdog and the
+isolation of its child. The record is `e31_worker.attempt.record`. The task never touches
+CUDA itself.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from typing import Any
@@ -21,22 +23,22 @@ from e31.core.records import Claim, Outcome
 from e31.core.states import AttemptReason
 from e31.edge.celeryapp import TASK_NAME
 from e31.ops.heartbeat import wake
-from e31.store.attempts import AttemptFacts
 from e31.store.repo import JOB_ID
-from e31_worker.attempt.buildbox import BuildSandbox
-from e31_worker.attempt.bundle import remove_tree, stage_code
-from e31_worker.attempt.environment import SetupStopped, job_environment, lease_beat
-from e31_worker.attempt.inputs import stage_inputs
-from e31_worker.attempt.lease import LeaseKeeper
-from e31_worker.attempt.limits import attempt_limits, note_limits
-from e31_worker.attempt.record import finish_attempt, with_store_retries, write_claim
-from e31_worker.attempt.sandbox import note_start
-from e31_worker.attempt.secrets import secret_env
+from e31_worker.attempt.bundle import CodeStage
+from e31_worker.attempt.environment import EnvironmentStage
+from e31_worker.attempt.inputs import InputsStage
+from e31_worker.attempt.isolation import IsolationStage
+from e31_worker.attempt.limits import attempt_limits
+from e31_worker.attempt.outcomes import stopped_outcome
+from e31_worker.attempt.plan import AttemptPlan
+from e31_worker.attempt.record import finish_attempt, with_store_retries
+from e31_worker.attempt.secrets import SecretsStage
 from e31_worker.attempt.services import AttemptServices
-from e31_worker.attempt.shipping import Shipper, earlier_log_bytes
-from e31_worker.attempt.supervisor import AttemptPlan, Supervisor, stopped_outcome
+from e31_worker.attempt.shipping import Shipper, ShippingStage, earlier_log_bytes
+from e31_worker.attempt.stages import Attempt, Stage
 from e31_worker.attempt.verdict import Ended, JobNotSucceeded, task_result
-from e31_worker.attempt.watchdog import attempt_watchdog, note_gpu_use
+from e31_worker.attempt.watchdog import LeaseKeeper, SetupStopped, WatchdogStage
+from e31_worker.attempt.workspace import WorkspaceStage
 
 log = logging.getLogger(__name__)
 
@@ -176,75 +178,63 @@ def attempt_plan(svc: AttemptServices, claim: Claim, gpus: str | None = None) ->
                                                       if svc.sandbox else "host")))
 
 
-def _prepare(svc: AttemptServices, claim: Claim, plan: AttemptPlan, shipper: Shipper,
-             keeper: LeaseKeeper, held: contextlib.ExitStack) -> AttemptPlan:
-    """The attempt's setup: its directories, the claim file, the job's own environment, the
-    checkpoints of earlier attempts; returns the plan the job runs by. Its time is noted on
-    the attempt as `setup_s`, which is never billed; the lease is kept while it lasts."""
-    started = time.monotonic()
-    try:
-        plan.make_dirs()
-        write_claim(plan.root, svc.identity.node, claim)
-        plan = dataclasses.replace(plan, secret_env=secret_env(svc, claim))   # secrets.py
-        stage_code(svc, claim, plan)     # its code, unpacked read-only (bundle.py)
-        binds = stage_inputs(svc, claim, plan)   # its inputs, into $E31_INPUT_DIR (inputs.py)
-        plan = dataclasses.replace(plan, input_binds=binds)   # local files bound read-only
-        env = job_environment(svc.settings, plan, beat=lease_beat(keeper), sandbox=(
-            BuildSandbox.for_tenant(svc.sandbox, claim.tenant_id) if svc.sandbox else None))
-        if env is not None:
-            held.callback(env.release)
-            plan = dataclasses.replace(plan, venv=env.path)
-        restored = svc.artifacts.get_tree(claim.tenant_id, claim.job_id, "checkpoints",
-                                          plan.checkpoint_dir)
-        if restored:
-            log.info("checkpoint_restored job=%s attempt=%d files=%d", claim.job_id,
-                     claim.attempt, restored)
-        shipper.mark_checkpoints()  # what came down needs no upload
-    finally:
-        _note_setup(svc, claim, time.monotonic() - started)
-    return plan
-
-
-def _note_setup(svc: AttemptServices, claim: Claim, setup_s: float) -> None:
-    """Note the setup's time on the attempt before the job starts, so that its bill leaves it
-    out even if the worker dies later (docs/jobs.md)."""
-    try:
-        svc.repo.note_attempt(claim.job_id, claim.attempt, AttemptFacts(setup_s=setup_s))
-    except StoreError as exc:  # the bill then counts the setup: better than holding the job
-        log.warning("setup_note_failed job=%s attempt=%d setup_s=%.2f: %s", claim.job_id,
-                    claim.attempt, setup_s, exc)
+def attempt_stages() -> list[Stage]:
+    """The stages of one attempt, in the order they run (e31_worker.attempt.stages)."""
+    return [WorkspaceStage(), SecretsStage(), CodeStage(), InputsStage(), EnvironmentStage(),
+            ShippingStage(), WatchdogStage(), IsolationStage()]
 
 
 def _attempt(svc: AttemptServices, claim: Claim, gpus: str) -> Ended:
+    """The claimed attempt, stage by stage: set up, run, record, end."""
     plan = attempt_plan(svc, claim, gpus)
     shipper = Shipper(svc, claim, plan)
-    keeper = LeaseKeeper(svc, claim, shipper)
-    with contextlib.ExitStack() as held:   # what the setup holds for the attempt (its env)
-        try:
-            plan = _prepare(svc, claim, plan, shipper, keeper, held)
-            watchdog = attempt_watchdog(svc, claim, plan)   # idle jobs and GPU use
-            result = Supervisor(plan, tick=watchdog.watching(keeper), groups=svc.groups,
-                                cgroups=svc.cgroups,
-                                sandbox=svc.sandbox.for_attempt(claim) if svc.sandbox else None,
-                                on_start=lambda ms, start: note_start(
-                                    svc.repo, claim, svc.isolation, ms, start),
-                                warm=svc.warm,
-                                on_limits=lambda limits: note_limits(svc.repo, claim,
-                                                                     limits)).run()
-            note_gpu_use(svc, claim, watchdog)
-        except SetupError as exc:  # the user's error (a requirement that does not install)
-            log.warning("setup_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt, exc)
-            with open(plan.log_path, "a") as out:
-                out.write(f"e31: setup failed: {exc}\n")
-            result = Outcome(AttemptReason.SETUP, error=f"setup failed: {exc}")
-        except SetupStopped as exc:  # cancelled, drained or lost while it was set up
-            result = stopped_outcome(exc.directive)
-        except Exception as exc:  # the worker keeps serving; the job gets the reason
-            log.exception("attempt_crashed job=%s attempt=%d", claim.job_id, claim.attempt)
-            result = Outcome(AttemptReason.ERROR,
-                             error=f"worker error: {type(exc).__name__}: {exc}")
+    lease = LeaseKeeper(svc, claim, shipper)
+    attempt = Attempt(svc=svc, claim=claim, plan=plan, shipper=shipper, lease=lease, tick=lease)
+    stages = attempt_stages()
+    with attempt.held:   # what the setup holds for the attempt (its environment)
+        result = _run(attempt, stages)
     try:
         state = finish_attempt(svc, claim, shipper, result)  # ship and record
     finally:
-        remove_tree(plan.root)   # an unpacked bundle is read-only
+        for stage in stages:
+            stage.on_end(attempt, result)
     return Ended(claim.job_id, claim.attempt, result.reason, state, result.error)
+
+
+def _run(attempt: Attempt, stages: list[Stage]) -> Outcome:
+    """Set up, run the child, and tell the stages how it ended; returns the attempt's
+    outcome, which is also what a failed setup or the worker's own error makes of it."""
+    claim = attempt.claim
+    try:
+        try:
+            _setup(attempt, stages)
+            for stage in stages:
+                stage.before_run(attempt)
+            assert attempt.child is not None, "no stage made the child's supervisor"
+            result = attempt.child.run()
+        finally:
+            attempt.note_setup()   # unless the note of the limits carried it
+        for stage in stages:
+            stage.after_run(attempt, result)
+    except SetupError as exc:  # the user's error (a requirement that does not install)
+        log.warning("setup_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt, exc)
+        with open(attempt.plan.log_path, "a") as out:
+            out.write(f"e31: setup failed: {exc}\n")
+        return Outcome(AttemptReason.SETUP, error=f"setup failed: {exc}")
+    except SetupStopped as exc:  # cancelled, drained or lost while it was set up
+        return stopped_outcome(exc.directive)
+    except Exception as exc:  # the worker keeps serving; the job gets the reason
+        log.exception("attempt_crashed job=%s attempt=%d", claim.job_id, claim.attempt)
+        return Outcome(AttemptReason.ERROR, error=f"worker error: {type(exc).__name__}: {exc}")
+    return result
+
+
+def _setup(attempt: Attempt, stages: list[Stage]) -> None:
+    """Every stage's setup, in order; their time is the attempt's `setup_s` (never billed),
+    kept on it until a note carries it, and the lease is kept while it lasts."""
+    started = time.monotonic()
+    try:
+        for stage in stages:
+            stage.setup(attempt)
+    finally:
+        attempt.setup_s = time.monotonic() - started

@@ -1,9 +1,16 @@
-"""The running attempt's watchdog and what it used of its GPUs.
+"""The watchdog stage: what watches a running attempt and may stop it, other than its timeout
+(its supervisor's own clock): its lease, and its idleness.
 
-Every beat while the job's child runs (the supervisor's tick, after the lease keeper's), the
-watchdog looks for signs of work: the attempt's log grew, its progress changed, or one of its
-GPUs is busy (utilisation above `IDLE_UTIL_PCT`; a CPU-only slot has only the first two). A
-job that shows none for its `idle_timeout_s` (the spec's, else the pool's setting; off when
+The lease (`LeaseKeeper`, the supervisor's tick): every beat while the setup runs or the child
+runs, the lease is renewed (fenced), progress relayed and a background upload of the log and
+changed checkpoints started (`Shipper.poke`); the tick says stop for a cancel, a drain, a
+preemption or a lost lease. During the setup the same tick is the beat of a long build
+(`lease_beat`), which stops the setup with `SetupStopped`.
+
+The idle watch (`Watchdog`): every beat while the job's child runs (after the lease keeper's),
+the watchdog looks for signs of work: the attempt's log grew, its progress changed, or one of
+its GPUs is busy (utilisation above `IDLE_UTIL_PCT`; a CPU-only slot has only the first two).
+A job that shows none for its `idle_timeout_s` (the spec's, else the pool's setting; off when
 neither is set) is flagged idle: `idle_since` on its attempt, shown by `e31 status`, the API
 and the metric `e31_jobs_idle`, and cleared if it moves again. With `on_idle: kill` it is
 also stopped like a timeout and the attempt ends with reason `idle` (docs/jobs.md).
@@ -24,11 +31,14 @@ from pathlib import Path
 
 from e31.core.clock import utcnow
 from e31.core.errors import StoreError
-from e31.core.records import Claim
+from e31.core.records import Claim, Outcome
 from e31.ops.heartbeat import GpuSample
 from e31.store.attempts import AttemptFacts
+from e31_worker.attempt.envcache import Beat
+from e31_worker.attempt.plan import AttemptPlan, Directive, Tick
 from e31_worker.attempt.services import AttemptServices, GpuSampler, HeldGpus
-from e31_worker.attempt.supervisor import AttemptPlan, Directive, Tick
+from e31_worker.attempt.shipping import Shipper
+from e31_worker.attempt.stages import Attempt, Stage
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +46,81 @@ IDLE_UTIL_PCT = 0.0           # a GPU at or below this utilisation shows no work
 BYTES_PER_GB = 1024 ** 3
 
 Flag = Callable[[datetime | None], bool]   # store the idle flag (None clears it); False: failed
+
+
+class WatchdogStage(Stage):
+    """The watchdog of one attempt (module docstring): the idle watch put behind the lease's
+    tick just before the child starts, and the GPU use it read noted once the child ended."""
+
+    def __init__(self) -> None:
+        self._watchdog: Watchdog | None = None
+
+    def before_run(self, attempt: Attempt) -> None:
+        self._watchdog = attempt_watchdog(attempt.svc, attempt.claim, attempt.plan)
+        attempt.tick = self._watchdog.watching(attempt.lease)
+
+    def after_run(self, attempt: Attempt, outcome: Outcome) -> None:
+        if self._watchdog is not None:
+            note_gpu_use(attempt.svc, attempt.claim, self._watchdog)
+
+
+class LeaseKeeper:
+    """The supervisor's tick: renews the lease each beat, relays progress, log and checkpoints,
+    and watches for cancel, drain and preemption.
+
+    A worker that cannot renew for a whole TTL (its store or its network is gone) stops
+    its job as `lost` on its own: by then the scheduler may have started the job elsewhere,
+    and two copies must not run on for longer than that.
+    """
+
+    def __init__(self, svc: AttemptServices, claim: Claim, shipper: Shipper) -> None:
+        self._svc, self._claim, self._shipper = svc, claim, shipper
+        self._renewed = time.monotonic()
+
+    def __call__(self, progress: tuple[float, float] | None) -> Directive:
+        svc, claim = self._svc, self._claim
+        try:
+            renewal = svc.repo.renew(claim.job_id, claim.token, now=utcnow(),
+                                     lease_ttl_s=svc.settings.lease_ttl_s, progress=progress)
+        except Exception as exc:  # noqa: BLE001 - keep the job running while the lease lasts
+            silent_s = time.monotonic() - self._renewed
+            log.warning("lease_renew_failed job=%s silent_s=%.1f: %s: %s", claim.job_id, silent_s,
+                        type(exc).__name__, exc)
+            if silent_s > svc.settings.lease_ttl_s:
+                log.error("lease_expired_locally job=%s attempt=%d: no renewal for %.1f s; "
+                          "stopping the job (it is recovered elsewhere)", claim.job_id,
+                          claim.attempt, silent_s)
+                return Directive.LOST
+            return Directive.DRAIN if svc.draining.is_set() else Directive.CONTINUE
+        if not renewal.ours:
+            return Directive.LOST
+        self._renewed = time.monotonic()
+        self._shipper.poke()
+        if renewal.cancel:
+            return Directive.CANCEL
+        if svc.draining.is_set():
+            return Directive.DRAIN
+        if renewal.preempt:
+            return Directive.PREEMPT
+        return Directive.CONTINUE
+
+
+class SetupStopped(Exception):
+    """The lease's tick stopped the attempt while it was being set up (cancel, drain, lost)."""
+
+    def __init__(self, directive: Directive) -> None:
+        super().__init__(directive.value)
+        self.directive = directive
+
+
+def lease_beat(tick: Tick) -> Beat:
+    """A setup's beat from the attempt's lease tick: renews the lease (a build may take
+    minutes), and stops the setup with `SetupStopped` when the tick says stop."""
+    def beat() -> None:
+        directive = tick(None)
+        if directive is not Directive.CONTINUE:
+            raise SetupStopped(directive)
+    return beat
 
 
 class GpuUse:

@@ -39,6 +39,22 @@ TELEMETRY_MAX_AGE_BEATS = 1.5   # a GPU reading older than this many beats is re
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Serve one node: take its name, build its attempts' services from the settings, settle
+    what a dead predecessor left, then run Celery's worker until it stops."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.loglevel,
+                        format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
+    settings = Settings.load()
+    identity = _identity(args, settings)
+    groups = _take_node(identity, settings)
+    services, beat, gpus = _services(args, settings, identity, groups)
+    settle_left_attempts(services)     # what it finished but could not record
+    if services.warm is not None:
+        services.warm.start()          # imports torch in the background; cold starts meanwhile
+    _serve(args, settings, identity, services, beat, gpus)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="e31_worker.node.celery_process")
     parser.add_argument("--node", required=True)
     parser.add_argument("--queues", required=True, help="comma-separated, own class first")
@@ -53,18 +69,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host-slots", type=int, default=1,
                         help="worker processes on this host: a job without resources.mem_gb "
                              "gets the host's memory / this (unless default_mem_gb is set)")
-    args = parser.parse_args(argv)
+    return parser
 
-    logging.basicConfig(level=args.loglevel,
-                        format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
-    settings = Settings.load()
-    queues = tuple(args.queues.split(","))
-    identity = WorkerInfo(node=args.node, queues=queues, gpus=args.gpus,
-                          gpu_count=args.gpu_count, size_class=args.size_class,
-                          isolation=settings.isolation,
-                          network=(settings.job_network if settings.isolation == "sandbox"
-                                   else "host"),
-                          gang=tuple((str(g), tuple(q)) for g, q in json.loads(args.gang or "[]")))
+
+def _identity(args: argparse.Namespace, settings: Settings) -> WorkerInfo:
+    """The worker as its heartbeats and its attempts name it: node, queues, GPUs, gang."""
+    return WorkerInfo(node=args.node, queues=tuple(args.queues.split(",")), gpus=args.gpus,
+                      gpu_count=args.gpu_count, size_class=args.size_class,
+                      isolation=settings.isolation,
+                      network=(settings.job_network if settings.isolation == "sandbox"
+                               else "host"),
+                      gang=tuple((str(g), tuple(q)) for g, q in json.loads(args.gang or "[]")))
+
+
+def _take_node(identity: WorkerInfo, settings: Settings) -> GroupRegistry:
+    """Hold the node's name for this process (exit EXIT_NODE_TAKEN when another holds it),
+    and reap what a dead predecessor's jobs left running; returns the node's job groups."""
     # Per node: a restarted worker process finds what its predecessor left running.
     groups_dir = settings.resolved_work_dir / ".groups"
     node_lock = NodeLock(groups_dir / f"{identity.node}.lock")  # held until this process ends
@@ -72,10 +92,17 @@ def main(argv: list[str] | None = None) -> None:
     if taken_by is not None:
         logging.getLogger(__name__).error(
             "node_taken node=%s pid=%d: another worker process serves this node name; give each "
-            "`e31 worker` on a host its own --gpus or --hostname", args.node, taken_by)
+            "`e31 worker` on a host its own --gpus or --hostname", identity.node, taken_by)
         sys.exit(EXIT_NODE_TAKEN)
     groups = GroupRegistry(groups_dir / identity.node)
     groups.reap()                      # what a dead predecessor's jobs left running
+    return groups
+
+
+def _services(args: argparse.Namespace, settings: Settings, identity: WorkerInfo,
+              groups: GroupRegistry) -> tuple[AttemptServices, Heartbeat, GpuMonitor | None]:
+    """The attempts' services, the node's heartbeat and its GPUs' monitor, built from the
+    settings."""
     cgroups = JobCgroups.for_node(identity.node)
     if cgroups is not None:
         cgroups.reap()
@@ -106,10 +133,14 @@ def main(argv: list[str] | None = None) -> None:
         "attempt_limits node=%s pids_max=%s default_mem_gb=%s disk_gb=%s",
         identity.node, settings.attempt_pids_max if cgroups and cgroups.caps_pids else None,
         services.default_mem_gb if cgroups else None, settings.attempt_disk_gb)
-    settle_left_attempts(services)     # what it finished but could not record
-    if services.warm is not None:
-        services.warm.start()          # imports torch in the background; cold starts meanwhile
-    app = wiring.celery(settings, queues=list(queues))
+    return services, beat, gpus
+
+
+def _serve(args: argparse.Namespace, settings: Settings, identity: WorkerInfo,
+           services: AttemptServices, beat: Heartbeat, gpus: GpuMonitor | None) -> None:
+    """Run Celery's worker on the node's queues, the heartbeat from ready to shutdown; then
+    close the warm processes and the GPU monitor, and exit EXIT_DRAINED when drained."""
+    app = wiring.celery(settings, queues=list(identity.queues))
     register(app, services)
 
     def _ready(**_: Any) -> None:
@@ -122,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     signals.worker_shutting_down.connect(_shutting_down, weak=False)
     try:
         app.worker_main(["worker", "--pool", "threads", "--concurrency", "1",
-                         "--hostname", args.node, "--queues", ",".join(queues),
+                         "--hostname", args.node, "--queues", ",".join(identity.queues),
                          "--loglevel", args.loglevel,
                          "--without-gossip", "--without-mingle", "--task-events"])
     finally:

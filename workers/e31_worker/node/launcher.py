@@ -32,7 +32,7 @@ from e31.core.sizeclasses import (
 from e31.edge import wiring
 from e31.edge.settings import Settings
 from e31.ops.drain import DRAIN_REQUEST_TTL_S, clear_drain
-from e31_worker.attempt.supervisor import PR_SET_PDEATHSIG, prctl_function
+from e31_worker.attempt.start import PR_SET_PDEATHSIG, prctl_function
 from e31_worker.node.celery_process import EXIT_DRAINED
 from e31_worker.node.gpus import Gpu
 
