@@ -19,12 +19,12 @@ from sqlalchemy import Engine
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.celeryapp import make_celery
 from e31.edge.settings import Settings
-from e31.store import Repo, SchedulingStore, make_engine
+from e31.store import AttemptStore, DrainStore, Repo, SchedulingStore, make_engine
 from e31.store.db import end_abandoned_transactions
 
 
 def repo(settings: Settings, *, node: str | None = None) -> Repo:
-    """Every store in one (the API, the CLI, the local stack; the worker until its narrowing),
+    """Every store in one (the API, the CLI, the local stack),
     with the pool's fair-share half-life (the same in every process). A worker process passes
     its `node`: see `store_engine`."""
     return Repo(store_engine(settings, node=node), half_life_s=settings.fair_share_half_life_s)
@@ -35,11 +35,22 @@ def scheduling_store(settings: Settings) -> SchedulingStore:
     return SchedulingStore(store_engine(settings), half_life_s=settings.fair_share_half_life_s)
 
 
+def attempt_store(settings: Settings, *, node: str) -> AttemptStore:
+    """A worker process's store: its attempts' claim, renewal and outcome, nothing else of the
+    store, on the engine of its `node` (`store_engine`)."""
+    return AttemptStore(store_engine(settings, node=node),
+                        half_life_s=settings.fair_share_half_life_s)
+
+
+def drain_store(settings: Settings) -> DrainStore:
+    """A launcher's store: its nodes' drain requests."""
+    return DrainStore(store_engine(settings))
+
+
 def store_engine(settings: Settings, *, node: str | None = None) -> Engine:
     """The engine of the results store. A worker process passes its `node` (`gpu0@host`): it
     keeps one connection (store/db.py), names itself `e31 worker <node>` to PostgreSQL, so
-    pg_stat_activity counts a node's, and its abandoned transactions are ended. (The worker's
-    own builder, an `AttemptStore` on this engine, comes with its narrowing: issue 26.)"""
+    pg_stat_activity counts a node's, and its abandoned transactions are ended."""
     if node is None:
         return make_engine(settings.resolved_database_url)
     return end_abandoned_transactions(make_engine(settings.resolved_database_url,

@@ -5,7 +5,7 @@ Its before_run makes the child's supervisor (e31_worker.attempt.supervisor) with
 worker has: the sandbox of the job's tenant and network (`Sandbox.for_attempt`; none with
 `--isolation process`), the job cgroups (its memory and process limits), the process groups a
 successor reaps, and the warm processes (`warm`, else every start is cold). The supervisor
-then tells it two things, each noted on the attempt with one `Repo.note_attempt`:
+then tells it two things, each noted on the attempt with one `AttemptStore.note_attempt`:
 
 - the limits the child runs under, before it starts (`attempts.limits`), with the setup's
   time (`setup_s`) in the same write when it was not noted yet: one store call before the
@@ -22,7 +22,7 @@ import logging
 from e31.core.errors import StoreError
 from e31.core.records import Claim
 from e31.core.states import Isolation, Start
-from e31.store import Repo
+from e31.store import AttemptStore
 from e31.store.attempts import AttemptFacts
 from e31_worker.attempt.limits import AttemptLimits
 from e31_worker.attempt.stages import Attempt, Stage
@@ -46,7 +46,7 @@ class IsolationStage(Stage):
                                                  setup_s=attempt.take_setup_s()))
 
 
-def note_limits(repo: Repo, claim: Claim, limits: AttemptLimits, *,
+def note_limits(repo: AttemptStore, claim: Claim, limits: AttemptLimits, *,
                 setup_s: float | None = None) -> None:
     """Note the limits the attempt runs under on it (`attempts.limits`), before it starts,
     and its setup's time (`setup_s`) when given, in the same write."""
@@ -63,7 +63,7 @@ def note_limits(repo: Repo, claim: Claim, limits: AttemptLimits, *,
                     exc)
 
 
-def note_start(repo: Repo, claim: Claim, isolation: Isolation, start_ms: float,
+def note_start(repo: AttemptStore, claim: Claim, isolation: Isolation, start_ms: float,
                start: Start = Start.COLD) -> None:
     """Note how the attempt's child started (`warm`: forked from the worker's warm process)
     and how long from the attempt's start to its first line of code."""

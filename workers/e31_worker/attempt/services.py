@@ -19,7 +19,7 @@ from e31.core.states import Isolation
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
 from e31.ops.heartbeat import GpuSample, WorkerInfo
-from e31.store import Repo
+from e31.store import AttemptStore
 from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.gangs import GpuLedger, ledger_for
 from e31_worker.attempt.groups import GroupRegistry
@@ -58,7 +58,7 @@ class AttemptServices:
 
     settings: Settings
     identity: WorkerInfo            # the node name, its queues and its GPUs
-    repo: Repo
+    repo: AttemptStore
     artifacts: ArtifactStore
     redis: redis.Redis              # the broker's Redis: the scheduler's wake-up signal
     groups: GroupRegistry | None    # the job process groups running, for a successor to reap

@@ -1,6 +1,6 @@
 """The Celery task `e31.run` and the attempt it drives: claim → the stages → record.
 
-The claim is here (`run_job`: the message's dispatch token, a gang's GPUs, `Repo.claim`);
+The claim is here (`run_job`: the message's dispatch token, a gang's GPUs, `AttemptStore.claim`);
 then the attempt is a loop over its stages (`e31_worker.attempt.stages`: setup, before_run,
 the child, after_run, the record, on_end), each stage in its own module: the workspace, the
 job's secrets, code, inputs and environment, the shipping of its files, the watchdog and the

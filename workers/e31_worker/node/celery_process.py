@@ -107,7 +107,7 @@ def _services(args: argparse.Namespace, settings: Settings, identity: WorkerInfo
     if cgroups is not None:
         cgroups.reap()
     redis_client = wiring.redis_client(settings)
-    repo = wiring.repo(settings, node=identity.node)
+    repo = wiring.attempt_store(settings, node=identity.node)
     gpus = gpu_monitor(",".join(gang_gpus(identity)) or args.gpus, args.simulated_gpu_mem_gb,
                        settings, held=gang_held(identity, settings))
     own_gpus = GpuView(gpus, args.gpus) if gpus is not None and identity.gang else gpus

@@ -243,7 +243,7 @@ class Launcher:
         GPU error's); None when the store cannot be read (nothing changes then)."""
         since = utcnow() - timedelta(seconds=DRAIN_REQUEST_TTL_S)
         try:
-            repo = wiring.repo(self._settings)
+            repo = wiring.drain_store(self._settings)
             try:
                 held = repo.drained_since(since=since)
             finally:
@@ -273,7 +273,7 @@ class Launcher:
         the store and their keys from Redis, each tried even when the other fails."""
         nodes = [s.node for s in self._slots]
         try:
-            repo = wiring.repo(self._settings)
+            repo = wiring.drain_store(self._settings)
             try:
                 repo.clear_drain(nodes)
             finally:
