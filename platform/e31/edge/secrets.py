@@ -8,8 +8,8 @@ each bound to its tenant and name: a ciphertext copied to another tenant's row, 
 does not decrypt there.
 
 A secret's value leaves this module only towards the job's environment: the API stores it,
-the worker decrypts it when an attempt starts (the secrets stage, e31_worker.attempt.secrets) and hands it to the
-child's environment alone.
+the worker decrypts it when an attempt starts (the secrets stage, e31_worker.attempt.secrets)
+and hands it to the child's environment alone.
 """
 
 from __future__ import annotations
