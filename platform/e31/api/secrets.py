@@ -23,8 +23,8 @@ from e31.api.schema import NUL
 from e31.api.tenancy import _actor
 from e31.core.clock import utcnow
 from e31.core.errors import SecretsUnavailable
+from e31.core.names import ENV_NAME, SECRET_NAME_MAX
 from e31.core.records import TenantRecord
-from e31.core.spec import ENV_NAME, SECRET_NAME_MAX
 from e31.edge.secrets import (
     NO_KEY,
     SECRET_VALUE_MAX_BYTES,

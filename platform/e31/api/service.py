@@ -33,6 +33,7 @@ from e31.core.errors import (
 )
 from e31.core.footage import CHUNKS_INPUT
 from e31.core.limits import TenantLimits
+from e31.core.names import NAME_MAX, check_name
 from e31.core.records import (
     ArrayManifest,
     ArrayRecord,
@@ -44,7 +45,8 @@ from e31.core.records import (
     iso,
 )
 from e31.core.sizeclasses import Route, all_queues, route
-from e31.core.spec import NAME_MAX, JobSpec, RequestTally, check_name, describe_error
+from e31.core.spec import JobSpec, describe_error
+from e31.core.speclimits import RequestTally
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.bundlestore import BundleStore
 from e31.edge.settings import Settings

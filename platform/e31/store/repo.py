@@ -28,8 +28,9 @@ from e31.core.records import (
     Renewal,
     UsageRow,
 )
+from e31.core.retries import RetryPolicy
 from e31.core.sizeclasses import OomRule, Route
-from e31.core.spec import JobSpec, RetryPolicy
+from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason, JobState
 from e31.store import deps, tenants, transitions
 from e31.store.arrays import ArrayQueries
