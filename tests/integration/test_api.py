@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 from e31.api import create_app
 from e31.api.services import Services
 from e31.core.clock import utcnow
-from e31.core.spec import JobSpec, RetryPolicy
+from e31.core.retries import RetryPolicy
+from e31.core.spec import JobSpec
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
 from e31.store import Repo

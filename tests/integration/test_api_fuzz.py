@@ -32,7 +32,7 @@ from e31.api import create_app
 from e31.api.errors import STATUS
 from e31.api.services import Services
 from e31.core.clock import utcnow
-from e31.core.spec import MAX_DISK_GB
+from e31.core.resources import MAX_DISK_GB
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
 from e31.store import Repo

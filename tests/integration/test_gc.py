@@ -21,7 +21,8 @@ from e31.core.records import Outcome
 from e31.core.sizeclasses import route
 from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason
-from e31.edge.artifacts import ArtifactStore, log_name
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.logview import log_name
 from e31.edge.settings import Settings
 from e31.ops.retention import collect
 from e31.store import Repo, make_engine

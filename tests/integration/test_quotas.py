@@ -24,7 +24,8 @@ from e31.client import Client
 from e31.core.clock import utcnow
 from e31.core.sizeclasses import route
 from e31.core.spec import JobSpec
-from e31.edge.artifacts import ArtifactStore, log_name
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.logview import log_name
 from e31.edge.settings import Settings
 from e31.ops.heartbeat import WorkerInfo
 from e31.store import Repo

@@ -25,8 +25,9 @@ from e31.core.clock import utcnow
 from e31.core.errors import LinkRefused
 from e31.core.sizeclasses import route
 from e31.core.spec import JobSpec
-from e31.edge import artifacts as artifacts_module
-from e31.edge.artifacts import ArtifactStore, scan_tree
+from e31.edge import localwalk as localwalk_module
+from e31.edge.artifacts import ArtifactStore
+from e31.edge.localwalk import scan_tree
 from e31.edge.settings import Settings
 from e31.ops.heartbeat import WorkerInfo
 from e31.store import Repo
@@ -45,9 +46,9 @@ def guarded(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     """True with the protection on; False with it switched off (links followed, every file
     accepted, no resolved-path check), as the store behaved before it."""
     if request.param == "unguarded":
-        monkeypatch.setattr(artifacts_module, "NO_FOLLOW", 0)
-        monkeypatch.setattr(artifacts_module, "refusal", lambda st: None)
-        monkeypatch.setattr(artifacts_module, "_resolves_beneath", lambda fd, base: True)
+        monkeypatch.setattr(localwalk_module, "NO_FOLLOW", 0)
+        monkeypatch.setattr(localwalk_module, "refusal", lambda st: None)
+        monkeypatch.setattr(localwalk_module, "_resolves_beneath", lambda fd, base: True)
     return bool(request.param == "guarded")
 
 

@@ -4,8 +4,8 @@ the same in `e31 --help` and docs/operations.md, and the edges a user hit first 
 NaN, cut ids, a missing attempt, `result --json` of a failed job, a workload's name).
 
 The commands run in-process with typer's CliRunner against a plain stand-in for the client
-(`_client` replaced): what is checked here is what the CLI sends and prints. The same commands
-against a real stack are in tests/e2e/test_cli.py."""
+(`e31.client.Client` replaced): what is checked here is what the CLI sends and prints. The
+same commands against a real stack are in tests/e2e/test_cli.py."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import typer
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
+import e31.client
 from e31.cli import app, jobs
 from e31.cli.common import EXIT_CODES, EXIT_FAILED, EXIT_INPUT
 from e31.core.errors import JobFailed
@@ -113,7 +114,7 @@ class FakeClient:
 @pytest.fixture
 def client(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
     fake = FakeClient()
-    monkeypatch.setattr(jobs, "_client", lambda: fake)
+    monkeypatch.setattr(e31.client, "Client", lambda: fake)
     return fake
 
 
@@ -222,7 +223,7 @@ def test_ls_never_cuts_an_id_in_a_narrow_terminal(monkeypatch: pytest.MonkeyPatc
                "size_class": "gpu24", "submitted_at": "2026-01-01T00:00:00+00:00",
                "gpu_seconds": 1.5, "gpus": 1, "priority": 5, "reason": "succeeded"}
               for i in range(3)]
-    monkeypatch.setattr(jobs, "_client", lambda: FakeClient(jobs_listed=listed))
+    monkeypatch.setattr(e31.client, "Client", lambda: FakeClient(jobs_listed=listed))
     monkeypatch.setattr(jobs.out, "_width", 60)
 
     # When they are listed, plain and --wide
@@ -242,7 +243,7 @@ def test_logs_of_an_attempt_the_job_does_not_have_is_exit_2(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Given a finished job with one attempt
     status = {"id": JOB_ID, "state": "succeeded", "attempts": [{"n": 1, "ended_at": "x"}]}
-    monkeypatch.setattr(jobs, "_client", lambda: FakeClient(status=status))
+    monkeypatch.setattr(e31.client, "Client", lambda: FakeClient(status=status))
 
     # When its fifth attempt's log is asked for
     result = invoke("logs", JOB_ID, "--attempt", "5")
@@ -258,7 +259,7 @@ def test_result_json_of_a_failed_job_prints_its_status_and_exits_1(
     # Given a failed job
     status = {"id": JOB_ID, "state": "failed", "reason": "error", "error": "exited with code 4",
               "attempts": []}
-    monkeypatch.setattr(jobs, "_client", lambda: FakeClient(status=status))
+    monkeypatch.setattr(e31.client, "Client", lambda: FakeClient(status=status))
 
     # When a script asks for its result as JSON
     result = CliRunner().invoke(app, ["result", JOB_ID, "--json"])
@@ -326,7 +327,7 @@ def test_status_and_queue_say_why_there_is_no_estimate_and_that_the_broker_is_do
                          "tenants": [], "isolation": []}]}
     fake = FakeClient(status=status)
     fake.queue = lambda: view  # type: ignore[attr-defined]
-    monkeypatch.setattr(jobs, "_client", lambda: fake)
+    monkeypatch.setattr(e31.client, "Client", lambda: fake)
 
     # When its status and the queue are shown
     shown = CliRunner().invoke(app, ["status", JOB_ID])
@@ -343,7 +344,7 @@ def test_result_of_a_job_still_running_is_exit_2_and_says_to_wait(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Given a running job (no result yet)
     status = {"id": JOB_ID, "state": "running", "attempts": [{"n": 1, "ended_at": None}]}
-    monkeypatch.setattr(jobs, "_client", lambda: FakeClient(status=status))
+    monkeypatch.setattr(e31.client, "Client", lambda: FakeClient(status=status))
 
     # When its result is asked for
     result = invoke("result", JOB_ID)

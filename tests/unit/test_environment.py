@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from e31.core.errors import SetupError, SpecError
-from e31.core.spec import JobSpec, PythonEnv
+from e31.core.pythonenv import PythonEnv
+from e31.core.spec import JobSpec
 from e31.edge.settings import Settings
 from e31_worker.attempt.envcache import RECORD, EnvCache
 from e31_worker.attempt.environment import (

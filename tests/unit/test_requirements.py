@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from e31.core.errors import SetupError, SpecError
+from e31.core.pythonenv import PythonEnv
 from e31.core.requirements import requirement_problem, requirements_refusals
-from e31.core.spec import JobSpec, PythonEnv
+from e31.core.spec import JobSpec
 from e31.edge.bundlefiles import read_member
 from e31_worker.attempt.buildbox import operator_paths
 from e31_worker.attempt.environment import EnvRequest, build_env

@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from e31.core.errors import SpecError
-from e31.core.spec import JobSpec, RetryPolicy, load_spec_file
+from e31.core.retries import RetryPolicy
+from e31.core.spec import JobSpec, load_spec_file
 
 
 def refusal(data: Any) -> list[dict[str, str]]:

@@ -29,7 +29,7 @@ from e31.api.errors import BodyTooLarge, too_large
 from e31.core import keys
 from e31.core.errors import LimitExceeded
 from e31.core.limits import TenantLimits
-from e31.core.spec import SpecLimits
+from e31.core.speclimits import SpecLimits
 from e31.edge.settings import Settings
 
 # A number in a query is decimal digits only: int() would also forgive a sign, spaces, `_`

@@ -25,15 +25,10 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from e31.core.bundles import DIGEST, INPUT_NAME, MAX_SOURCE_CHARS
+from e31.core.names import ENV_NAME, NAME_MAX, SECRET_NAME_MAX
+from e31.core.pythonenv import MAX_REQUIREMENT_CHARS
 from e31.core.sizeclasses import cpu_class, gpu_classes
-from e31.core.spec import (
-    DEP_ID,
-    ENTRYPOINT,
-    ENV_NAME,
-    MAX_REQUIREMENT_CHARS,
-    NAME_MAX,
-    SECRET_NAME_MAX,
-)
+from e31.core.spec import DEP_ID, ENTRYPOINT
 from e31.core.workloads import WORKLOADS
 from e31.edge.settings import Settings
 from e31.ops.sweep import MAX_ARRAY_ITEMS

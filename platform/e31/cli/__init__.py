@@ -1,9 +1,10 @@
 """The `e31` command: the root app, built from one module per command group, and `main()`.
 
-Groups: `jobs` (submit, status, ls, logs, result, cancel, wait, usage, queue), `top`, `demo`,
-`ops` (worker, api, scheduler, flower, `db`), `stack` (up, down), `gc`, `audit`, `tenants`
-(`tenant`) and `tokens` (`token`);
-the pieces they share are in `common`, which imports none of them, and no group imports another.
+Groups: `submit`, `jobs` (status, ls, logs, result, cancel, wait), `queue` (usage, queue),
+`retry`, `top`, `demo`, `ops` (worker, api, scheduler, flower, `db`), `stack` (up, down), `gc`,
+`audit`, `tenants` (`tenant`), `tokens` (`token`) and `secrets` (`secret`);
+the pieces they share are in `common` (the job groups' client among them), which imports none
+of them, and `remote` (what the admin groups share); no group imports another.
 May import: everything; `e31_worker` only lazily, inside the commands that need it.
 `pyproject.toml`'s `e31 = "e31.cli:main"` and `python -m e31.cli` both start `main()`.
 """
@@ -17,7 +18,21 @@ import typer
 from rich.markup import escape
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-from e31.cli import audit, demo, gc, jobs, ops, retry, secrets, stack, tenants, tokens, top
+from e31.cli import (
+    audit,
+    demo,
+    gc,
+    jobs,
+    ops,
+    queue,
+    retry,
+    secrets,
+    stack,
+    submit,
+    tenants,
+    tokens,
+    top,
+)
 from e31.cli.common import (
     EXIT_CODES,
     EXIT_INPUT,
@@ -38,7 +53,8 @@ def build_app() -> typer.Typer:
                        add_completion=False, pretty_exceptions_enable=False,
                        rich_markup_mode=None, epilog=exit_codes_epilog())
     root.callback()(_root)
-    for group in (jobs.app, retry.app, top.app, demo.app, ops.app, stack.app, gc.app, audit.app):
+    for group in (submit.app, jobs.app, queue.app, retry.app, top.app, demo.app, ops.app,
+                  stack.app, gc.app, audit.app):
         root.add_typer(group)       # no name: their commands sit at the top level
     root.add_typer(ops.db_app, name="db")
     root.add_typer(tenants.app, name="tenant")

@@ -2,9 +2,12 @@
 few helpers that turn an error into a message and an exit code.
 
 Owns: `out`/`err`, the EXIT_* codes, the options several groups declare (`--home`, `--json`,
-the worker-slot options of `e31 worker` and `e31 up`), `fail`, `print_json`, and how a command
-loads its `Settings` and sets up logging.
-May import: the `e31` core (light modules only at the top: `errors`), typer and rich.
+the worker-slot options of `e31 worker` and `e31 up`), `fail`, `print_json`, how a command
+loads its `Settings` and sets up logging, and what the job groups (`submit`, `jobs`, `queue`)
+share: `api_client`, the client they reach the API with, `call`, and waiting on a job or
+an array.
+May import: the `e31` core (light modules only at the top: `errors`), typer and rich, and
+`e31.client` lazily, inside `api_client`, so that `e31 --help` stays fast.
 Nothing here imports another CLI module; every group module imports this one.
 """
 
@@ -17,6 +20,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+from e31.core.errors import ClientError, JobFailed, JobTimeout, SpecError
 
 if TYPE_CHECKING:
     from e31.edge.settings import Settings
@@ -40,6 +45,7 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
 )
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+ARRAY_PREFIX = "a-"        # array ids; job ids start with "j-"
 
 out = Console()
 err = Console(stderr=True)
@@ -83,3 +89,70 @@ def load_settings(**overrides: Any) -> Settings:
 def setup_logging(level: str) -> None:
     """Log at `level` (a name such as INFO) for a long-running service command."""
     logging.basicConfig(level=level.upper(), force=True, format=LOG_FORMAT)
+
+
+# -- the job groups' client --------------------------------------------------------------
+
+def api_client() -> Any:
+    """The API client of E31_URL/E31_TOKEN, else of the profile `e31 up` wrote (exit 3 when
+    none is known)."""
+    from e31.client import Client
+    try:
+        return Client()
+    except ClientError as exc:
+        fail(exc.message, EXIT_UNAVAILABLE)
+
+
+def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a client call, turning its errors into a one-line message and an exit code."""
+    try:
+        return fn(*args, **kwargs)
+    except JobFailed:
+        raise
+    except JobTimeout as exc:    # still running: neither failed nor unavailable
+        fail(exc.message, EXIT_TIMEOUT)
+    except ClientError as exc:
+        code = EXIT_INPUT if exc.status_code in (400, 403, 404, 409, 413, 422) else EXIT_UNAVAILABLE
+        fail(exc.message, code)
+    except SpecError as exc:     # found before a request was sent: a workdir or input path
+        fail(exc.message, EXIT_INPUT)
+
+
+def is_array(some_id: str) -> bool:
+    return some_id.startswith(ARRAY_PREFIX)
+
+
+def counts(st: dict[str, Any]) -> str:
+    """An array's progress as one line: "7/10 done: 6 succeeded, 1 failed, 3 running"."""
+    shown = [f"{st[k]} {k}" for k in ("succeeded", "failed", "cancelled", "running", "queued")
+             if st.get(k)]
+    return f"{st['done']}/{st['total']} done" + (f": {', '.join(shown)}" if shown else "")
+
+
+def wait_job(job: Any, *, as_json: bool, timeout: float | None) -> None:
+    """Wait for `job` with a progress bar (none with --json); exit 1 unless it succeeded."""
+    try:
+        st = call(job.wait, timeout=timeout, progress=not as_json)
+    except JobFailed as exc:
+        if as_json:
+            print_json(exc.status)
+        fail(exc.message, EXIT_FAILED)
+    if as_json:
+        print_json(st)
+    else:
+        print(f"{job.id} succeeded: {json.dumps(st['result'])}")
+
+
+def wait_array(array: Any, *, as_json: bool, timeout: float | None) -> None:
+    """Wait for every item of `array`; exit 1 naming the first items that did not succeed."""
+    st = call(array.wait, timeout=timeout, progress=not as_json)
+    if as_json:
+        print_json(st)
+    else:
+        out.print(f"{array.id} {st['state']}, {counts(st)}", highlight=False)
+    if st["state"] != "succeeded":
+        bad = [i for i in st.get("items", []) if i["state"] != "succeeded"]
+        listed = ", ".join(f"[{i['index']}] {i['id']} {i['reason'] or i['state']}" for i in bad[:5])
+        fail(f"array {array.id}: {st['failed']} failed, {st['cancelled']} cancelled of "
+             f"{st['total']}" + (f" ({listed}{', …' if len(bad) > 5 else ''})" if listed else ""),
+             EXIT_FAILED)

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from e31.core.errors import ConfigError, SpecError
-from e31.core.spec import MAX_GPUS_PER_JOB, JobSpec
+from e31.core.resources import MAX_GPUS_PER_JOB
+from e31.core.spec import JobSpec
 
 
 class SizeClass(BaseModel):

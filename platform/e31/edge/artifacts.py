@@ -1,14 +1,13 @@
 """Outputs, logs and checkpoints of jobs over fsspec (`file://` by default, `s3://` etc.).
 
 Layout under the store's root: `<tenant>/<job>/outputs/...`, `<tenant>/<job>/logs/attempt-N.log`,
-`<tenant>/<job>/checkpoints/...` (checkpoints belong to the job, not the attempt).
+`<tenant>/<job>/checkpoints/...` (checkpoints belong to the job, not the attempt). A job's logs
+are served as one range of bytes through `e31.edge.logview`.
 
-Links are never followed (docs/security.md). A job decides what its directories hold, so a
-symbolic link (to `/proc/self/environ`, to the store's database) or a hard link to a file
-outside must not make a worker upload, or the API serve, the bytes of its target. Local files
-are therefore found with `lstat`, opened one directory at a time with `O_NOFOLLOW`, and only a
-regular file with a single link is stored or served; an opened file must also resolve beneath
-the directory it was looked up in. Object stores (`s3://`, ...) have no links.
+Links are never followed (docs/security.md): on a local store every file is reached, listed
+and removed through the walks of `e31.edge.localwalk`, which open one directory at a time
+with `O_NOFOLLOW` and store or serve only a regular file of one link that resolves beneath
+its directory. Object stores (`s3://`, ...) have no links.
 
 On an object store (`s3://bucket/prefix`, through `s3fs`) the same guarantees hold by other
 means: every key is built below `<prefix>/<tenant>/<job>/` from a path that `_safe` has
@@ -21,16 +20,13 @@ not cached, so an API process sees what a worker on another node uploaded a mome
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import posixpath
-import re
 import shutil
-import stat
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -38,73 +34,26 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from e31.core.errors import LinkRefused, NotFound
+from e31.edge.localwalk import (
+    create_beneath,
+    open_beneath,
+    remove_beneath,
+    scan_beneath,
+    scan_tree,
+)
+from e31.edge.logview import LOG_NAME, LogPart, LogView
 
 log = logging.getLogger(__name__)
 
-_LOG_NAME = re.compile(r"^attempt-(\d+)\.log$")
 TMP_PREFIX = ".e31-upload-"  # an upload in progress; never listed, never downloaded
 COPY_CHUNK_BYTES = 1024 * 1024  # one read and one write per MiB of a copied file
 # An object store's file is fetched in ranged GETs of this many bytes (s3fs reads ahead one
 # block): a module attribute so that a test can show what a whole-file read looks like.
 REMOTE_BLOCK_BYTES = COPY_CHUNK_BYTES
 
-# Every local open passes NO_FOLLOW: a module attribute rather than a literal, so that a test
-# can switch the protection off and show that its attack then succeeds.
-NO_FOLLOW = os.O_NOFOLLOW
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-# O_NONBLOCK: opening a FIFO a job left behind must not hang the worker (it is refused after).
-_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-
 # A tenant's outputs on an object store with no `tenant_outputs_max_bytes`: no cap (the
 # store's own typo guard, e31.store.quotas.MAX_OUTPUTS_BYTES, is the same number).
 NO_CAP_BYTES = 1 << 62
-
-SYMLINK = "symbolic link"
-HARD_LINK = "hard link"
-NOT_REGULAR = "not a regular file"
-OUTSIDE = "resolves outside its directory"
-
-
-def refusal(st: os.stat_result) -> str | None:
-    """Why a file of this `lstat` status is neither stored nor served, or None when it may be:
-    only a regular file with one link is a job's own file (a second link may be the store's
-    database or a password file, hard-linked in by a job on the same filesystem)."""
-    if stat.S_ISLNK(st.st_mode):
-        return SYMLINK
-    if not stat.S_ISREG(st.st_mode):
-        return NOT_REGULAR
-    if st.st_nlink > 1:
-        return HARD_LINK
-    return None
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A file of a job's directory that was not stored, and why."""
-
-    path: str     # relative to the directory that was scanned
-    reason: str   # SYMLINK, HARD_LINK, NOT_REGULAR, OUTSIDE
-
-    def __str__(self) -> str:
-        shown = self.path if self.path.isprintable() else repr(self.path)
-        return f"{shown}: {self.reason}"
-
-
-@dataclass
-class TreeScan:
-    """What a scan found: the files that may be stored or served (with their `lstat`), sorted
-    by path, and what it refused."""
-
-    files: dict[str, os.stat_result] = field(default_factory=dict)
-    refused: list[Refused] = field(default_factory=list)
-
-
-def scan_tree(local_dir: Path) -> TreeScan:
-    """Every file under `local_dir`, found without following a link: a symbolic link (to a
-    file or a directory), a hard link, a FIFO or a device is refused with its reason and never
-    descended into. A missing directory is empty."""
-    return _scan_beneath(str(local_dir), "")
 
 
 class ArtifactStore:
@@ -169,7 +118,7 @@ class ArtifactStore:
         raises LinkRefused. Returns the number of bytes stored."""
         target = self._path(tenant_id, job_id, _safe(rel))
         where = base if base is not None else local.parent
-        fd = _open_beneath(str(where), local.relative_to(where).as_posix())
+        fd = open_beneath(str(where), local.relative_to(where).as_posix())
         with os.fdopen(fd, "rb") as src:
             parent = posixpath.dirname(target)
             self._fs.makedirs(parent, exist_ok=True)
@@ -212,7 +161,7 @@ class ArtifactStore:
         for rel in self._stored_files(tenant_id, job_id, prefix):
             with self._open_stored(tenant_id, job_id, f"{prefix}/{rel}") as src:
                 local_dir.mkdir(parents=True, exist_ok=True)
-                fd = _create_beneath(str(local_dir), rel)
+                fd = create_beneath(str(local_dir), rel)
                 with os.fdopen(fd, "wb") as dst:
                     _copy(src, dst)
             count += 1
@@ -222,7 +171,7 @@ class ArtifactStore:
 
     def list_outputs(self, tenant_id: str, job_id: str) -> list[dict[str, Any]]:
         if self._local:
-            scan = _scan_beneath(self._root, self._rel(tenant_id, job_id, "outputs"))
+            scan = scan_beneath(self._root, self._rel(tenant_id, job_id, "outputs"))
             return [{"path": rel, "size": st.st_size} for rel, st in scan.files.items()
                     if not posixpath.basename(rel).startswith(TMP_PREFIX)]
         base = self._path(tenant_id, job_id, "outputs")
@@ -244,14 +193,14 @@ class ArtifactStore:
     def log_sizes(self, tenant_id: str, job_id: str) -> dict[int, int]:
         """Each attempt's stored log size in bytes, by attempt number (links left out)."""
         if self._local:
-            scan = _scan_beneath(self._root, self._rel(tenant_id, job_id, "logs"))
+            scan = scan_beneath(self._root, self._rel(tenant_id, job_id, "logs"))
             sizes = {name: st.st_size for name, st in scan.files.items()}
         else:
             base = self._path(tenant_id, job_id, "logs")
             sizes = ({posixpath.basename(info["name"]): int(info.get("size") or 0)
                       for info in self._fs.ls(base, detail=True)}
                      if self._fs.exists(base) else {})
-        found = ((_LOG_NAME.match(name), size) for name, size in sizes.items())
+        found = ((LOG_NAME.match(name), size) for name, size in sizes.items())
         return dict(sorted((int(m.group(1)), size) for m, size in found if m))
 
     def log_view(self, tenant_id: str, job_id: str, attempt: int | None) -> LogView:
@@ -302,7 +251,7 @@ class ArtifactStore:
         link is removed, never its target)."""
         found = self.footprint(tenant_id, job_id)
         if self._local:
-            _remove_beneath(self._root, self._rel(tenant_id, job_id))
+            remove_beneath(self._root, self._rel(tenant_id, job_id))
         else:
             path = self._path(tenant_id, job_id)
             if self._fs.exists(path):
@@ -313,7 +262,7 @@ class ArtifactStore:
         """(path below the job, size) of each stored file of the job; on a local store, links
         and other refused entries count as files of their own (`lstat`) size."""
         if self._local:
-            scan = _scan_beneath(self._root, self._rel(tenant_id, job_id))
+            scan = scan_beneath(self._root, self._rel(tenant_id, job_id))
             yield from ((rel, st.st_size) for rel, st in scan.files.items())
             yield from ((r.path, 0) for r in scan.refused)
             return
@@ -327,7 +276,7 @@ class ArtifactStore:
     def _stored_files(self, tenant_id: str, job_id: str, prefix: str) -> Iterator[str]:
         """The stored files under `prefix`, relative to it, without uploads in progress."""
         if self._local:
-            scan = _scan_beneath(self._root, self._rel(tenant_id, job_id, prefix))
+            scan = scan_beneath(self._root, self._rel(tenant_id, job_id, prefix))
             rels: list[str] = list(scan.files)
         else:
             base = self._path(tenant_id, job_id, prefix)
@@ -342,7 +291,7 @@ class ArtifactStore:
         """A stored file for reading; on a local store, reached without following a link
         from the store's root down (LinkRefused, FileNotFoundError)."""
         if self._local:
-            return os.fdopen(_open_beneath(self._root, self._rel(tenant_id, job_id, rel)), "rb")
+            return os.fdopen(open_beneath(self._root, self._rel(tenant_id, job_id, rel)), "rb")
         path = self._path(tenant_id, job_id, rel)
         if not self._fs.isfile(path):
             raise FileNotFoundError(path)
@@ -352,63 +301,12 @@ class ArtifactStore:
 
 
 @dataclass(frozen=True)
-class LogPart:
-    """One attempt's log within a `LogView`: the line put before it and its stored size."""
-
-    attempt: int
-    header: bytes
-    size_bytes: int
-
-
-@dataclass(frozen=True)
-class LogView:
-    """A job's logs as one range of bytes, sized when the view was taken: `read` serves any
-    part of it, streamed from the store (the API answers one bounded chunk of it per request)."""
-
-    store: ArtifactStore
-    tenant_id: str
-    job_id: str
-    parts: tuple[LogPart, ...]
-
-    @property
-    def size_bytes(self) -> int:
-        return sum(len(p.header) + p.size_bytes for p in self.parts)
-
-    def read(self, offset: int, length: int) -> Iterator[bytes]:
-        """The bytes [offset, offset + length) of the view, in blocks. Stops early if a log
-        is shorter than it was (removed meanwhile): what was sent is then all there is."""
-        end = min(offset + length, self.size_bytes)
-        pos = 0
-        for part in self.parts:
-            head_end = pos + len(part.header)
-            if offset < head_end and pos < end:
-                yield part.header[max(0, offset - pos):end - pos]
-            start, stop = max(offset, head_end), min(end, head_end + part.size_bytes)
-            if start < stop:
-                sent = 0
-                for block in self.store.read_range(self.tenant_id, self.job_id,
-                                                     log_name(part.attempt), start - head_end,
-                                                     stop - start):
-                    sent += len(block)
-                    yield block
-                if sent < stop - start:
-                    return
-            pos = head_end + part.size_bytes
-            if pos >= end:
-                return
-
-
-@dataclass(frozen=True)
 class Footprint:
     """What one job keeps in the artifact store."""
 
     files: int
     bytes: int
     outputs_bytes: int
-
-
-def log_name(attempt: int) -> str:
-    return f"logs/attempt-{attempt}.log"
 
 
 def _safe(rel: str) -> str:
@@ -425,164 +323,3 @@ def _copy(src: IO[bytes], dst: IO[bytes]) -> int:
         dst.write(chunk)
         size += len(chunk)
     return size
-
-
-# -- the local walk: one directory at a time, never through a link ------------------------
-
-def _parts(rel: str) -> list[str]:
-    return [p for p in rel.split("/") if p and p != "."]
-
-
-def _open_dir_beneath(base: str, rel: str, *, make: bool = False) -> int:
-    """A descriptor of the directory `base/rel`, each component below `base` opened with
-    NO_FOLLOW relative to its parent (`base` itself is the operator's, and trusted); with
-    `make`, missing components are created on the way."""
-    fd = os.open(base, _DIR_FLAGS)
-    try:
-        for part in _parts(rel):
-            if make:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, dir_fd=fd)
-            try:
-                child = os.open(part, _DIR_FLAGS | NO_FOLLOW, dir_fd=fd)
-            except OSError as exc:
-                _raise_if_link(exc, fd, part, rel)
-                raise
-            os.close(fd)
-            fd = child
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _open_beneath(base: str, rel: str) -> int:
-    """A read-only descriptor of the file `base/rel`, reached without following a link below
-    `base` and checked to be a regular file of one link that resolves beneath `base`;
-    LinkRefused otherwise, FileNotFoundError when it is missing."""
-    parts = _parts(rel)
-    if not parts:
-        raise LinkRefused(f"{rel!r}: {NOT_REGULAR}")
-    dir_fd = _open_dir_beneath(base, "/".join(parts[:-1]))
-    try:
-        try:
-            fd = os.open(parts[-1], _READ_FLAGS | NO_FOLLOW, dir_fd=dir_fd)
-        except OSError as exc:
-            _raise_if_link(exc, dir_fd, parts[-1], rel)
-            raise
-    finally:
-        os.close(dir_fd)
-    why = refusal(os.fstat(fd))
-    if why is None and not _resolves_beneath(fd, base):
-        why = OUTSIDE
-    if why is not None:
-        os.close(fd)
-        raise LinkRefused(str(Refused(rel, why)))
-    return fd
-
-
-def _create_beneath(base: str, rel: str) -> int:
-    """A new file `base/rel` for writing (directories made as needed), created without
-    following a link below `base`: an existing name is replaced, never written through."""
-    parts = _parts(rel)
-    fd = _open_dir_beneath(base, "/".join(parts[:-1]), make=True)
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(parts[-1], dir_fd=fd)
-        return os.open(parts[-1], _CREATE_FLAGS | NO_FOLLOW, 0o666, dir_fd=fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_beneath(base: str, rel: str) -> None:
-    """Remove the directory `base/rel` and all below it, reached without following a link
-    below `base` (a link there is refused, and nothing is removed through it); the removal
-    itself is `shutil.rmtree`'s descriptor-based walk, which unlinks a link and never
-    descends into one. A missing directory is nothing to do."""
-    parts = _parts(rel)
-    try:
-        parent = _open_dir_beneath(base, "/".join(parts[:-1]))
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    try:
-        st = os.lstat(parts[-1], dir_fd=parent)
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            os.unlink(parts[-1], dir_fd=parent)
-        else:
-            shutil.rmtree(parts[-1], dir_fd=parent)
-    except FileNotFoundError:
-        return
-    finally:
-        os.close(parent)
-
-
-def _raise_if_link(exc: OSError, dir_fd: int, name: str, rel: str) -> None:
-    """Turn the error of an O_NOFOLLOW open into LinkRefused when `name` is a link (ELOOP for
-    a file, ENOTDIR for a directory); other errors are left to the caller."""
-    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-        return
-    try:
-        is_link = stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
-    except OSError:
-        return
-    if is_link:
-        raise LinkRefused(str(Refused(rel, SYMLINK))) from exc
-
-
-def _resolves_beneath(fd: int, base: str) -> bool:
-    """The resolved-path check: the opened file's real path lies beneath `base`'s. Without
-    /proc (not Linux) the descriptor walk above is the whole check."""
-    try:
-        real = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return True
-    root = os.path.realpath(base).rstrip("/")
-    return real.startswith(root + "/")
-
-
-def _scan_beneath(base: str, rel: str) -> TreeScan:
-    """`scan_tree` of `base/rel`, reaching `rel` without following a link below `base`; a
-    missing directory, or one that is a link, is empty."""
-    scan = TreeScan()
-    try:
-        fd = _open_dir_beneath(base, rel)
-    except LinkRefused as exc:
-        log.warning("artifact_refused %s", exc)
-        return scan
-    except (FileNotFoundError, NotADirectoryError):
-        return scan
-    try:
-        _walk(fd, "", scan)
-    finally:
-        os.close(fd)
-    scan.files = dict(sorted(scan.files.items()))
-    return scan
-
-
-def _walk(dir_fd: int, prefix: str, scan: TreeScan) -> None:
-    with os.scandir(dir_fd) as entries:
-        found = sorted(entries, key=lambda e: e.name)
-    for entry in found:
-        rel = prefix + entry.name
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except FileNotFoundError:  # removed while we looked
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            try:
-                child = os.open(entry.name, _DIR_FLAGS | NO_FOLLOW, dir_fd=dir_fd)
-            except FileNotFoundError:
-                continue
-            except OSError:  # replaced by a link or a file since the lstat
-                scan.refused.append(Refused(rel, SYMLINK))
-                continue
-            try:
-                _walk(child, rel + "/", scan)
-            finally:
-                os.close(child)
-            continue
-        why = refusal(st)
-        if why is None:
-            scan.files[rel] = st
-        else:
-            scan.refused.append(Refused(rel, why))

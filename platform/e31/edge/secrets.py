@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from e31.core.errors import SecretsUnavailable, SpecError
-from e31.core.spec import ENV_NAME, SECRET_NAME_MAX, reserved_env
+from e31.core.names import ENV_NAME, SECRET_NAME_MAX, reserved_env
 
 SECRET_VALUE_MAX_BYTES = 64 * 1024   # an API key or a certificate; bigger data is an input
 NO_KEY = ("this pool has no secrets key (set E31_SECRETS_KEY or E31_SECRETS_KEY_FILE to a "

@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from e31.core.errors import ConfigError
 from e31.core.limits import TenantLimits
+from e31.core.retries import RetryPolicy
 from e31.core.sizeclasses import DEFAULT_SIZE_CLASSES, SizeClass
-from e31.core.spec import RetryPolicy
 
 
 class Settings(BaseModel):

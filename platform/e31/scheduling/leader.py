@@ -23,9 +23,9 @@ from kombu.exceptions import OperationalError as BrokerError
 from e31.core import keys, metrics
 from e31.core.clock import utcnow
 from e31.core.errors import SchedulingError, StoreError
+from e31.core.names import printable
 from e31.core.records import Candidate, SchedulingView
 from e31.core.sizeclasses import all_queues, node_queue, redis_priority
-from e31.core.spec import printable
 from e31.edge.celeryapp import TASK_NAME
 from e31.edge.settings import Settings
 from e31.ops.heartbeat import WorkerInfo, gang_place, read_workers

@@ -27,8 +27,9 @@ from sqlalchemy.orm import Session
 
 from e31.core.errors import StoreError
 from e31.core.records import ArrayManifest, Claim, Outcome, Renewal
+from e31.core.retries import RetryPolicy
 from e31.core.sizeclasses import OomRule
-from e31.core.spec import JobSpec, RetryPolicy
+from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason, Isolation, JobState, Start
 from e31.store import deps, quotas, secrets, tenants, transitions
 from e31.store.arrays import ArrayStore

@@ -54,8 +54,8 @@ from packaging.version import InvalidVersion, Version
 
 from e31.core.clock import utcnow
 from e31.core.errors import SetupError
+from e31.core.pythonenv import PythonEnv
 from e31.core.requirements import REQUIREMENTS_MAX_BYTES, requirement_problem, requirements_refusals
-from e31.core.spec import PythonEnv
 from e31.edge.settings import Settings
 from e31_worker.attempt.buildbox import BuildSandbox, operator_paths
 from e31_worker.attempt.envcache import Beat, EnvCache, JobEnv

@@ -46,8 +46,8 @@ from e31.core.bundles import (
 )
 from e31.core.errors import NotFound, SetupError
 from e31.core.records import Claim
-from e31.edge.artifacts import scan_tree
 from e31.edge.bundlestore import BundleStore
+from e31.edge.localwalk import scan_tree
 from e31.edge.s3inputs import artifact_store_input, input_storage_options, same_credentials
 from e31.edge.settings import Settings
 from e31_worker.attempt.binds import exposes, protected_paths

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from e31.core.records import Claim
-from e31.edge.artifacts import Refused, log_name, refusal, scan_tree
+from e31.edge.localwalk import Refused, refusal, scan_tree
+from e31.edge.logview import log_name
 from e31_worker.attempt.plan import AttemptPlan
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.stages import Attempt, Stage

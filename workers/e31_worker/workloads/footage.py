@@ -89,15 +89,7 @@ def run(ctx: JobContext, path: str | list[str], model: str = DEFAULT_MODEL,
     device = ctx.device
     net = build_model(model, model_kwargs, weights and ctx.input_path(weights), device).eval()
     label_names = labels or getattr(net, "labels", None)
-    files = [f for p in ([path] if isinstance(path, str) else path)
-             for f in list_videos(ctx.input_path(p))]
-    shown = names if names and len(names) == len(files) else [posixpath.basename(f)
-                                                               for f in files]
-    durations = [video_duration_s(f) for f in files]
-    spans: list[Span] = [(f, start_s, d if end_s is None else min(end_s, d))
-                         for f, d in zip(files, durations, strict=True)]
-    summaries = [_Summary(n, f, s, e, fps, d)
-                 for n, (f, s, e), d in zip(shown, spans, durations, strict=True)]
+    spans, summaries = _plan(ctx, path, names, fps, start_s, end_s)
     writer = SegmentWriter(checkpoint_dir=ctx.checkpoint_dir / "footage",
                            scratch_dir=ctx.work_dir / SCRATCH,
                            every_records=checkpoint_every_frames, every_s=checkpoint_every_s)
@@ -113,27 +105,61 @@ def run(ctx: JobContext, path: str | list[str], model: str = DEFAULT_MODEL,
     frame_size = (int(size[0]), int(size[1])) if size else None
     if auto_batch_size and device == "cuda" and first < len(spans):
         batch_size = _search(net, spans[first], fps, frame_size, batch_size)
-    used: list[list[str]] = [[] for _ in files]
+    used: list[list[str]] = [[] for _ in spans]
     try:
         batches = _batches(spans, first, after_s, fps, frame_size, batch_size,
                            pin=device == "cuda", hwaccel=hwaccel, used=used,
                            threads=decode_threads)
         for index, times, frames in prefetch(batches, depth=prefetch_batches):
-            with torch.inference_mode():
-                x = frames.to(device, non_blocking=True).permute(0, 3, 1, 2).float().div_(255)
-                score, label = net(x).float().softmax(-1).max(-1)
-            rows = summaries[index].add(times, label.tolist(), score.tolist(), label_names)
+            rows = summaries[index].add(times, *_classify(net, frames, device), label_names)
             writer.write("results", "".join(json.dumps(r) + "\n" for r in rows))
             writer.advance(len(rows))
             progress.report()
         writer.finish(ctx.output_dir)
     finally:
         writer.close()
+    frames_total, class_counts, decoder = _write_outputs(ctx, summaries, used, decode)
+    progress.report(final=True)
+    return {"files": len(spans), "frames": frames_total, "class_counts": class_counts,
+            "device": device, "decoder": decoder, "batch_size": batch_size,
+            "resumed_from": resumed_from, "seconds": round(time.monotonic() - started, 3)}
+
+
+def _plan(ctx: JobContext, path: str | list[str], names: list[str] | None, fps: float | None,
+          start_s: float, end_s: float | None) -> tuple[list[Span], list[_Summary]]:
+    """The files at `path` (each an input of the job when relative) as spans to sample, and
+    an empty summary of each under its name in the rows."""
+    files = [f for p in ([path] if isinstance(path, str) else path)
+             for f in list_videos(ctx.input_path(p))]
+    shown = names if names and len(names) == len(files) else [posixpath.basename(f)
+                                                               for f in files]
+    durations = [video_duration_s(f) for f in files]
+    spans: list[Span] = [(f, start_s, d if end_s is None else min(end_s, d))
+                         for f, d in zip(files, durations, strict=True)]
+    summaries = [_Summary(n, f, s, e, fps, d)
+                 for n, (f, s, e), d in zip(shown, spans, durations, strict=True)]
+    return spans, summaries
+
+
+def _classify(net: torch.nn.Module, frames: torch.Tensor,
+              device: str) -> tuple[list[int], list[float]]:
+    """Each frame's best class and its score (softmax), from a batch of uint8 frames."""
+    with torch.inference_mode():
+        x = frames.to(device, non_blocking=True).permute(0, 3, 1, 2).float().div_(255)
+        score, label = net(x).float().softmax(-1).max(-1)
+    return label.tolist(), score.tolist()
+
+
+def _write_outputs(ctx: JobContext, summaries: list[_Summary], used: list[list[str]],
+                   decode: str) -> tuple[int, dict[str, int], str]:
+    """Name the committed rows `frames.jsonl` and write `summary.json`; returns the frames,
+    the class counts and the decoder of the whole job (`cuda` only if the GPU decoded every
+    file). With `decode=cuda`, a file the CPU decoded is an error."""
     (ctx.output_dir / "results.jsonl").rename(ctx.output_dir / "frames.jsonl")
     (ctx.output_dir / "errors.jsonl").unlink()
     for summary, u in zip(summaries, used, strict=True):
         summary.decoder = "cuda" if u and all(d == "cuda" for d in u) else "cpu"
-    decoder = "cuda" if all(s.decoder == "cuda" for s in summaries) and files else "cpu"
+    decoder = "cuda" if all(s.decoder == "cuda" for s in summaries) and summaries else "cpu"
     if decode == "cuda" and decoder != "cuda":
         raise RuntimeError("decode=cuda: the GPU did not decode this footage (PyAV or the "
                            "driver cannot); decode=auto falls back to the CPU")
@@ -141,14 +167,11 @@ def run(ctx: JobContext, path: str | list[str], model: str = DEFAULT_MODEL,
     for s in summaries:
         counts.update(s.counts)
     frames_total = sum(s.frames for s in summaries)
+    class_counts = dict(sorted(counts.items()))
     (ctx.output_dir / "summary.json").write_text(json.dumps(
         {"files": [s.as_dict() for s in summaries], "frames": frames_total,
-         "class_counts": dict(sorted(counts.items())), "decoder": decoder}, indent=2))
-    progress.report(final=True)
-    return {"files": len(files), "frames": frames_total,
-            "class_counts": dict(sorted(counts.items())), "device": device,
-            "decoder": decoder, "batch_size": batch_size, "resumed_from": resumed_from,
-            "seconds": round(time.monotonic() - started, 3)}
+         "class_counts": class_counts, "decoder": decoder}, indent=2))
+    return frames_total, class_counts, decoder
 
 
 def _replay(writer: SegmentWriter, summaries: list[_Summary]) -> tuple[int, float | None]:

@@ -17,7 +17,7 @@ from e31.api import errors
 from e31.api.auth import Caller, actor
 from e31.api.schema import NUL
 from e31.api.services.secrets import SecretService
-from e31.core.spec import ENV_NAME, SECRET_NAME_MAX
+from e31.core.names import ENV_NAME, SECRET_NAME_MAX
 from e31.edge.secrets import SECRET_VALUE_MAX_BYTES
 from e31.store.secrets import SecretInfo
 

@@ -38,7 +38,8 @@ from e31.core.errors import NotFound, SpecConflict, SpecError, TooLarge
 from e31.core.limits import TenantLimits
 from e31.core.records import TenantRecord
 from e31.core.sizeclasses import Route, route
-from e31.core.spec import JobSpec, RequestTally
+from e31.core.spec import JobSpec
+from e31.core.speclimits import RequestTally
 from e31.edge.settings import Settings
 from e31.ops.heartbeat import wake
 from e31.scheduling import placement
