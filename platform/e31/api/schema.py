@@ -36,7 +36,7 @@ from e31.ops.sweep import MAX_ARRAY_ITEMS
 Schema = dict[str, Any]
 
 # A character no name may hold: a control character (C0, DEL, C1), a line or paragraph
-# separator (spec.check_name). A lone surrogate has no UTF-8, so no JSON body carries one.
+# separator (names.check_name). A lone surrogate has no UTF-8, so no JSON body carries one.
 CONTROL = "[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]"
 NUL = "\\x00"
 RESERVED_ENV = {"anyOf": [{"pattern": "^E31_"}, {"const": "CUDA_VISIBLE_DEVICES"}]}
