@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from e31.core.errors import ClientError, JobFailed
+from e31_worker.attempt.attemptlimits import host_memory_gb
 from e31_worker.attempt.cgroups import JobCgroups
-from e31_worker.attempt.limits import host_memory_gb
 from tests.conftest import wait_for
 from tests.integration.test_limits import FORK_LOOP
 

@@ -18,7 +18,7 @@ from e31.core.spec import JobSpec
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.bundlestore import BundleStore
 from e31.edge.settings import Settings
-from e31_worker.attempt.bundle import BundleCache, remove_tree, stage_code, unpack
+from e31_worker.attempt.code import BundleCache, remove_tree, stage_code, unpack
 from e31_worker.attempt.inputs import stage_inputs
 from e31_worker.attempt.plan import AttemptPlan
 

@@ -1,4 +1,4 @@
-"""Limits on every resource a job can exhaust (e31_worker.attempt.limits), with real cgroups
+"""Limits on every resource a job can exhaust (e31_worker.attempt.attemptlimits), with real cgroups
 and real processes: a fork loop stops at `pids.max` inside its job only, a job without
 `resources.mem_gb` is OOM-killed past the pool's default (its tmpfs counted too), a job that
 writes past its disk limit ends `disk_quota` with its files removed while another keeps
@@ -29,8 +29,8 @@ from e31.core.states import AttemptReason, Start
 from e31.edge.settings import Settings
 from e31.store import Repo
 from e31.store.attempts import AttemptFacts
+from e31_worker.attempt.attemptlimits import AttemptLimits, attempt_limits, default_mem_gb
 from e31_worker.attempt.cgroups import JobCgroups
-from e31_worker.attempt.limits import AttemptLimits, attempt_limits, default_mem_gb
 from e31_worker.attempt.plan import AttemptPlan, Directive
 from e31_worker.attempt.supervisor import Supervisor
 from e31_worker.attempt.warm import WarmStarter, warm_env

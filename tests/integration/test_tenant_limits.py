@@ -1,4 +1,4 @@
-"""Limits per tenant (e31.core.limits) through the real API over a real store (SQLite and
+"""Limits per tenant (e31.core.tenantlimits) through the real API over a real store (SQLite and
 PostgreSQL) and the private Redis: each limit refused with its status and a message naming it,
 storing nothing; the same request under the limit, or with an admin's override in
 `tenants.limits`, taken (so no test passes for want of a request that works). The submit rate
@@ -20,14 +20,14 @@ from sqlalchemy import func, select, update
 from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.core.errors import LimitExceeded, SpecError
-from e31.core.limits import TenantLimits, check_limits
 from e31.core.spec import JobSpec
+from e31.core.tenantlimits import TenantLimits, check_limits
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
 from e31.store import Repo
 from e31.store import jobs as jobs_module
-from e31.store.limits import hold_queued
 from e31.store.models import Job, Tenant
+from e31.store.tenantlimits import hold_queued
 from tests.integration.conftest import MakeApp
 
 CPU = {"command": ["true"], "resources": {"gpus": 0}}

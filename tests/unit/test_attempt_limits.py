@@ -1,4 +1,4 @@
-"""The limits an attempt is given (e31_worker.attempt.limits): which setting or spec field
+"""The limits an attempt is given (e31_worker.attempt.attemptlimits): which setting or spec field
 each comes from, the host's share of memory, what the disk watch counts, how status shows
 them."""
 
@@ -11,7 +11,7 @@ import pytest
 from e31.cli.jobs import _limits
 from e31.core.spec import JobSpec
 from e31.edge.settings import Settings
-from e31_worker.attempt.limits import (
+from e31_worker.attempt.attemptlimits import (
     AttemptLimits,
     DiskWatch,
     attempt_limits,
@@ -98,7 +98,7 @@ def test_status_shows_the_limits_and_says_none_where_one_was_not_applied() -> No
 def test_an_attempt_holding_more_files_than_a_walk_counts_is_over_its_limit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Given a walk that counts at most 50 entries, and a job that made 60 empty files
-    import e31_worker.attempt.limits as limits
+    import e31_worker.attempt.attemptlimits as limits
     monkeypatch.setattr(limits, "DISK_WALK_MAX_ENTRIES", 50)
     for i in range(60):
         (tmp_path / f"f{i}").touch()

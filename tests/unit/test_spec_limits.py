@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from e31.api.limits import spec_limits
+from e31.api.requestlimits import spec_limits
 from e31.core import spec as spec_module
 from e31.core.errors import SpecError
 from e31.core.names import printable
+from e31.core.requestlimits import RequestTally, SpecLimits, argv_bytes, env_bytes, spec_bytes
 from e31.core.spec import JobSpec
-from e31.core.speclimits import RequestTally, SpecLimits, argv_bytes, env_bytes, spec_bytes
 from e31.edge.settings import Settings
 
 BASE: dict[str, Any] = {"entrypoint": "m:f"}

@@ -109,9 +109,11 @@ def test_a_parsed_spec_round_trips_through_what_the_store_keeps(data: dict[str, 
 
 def test_the_strategies_reach_both_outcomes() -> None:
     # The properties above are only as good as their inputs: many of them parse, many do not.
+    # Derandomized, a fixed sequence of 200: random runs of 80 came out at times at the bound
+    # (4 of 80 parsed), failing the suite for the luck of the draw.
     outcomes: list[bool] = []
 
-    @settings(max_examples=80, deadline=None, database=None)
+    @settings(max_examples=200, deadline=None, database=None, derandomize=True)
     @given(specs)
     def collect(data: dict[str, Any]) -> None:
         outcomes.append(parse_or_refuse(data) is not None)

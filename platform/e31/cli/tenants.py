@@ -203,7 +203,7 @@ def _text(t: dict[str, Any]) -> str:
 
 def _limits(items: list[str]) -> dict[str, Any]:
     """Parse `--limit NAME=VALUE` flags (a number each), checked as the admin API checks them."""
-    from e31.core.limits import check_limits
+    from e31.core.tenantlimits import check_limits
     raw: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")

@@ -18,7 +18,7 @@ HEALTH = f"{PREFIX}:health"
 # the API's long polls (GET /v1/jobs/{id}?wait_s=N, e31.api.waits) listen to it
 JOB_ENDED = f"{PREFIX}:jobs:ended"
 # hash per tenant, with a TTL: its submit-rate token bucket (tokens, at), shared by every API
-# process (e31.api.limits.SubmitRate)
+# process (e31.api.requestlimits.SubmitRate)
 SUBMIT_RATE_PREFIX = f"{PREFIX}:rate:submit:"
 # hash, with a TTL of a day: worker node -> the shape its last heartbeat seen by an API showed
 # (host, GPUs, queues, when), the registered node shapes (e31.scheduling.placement)

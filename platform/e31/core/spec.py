@@ -9,7 +9,7 @@ Its parts are modules of their own: `strict` (the strict model every part is: `t
 number and `"9"` no integer), `names` (what a name, a variable and an argument may hold),
 `resources`, `retries`, `pythonenv`, and the inputs and code of `bundles`. The caps an
 installation sets on what one request may carry (settings `max_*`, docs/security.md) are
-`speclimits.SpecLimits`: per job, and for all the jobs of one request together through a
+`requestlimits.SpecLimits`: per job, and for all the jobs of one request together through a
 `RequestTally`.
 """
 

@@ -18,9 +18,9 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from e31.core.errors import ConfigError
-from e31.core.limits import TenantLimits
 from e31.core.retries import RetryPolicy
 from e31.core.sizeclasses import DEFAULT_SIZE_CLASSES, SizeClass
+from e31.core.tenantlimits import TenantLimits
 
 
 class Settings(BaseModel):
@@ -99,7 +99,7 @@ class Settings(BaseModel):
     max_spec_bytes_per_request: int = Field(default=32 * 1024 * 1024, ge=1024)  # names, env,
     #                                 argv and params of all the jobs of one request together
     # Limits per tenant (docs/configuration.md, "Limits per tenant"): the pool's defaults; a
-    # tenant's own (`tenants.limits`, set by an admin) win. See e31.core.limits.
+    # tenant's own (`tenants.limits`, set by an admin) win. See e31.core.tenantlimits.
     tenant_max_priority: int = Field(default=5, ge=0, le=9)   # above it: 422, so priority
     #                                 cannot jump fair share unless an admin grants it
     tenant_max_queued: int = Field(default=10_000, ge=0)      # queued jobs at once; past it: 429

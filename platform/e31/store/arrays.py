@@ -30,7 +30,7 @@ from e31.core.records import (
 from e31.core.sizeclasses import Route
 from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason, JobState
-from e31.store import bulk, deps, limits, transitions
+from e31.store import bulk, deps, tenantlimits, transitions
 from e31.store.base import Store
 from e31.store.jobs import JobStore
 from e31.store.models import Array, Job, Tenant
@@ -78,7 +78,7 @@ class ArrayStore(Store):
         jobs, links = self._prepare(rows, checked)
         with self._session(write=True) as s:
             if max_queued is not None:
-                limits.hold_queued(s, tenant_id, adding=len(rows), max_queued=max_queued)
+                tenantlimits.hold_queued(s, tenant_id, adding=len(rows), max_queued=max_queued)
             waits = deps.confirm_after(s, tenant_id, after, fields, checked)
             if waits != checked:   # a dependency succeeded meanwhile: fewer to wait for
                 for row, wait in zip(rows, waits, strict=True):
@@ -192,7 +192,7 @@ class ArrayStore(Store):
         jobs = bulk.prepare(self.engine.dialect, Job, [*rows, last])
         with self._session(write=True) as s:
             if max_queued is not None:
-                limits.hold_queued(s, tenant_id, adding=len(rows) + 1, max_queued=max_queued)
+                tenantlimits.hold_queued(s, tenant_id, adding=len(rows) + 1, max_queued=max_queued)
             s.execute(insert(Array).values(id=array_id, tenant_id=tenant_id, name=name,
                                            size=len(rows), submitted_at=now))
             jobs.run(s)

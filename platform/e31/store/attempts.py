@@ -54,7 +54,7 @@ class AttemptFacts:
     gpu_mem_peak_gb: float | None = None
     gpu_util_mean: float | None = None      # percent, 0..100
     # The limits it runs under: {"pids_max", "mem_gb", "disk_gb"[, "network"]}, each None
-    # where not applied (e31_worker.attempt.limits).
+    # where not applied (e31_worker.attempt.attemptlimits).
     limits: dict[str, Any] | None = None
 
     def values(self) -> dict[str, object]:

@@ -24,9 +24,9 @@ from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason, JobState
 from e31.store import deps, quotas, transitions
 from e31.store.base import Store
-from e31.store.limits import hold_queued
 from e31.store.models import Attempt, Job, Tenant
 from e31.store.rows import queued_job, seconds
+from e31.store.tenantlimits import hold_queued
 
 JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
 

@@ -266,7 +266,7 @@ class Attempt(Base):
     # NULL for every other attempt. Such an attempt is not counted against the retries.
     moved_to: Mapped[str | None] = mapped_column(String(32), nullable=True)
     # The limits it ran under (processes, memory, disk, network), noted before it started;
-    # NULL on attempts older than the column (e31_worker.attempt.limits).
+    # NULL on attempts older than the column (e31_worker.attempt.attemptlimits).
     limits: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     # Recent starts per queue: the rate behind a queued job's estimated start.

@@ -31,8 +31,8 @@ from sqlalchemy.orm import Session
 
 from e31.core.clock import utcnow
 from e31.core.errors import Conflict, NotFound, SpecError, StoreError
-from e31.core.limits import check_limits
 from e31.core.records import LOCAL_ACTOR, Actor, AuditRecord, TenantRecord, TokenRecord
+from e31.core.tenantlimits import check_limits
 from e31.core.usage import UsageState
 from e31.store import audit, secrets, tokens
 from e31.store.base import Store

@@ -3,7 +3,7 @@ or v2).
 
 They give what a process group cannot: the kernel's OOM kills are counted per job (so an
 attempt the OOM killer ended is reported as `oom`, not as a mystery SIGKILL), the job's host
-memory is capped (`resources.mem_gb`, else the pool's default: e31_worker.attempt.limits),
+memory is capped (`resources.mem_gb`, else the pool's default: e31_worker.attempt.attemptlimits),
 its processes and threads are capped (`pids.max` = `attempt_pids_max`: a fork past it fails
 with EAGAIN inside the job, nothing else on the host notices), and every process of the job
 — including one that left its process group with `setsid` — is found and killed at the end.

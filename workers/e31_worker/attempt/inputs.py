@@ -51,7 +51,7 @@ from e31.edge.localwalk import scan_tree
 from e31.edge.s3inputs import artifact_store_input, input_storage_options, same_credentials
 from e31.edge.settings import Settings
 from e31_worker.attempt.binds import exposes, protected_paths
-from e31_worker.attempt.bundle import cache_for, remove_tree, unpack
+from e31_worker.attempt.code import cache_for, remove_tree, unpack
 from e31_worker.attempt.http_inputs import download
 from e31_worker.attempt.plan import AttemptPlan
 from e31_worker.attempt.services import AttemptServices

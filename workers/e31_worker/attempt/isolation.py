@@ -24,7 +24,7 @@ from e31.core.records import Claim
 from e31.core.states import Isolation, Start
 from e31.store import AttemptStore
 from e31.store.attempts import AttemptFacts
-from e31_worker.attempt.limits import AttemptLimits
+from e31_worker.attempt.attemptlimits import AttemptLimits
 from e31_worker.attempt.stages import Attempt, Stage
 from e31_worker.attempt.supervisor import Supervisor
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from e31.core.spec import JobSpec
 from e31.core.states import Start
-from e31_worker.attempt.limits import AttemptLimits
+from e31_worker.attempt.attemptlimits import AttemptLimits
 
 
 class Directive(str, Enum):
@@ -54,7 +54,7 @@ class AttemptPlan:
     env_passthrough: tuple[str, ...] = ()
     # Local input files staged as links, bound read-only into the sandbox (attempt/inputs.py).
     input_binds: tuple[Path, ...] = ()
-    # What it may use of processes, memory and disk (e31_worker.attempt.limits); a field left
+    # What it may use of processes, memory and disk (e31_worker.attempt.attemptlimits); a field left
     # None is not applied, but for memory, which then falls back to `resources.mem_gb`.
     limits: AttemptLimits = AttemptLimits()
 

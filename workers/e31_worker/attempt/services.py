@@ -69,7 +69,7 @@ class AttemptServices:
     gpus: GpuSampler | None = None  # None: a cpu slot, or GPUs without telemetry (no NVML)
     warm: WarmStarter | WarmPool | None = None  # warm processes; None: all start cold
     # The memory of an attempt that asks no resources.mem_gb, resolved at start
-    # (e31_worker.attempt.limits.default_mem_gb); None: such attempts have no memory limit.
+    # (e31_worker.attempt.attemptlimits.default_mem_gb); None: such attempts have no memory limit.
     default_mem_gb: float | None = None
 
     def gpu_ledger(self) -> GpuLedger:

@@ -20,7 +20,7 @@ import logging
 from pathlib import Path
 
 from e31.core.records import Claim
-from e31_worker.attempt.bundle import remove_tree
+from e31_worker.attempt.code import remove_tree
 from e31_worker.attempt.outcomes import finished_outcome
 from e31_worker.attempt.record import CLAIM_FILE, claim_from_file_data, finish_attempt
 from e31_worker.attempt.services import AttemptServices

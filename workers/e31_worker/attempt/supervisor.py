@@ -3,7 +3,7 @@ timeout and cancel through SIGTERM → grace → SIGKILL of the whole group; in 
 (`e31_worker.attempt.sandbox`) where the worker has one.
 
 The supervisor is the run of the attempt's stages (e31_worker.attempt.stages): it makes the
-child's cgroup and watch of its disk (`limits`), starts it warm or cold (`start`), copies its
+child's cgroup and watch of its disk (`attemptlimits`), starts it warm or cold (`start`), copies its
 output into the log (`logpump`), and then waits for its end, for its timeout (the one clock it
 keeps itself: it wakes at the deadline, not at the next beat), for its disk limit, or for what
 its `tick` (the watchdog's: the lease and idleness) asks; whatever stops it is one kill path,
@@ -22,9 +22,9 @@ from typing import TypeAlias
 
 from e31.core.records import Outcome
 from e31.core.states import AttemptReason
+from e31_worker.attempt.attemptlimits import AttemptLimits, DiskWatch, discard_writes
 from e31_worker.attempt.cgroups import JobCgroup, JobCgroups
 from e31_worker.attempt.groups import GroupRegistry
-from e31_worker.attempt.limits import AttemptLimits, DiskWatch, discard_writes
 from e31_worker.attempt.logpump import LOG_DRAIN_S, pump_log
 from e31_worker.attempt.outcomes import exited_outcome, stopped_outcome
 from e31_worker.attempt.plan import AttemptPlan, Directive, OnLimits, OnStart, Tick

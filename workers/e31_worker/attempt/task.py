@@ -24,11 +24,11 @@ from e31.core.states import AttemptReason
 from e31.edge.celeryapp import TASK_NAME
 from e31.ops.heartbeat import wake
 from e31.store.repo import JOB_ID
-from e31_worker.attempt.bundle import CodeStage
+from e31_worker.attempt.attemptlimits import attempt_limits
+from e31_worker.attempt.code import CodeStage
 from e31_worker.attempt.environment import EnvironmentStage
 from e31_worker.attempt.inputs import InputsStage
 from e31_worker.attempt.isolation import IsolationStage
-from e31_worker.attempt.limits import attempt_limits
 from e31_worker.attempt.outcomes import stopped_outcome
 from e31_worker.attempt.plan import AttemptPlan
 from e31_worker.attempt.record import finish_attempt, with_store_retries

@@ -9,7 +9,7 @@ once the outcome was offered to the store, read-only bundle and all.
 from __future__ import annotations
 
 from e31.core.records import Outcome
-from e31_worker.attempt.bundle import remove_tree
+from e31_worker.attempt.code import remove_tree
 from e31_worker.attempt.record import write_claim
 from e31_worker.attempt.stages import Attempt, Stage
 

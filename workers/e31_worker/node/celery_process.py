@@ -21,10 +21,10 @@ from e31.edge import wiring
 from e31.edge.settings import Settings
 from e31.ops.drain import drain_authorized, request_drain
 from e31.ops.heartbeat import WorkerInfo
+from e31_worker.attempt.attemptlimits import default_mem_gb
 from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.gangs import ledger_for
 from e31_worker.attempt.groups import GroupRegistry, NodeLock
-from e31_worker.attempt.limits import default_mem_gb
 from e31_worker.attempt.sandbox import Sandbox
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.settle import settle_left_attempts

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from e31.api import errors
 from e31.api.auth import Caller
-from e31.api.limits import QueryBool, body_bytes
+from e31.api.requestlimits import QueryBool, body_bytes
 from e31.api.services.arrays import ArrayService
 from e31.ops.sweep import MAX_ARRAY_ITEMS
 

@@ -3,7 +3,7 @@ one tenant's jobs (`e31.api.services.jobs`).
 
 FastAPI validates a submitted body as a `JobSpec`, its one validation (a refusal is a 422 worded
 by `e31.api.errors`); the service takes the typed spec as it is. Query numbers are digits only
-(`e31.api.limits.DIGITS`).
+(`e31.api.requestlimits.DIGITS`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 
 from e31.api import errors
 from e31.api.auth import Caller
-from e31.api.limits import DIGITS, QueryBool, body_bytes
+from e31.api.requestlimits import DIGITS, QueryBool, body_bytes
 from e31.api.services.jobs import LIST_LIMIT_MAX, JobService
 from e31.api.waits import WAIT_MAX_S
 from e31.core.spec import JobSpec

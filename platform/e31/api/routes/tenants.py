@@ -4,7 +4,7 @@ otherwise; `e31.api.services.tenants`).
 Every change is written to the audit log with who asked (the tenant and key of the token), what,
 when and from where (the client's address), in the transaction that makes the change.
 Bodies are typed strictly and their models carry this pool's size classes and the limits'
-ranges (`e31.core.limits`), so the OpenAPI document says exactly what is taken; what only the
+ranges (`e31.core.tenantlimits`), so the OpenAPI document says exactly what is taken; what only the
 store knows answers 404 (no such tenant) or 409 (a name taken; an admin disabling itself).
 """
 
@@ -18,10 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from e31.api import errors
 from e31.api.auth import Caller, actor
-from e31.api.limits import DIGITS
+from e31.api.requestlimits import DIGITS
 from e31.api.routes.fields import ISO_TIME, WHOLE, Name, TenantName
 from e31.api.services.tenants import TenantService
-from e31.core.limits import (
+from e31.core.tenantlimits import (
     MAX_ARRAY_ITEMS_CAP,
     MAX_PRIORITY,
     MAX_QUEUED_CAP,
@@ -33,7 +33,8 @@ from e31.store.tenants import MAX_QUOTA_GPUS
 
 AUDIT_LIMIT_MAX = 10_000
 AUDIT_LIMIT_DEFAULT = 1000
-REQUEST_MIN_BYTES = 1024     # the smallest max_request_bytes an admin may set (e31.core.limits)
+# The smallest max_request_bytes an admin may set (e31.core.tenantlimits).
+REQUEST_MIN_BYTES = 1024
 
 # Whole numbers in their ranges (the bounds inside the Annotated, so the document states them).
 Priority = Annotated[int, Field(ge=0, le=MAX_PRIORITY), WHOLE]

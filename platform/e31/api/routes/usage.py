@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from e31.api import errors
 from e31.api.auth import Caller
-from e31.api.limits import QueryBool
+from e31.api.requestlimits import QueryBool
 from e31.api.services.usage import UsageService
 
 

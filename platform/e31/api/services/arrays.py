@@ -18,11 +18,11 @@ from e31.api.services.requirements import Memo
 from e31.api.services.submission import Submission
 from e31.core.clock import utcnow
 from e31.core.errors import SpecConflict, SpecError, SpecForbidden
-from e31.core.limits import TenantLimits
 from e31.core.names import NAME_MAX, check_name
 from e31.core.records import ArrayManifest, ArrayRecord, TenantRecord
 from e31.core.sizeclasses import Route
 from e31.core.spec import JobSpec, describe_error
+from e31.core.tenantlimits import TenantLimits
 from e31.ops.sweep import MAX_ARRAY_ITEMS, merge_item
 from e31.store import Repo
 from e31.store.arrays import RetryRecord

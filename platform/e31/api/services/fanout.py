@@ -18,11 +18,11 @@ from e31.api.services.submission import Submission
 from e31.core.clock import utcnow
 from e31.core.errors import SpecError
 from e31.core.footage import CHUNKS_INPUT
-from e31.core.limits import TenantLimits
 from e31.core.names import NAME_MAX
 from e31.core.records import JobRecord, TenantRecord
 from e31.core.sizeclasses import Route
 from e31.core.spec import JobSpec
+from e31.core.tenantlimits import TenantLimits
 from e31.edge.settings import Settings
 from e31.ops.fanout import MERGE_ENTRYPOINT
 from e31.ops.fanout import plan as plan_fanout

@@ -22,11 +22,11 @@ from e31.api.services.submission import Submission
 from e31.api.waits import JobEnds
 from e31.core.clock import utcnow
 from e31.core.errors import NotFound
-from e31.core.limits import TenantLimits
 from e31.core.records import JobRecord, QueuePosition, TenantRecord, iso
 from e31.core.sizeclasses import Route
 from e31.core.spec import JobSpec
 from e31.core.states import FINAL_STATES
+from e31.core.tenantlimits import TenantLimits
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
 from e31.ops.fanout import MERGE_ENTRYPOINT, is_fanout
@@ -66,7 +66,7 @@ class JobService:
 
     def submit(self, tenant: TenantRecord, spec: JobSpec, *, body_bytes: int = 0) -> JobRecord:
         """Check a validated spec against the installation's caps and the tenant's limits
-        (`e31.core.limits`: its submit rate, body size and priority here; its most queued jobs
+        (`e31.core.tenantlimits`: its submit rate, body size and priority here; its most queued jobs
         in the transaction that stores the job), check what it names, route it, store the job
         as queued, then wake the scheduler. A refusal stores nothing."""
         steps = self._steps

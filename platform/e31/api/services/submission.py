@@ -29,17 +29,17 @@ from collections.abc import Iterator
 
 import redis
 
-from e31.api.limits import SubmitRate, spec_limits
+from e31.api.requestlimits import SubmitRate, spec_limits
 from e31.api.services.bundles import BundleService
 from e31.api.services.readings import PoolReadings
 from e31.api.services.requirements import Memo, RequirementsCheck
 from e31.core.bundles import ARRAY_INPUT, parse_array_input
 from e31.core.errors import NotFound, SpecConflict, SpecError, TooLarge
-from e31.core.limits import TenantLimits
 from e31.core.records import TenantRecord
+from e31.core.requestlimits import RequestTally
 from e31.core.sizeclasses import Route, route
 from e31.core.spec import JobSpec
-from e31.core.speclimits import RequestTally
+from e31.core.tenantlimits import TenantLimits
 from e31.edge.settings import Settings
 from e31.ops.heartbeat import wake
 from e31.scheduling import placement

@@ -1,5 +1,5 @@
-"""The store's part of the limits per tenant (e31.core.limits): its most queued jobs, held under the
-same write transaction that inserts new ones.
+"""The store's part of the limits per tenant (e31.core.tenantlimits): its most queued jobs,
+held under the same write transaction that inserts new ones.
 
 `hold_queued` locks the tenant's row (PostgreSQL: `SELECT … FOR UPDATE`; SQLite's write
 transactions are `BEGIN IMMEDIATE` already) and counts its queued jobs, so two submits racing

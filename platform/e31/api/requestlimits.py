@@ -28,8 +28,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from e31.api.errors import BodyTooLarge, too_large
 from e31.core import keys
 from e31.core.errors import LimitExceeded
-from e31.core.limits import TenantLimits
-from e31.core.speclimits import SpecLimits
+from e31.core.requestlimits import SpecLimits
+from e31.core.tenantlimits import TenantLimits
 from e31.edge.settings import Settings
 
 # A number in a query is decimal digits only: int() would also forgive a sign, spaces, `_`
