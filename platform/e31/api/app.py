@@ -3,8 +3,9 @@
 `create_app` only assembles: the services (`e31.api.services`, one per noun) on the app's state,
 where the `Caller` dependency (`e31.api.auth`) finds the token service; the one mapping of
 errors to HTTP answers (`errors`); the document's rules (`schema`); the routers, one per noun
-(`e31.api.routes`); and the middleware. What arrives is bounded and typed strictly (`requestlimits`):
-a body over `max_request_bytes` is refused while it is read, and query numbers are digits only.
+(`e31.api.routes`); and the middleware. What arrives is bounded and typed strictly
+(`requestlimits`): a body over `max_request_bytes` is refused while it is read, and query
+numbers are digits only.
 """
 
 from __future__ import annotations
