@@ -256,3 +256,26 @@ def test_a_pool_fault_is_retried_after_the_retry_policys_back_off(repo: Repo) ->
     assert record.reason == "setup_transient"
     assert claim(repo, job_id, now=now + timedelta(seconds=9)) is None
     assert claim(repo, job_id, now=now + timedelta(seconds=11)) is not None
+
+
+def test_a_worker_that_fails_around_a_healthy_job_costs_the_user_no_retry(
+        worker: AttemptServices, repo: Repo, tmp_path: Path) -> None:
+    # Given a job with no retries, and a worker that cannot make its first attempt's
+    # directory (a file stands where it goes: the worker's own fault, not the job's)
+    tenant, _ = repo.create_tenant("team-a", now=utcnow())
+    marker = tmp_path / "ran"
+    job_id = submit(repo, tenant.id, command=["sh", "-c", f"echo ran >> {marker}"],
+                    retries={"max": 0, "backoff_s": 0})
+    blocked = worker.settings.resolved_work_dir / job_id / "attempt-1"
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("not a directory")
+
+    # When workers run it until it ends
+    run_until_final(worker, repo, job_id)
+
+    # Then its first attempt ended worker_crashed, the pool's, and its second ran it once
+    record = repo.get_job(None, job_id)
+    assert record.state == "succeeded"
+    assert reasons(repo, job_id) == ["worker_crashed", "succeeded"]
+    assert (record.attempts[0].error or "").startswith("worker error: ")
+    assert marker.read_text() == "ran\n"

@@ -54,7 +54,8 @@ def test_only_the_users_endings_spend_retries_max(reason: AttemptReason) -> None
         assert not reason.counts_against_retries and reason.is_retryable
 
 
-@pytest.mark.parametrize("reason", [AttemptReason.SETUP_TRANSIENT, AttemptReason.UPLOAD_FAILED])
+@pytest.mark.parametrize("reason", [AttemptReason.SETUP_TRANSIENT, AttemptReason.UPLOAD_FAILED,
+                                    AttemptReason.WORKER_CRASHED])
 def test_the_pools_own_faults_are_its_and_capped_by_infra_retries(reason: AttemptReason) -> None:
     assert reason.owner is Owner.POOL
     assert reason.is_retryable and not reason.counts_against_retries

@@ -26,7 +26,7 @@ A setup that fails (`SetupError`, the user's: reason `setup`; `SetupTransient`, 
 ours that may pass: reason `setup_transient`, retried on the pool's account; `SetupStopped`:
 cancelled, drained or lost while it ran) skips the run: no stage's before_run or after_run is
 called, and the record and every on_end are. Any other error of a hook up to after_run becomes the
-attempt's outcome (reason `error`) and the worker goes on serving.
+attempt's outcome (reason `worker_crashed`, the pool's) and the worker goes on serving.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class Stage:
         `SetupError` for the user's fault (the attempt ends with reason `setup`, no retry),
         `SetupTransient` for a fault of ours that may pass (`setup_transient`, retried on
         the pool's account); `SetupStopped` when the lease says stop; anything else is the
-        worker's error."""
+        worker's error (`worker_crashed`, the pool's)."""
 
     def before_run(self, attempt: Attempt) -> None:
         """Once every setup succeeded and the setup's time is measured, just before the child

@@ -227,9 +227,10 @@ def _run(attempt: Attempt, stages: list[Stage]) -> Outcome:
         return Outcome(reason, error=f"setup failed: {exc}")
     except SetupStopped as exc:  # cancelled, drained or lost while it was set up
         return stopped_outcome(exc.directive)
-    except Exception as exc:  # the worker keeps serving; the job gets the reason
+    except Exception as exc:  # the worker keeps serving; the fault is the pool's, not the job's
         log.exception("attempt_crashed job=%s attempt=%d", claim.job_id, claim.attempt)
-        return Outcome(AttemptReason.ERROR, error=f"worker error: {type(exc).__name__}: {exc}")
+        return Outcome(AttemptReason.WORKER_CRASHED,
+                       error=f"worker error: {type(exc).__name__}: {exc}")
     return result
 
 
