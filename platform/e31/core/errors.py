@@ -69,6 +69,10 @@ class SetupError(E31Error):
     """Raised when a job's code, environment or inputs cannot be prepared for it on a worker."""
 
 
+class SetupTransient(SetupError):
+    """Raised when a job's setup meets a fault of the pool's that may pass (a 503, a reset)."""
+
+
 class StoreError(E31Error):
     """Raised when the results store fails."""
 

@@ -6,6 +6,7 @@ step this table does not allow, so the table is the rule, not a description of i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
 
@@ -49,7 +50,7 @@ def can_transition(src: JobState, dst: JobState) -> bool:
 
 
 class AttemptReason(str, Enum):
-    """Why an attempt ended."""
+    """Why an attempt ended. Whose fault it was, and so how the job goes on, is `REASONS`."""
 
     SUCCEEDED = "succeeded"
     ERROR = "error"
@@ -66,23 +67,88 @@ class AttemptReason(str, Enum):
     #                           tenant below its share; requeued, resumes from its checkpoint
     DISK_QUOTA = "disk_quota"  # its scratch, outputs and checkpoints passed its disk limit
     #                           (attempt_disk_gb or resources.disk_gb): the user's, like error
+    SETUP_TRANSIENT = "setup_transient"  # its setup met a fault of ours that may pass: an
+    #                           input server's 5xx or 429, a connection reset, refused or timed
+    #                           out; retried on the pool's account (infra_retries)
+    UPLOAD_FAILED = "upload_failed"  # it succeeded, but its outputs or checkpoints could not
+    #                           be stored (the artifact store full or unreachable); retried on
+    #                           the pool's account (infra_retries)
+    WORKER_CRASHED = "worker_crashed"  # the worker's own code failed around the job ("worker
+    #                           error: ..."): a stage, the supervisor; retried on the pool's
+    #                           account (infra_retries)
+
+    @property
+    def owner(self) -> Owner:
+        """Whose fault an attempt that ended this way is (`REASONS`)."""
+        return REASONS[self].owner
 
     @property
     def is_retryable(self) -> bool:
         """Whether the job is queued again after an attempt ended this way (retries left)."""
-        return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT, AttemptReason.OOM,
-                        AttemptReason.LOST, AttemptReason.DRAINED, AttemptReason.IDLE,
-                        AttemptReason.PREEMPTED, AttemptReason.DISK_QUOTA}
+        return REASONS[self].cap is not Cap.FINAL
 
     @property
     def counts_against_retries(self) -> bool:
-        """Infrastructure failures (a lost worker, a drain) and preemptions are not the user's
-        failures.
+        """Whether an attempt that ended this way spends one of the job's `retries.max`: only
+        a retried ending of the user's. The pool's endings have caps of their own
+        (`retries.max_lost`, the pool's `infra_retries`) or none (a drain, a preemption)."""
+        return self.owner is Owner.USER and self.is_retryable
 
-        Lost attempts have their own cap (`retries.max_lost`), which stops a poison job.
-        """
-        return self in {AttemptReason.ERROR, AttemptReason.TIMEOUT, AttemptReason.OOM,
-                        AttemptReason.IDLE, AttemptReason.DISK_QUOTA}
+    @property
+    def is_infra_fault(self) -> bool:
+        """Whether an attempt that ended this way is one of the pool's own faults that the
+        pool's `infra_retries` caps (a job that has had that many fails: the pool failed it)."""
+        return REASONS[self].cap is Cap.INFRA_RETRIES
+
+
+class Owner(str, Enum):
+    """Whose fault an attempt's ending is: the user's spend the job's `retries.max`; the
+    pool's never do (docs/reliability.md, "Whose failure it is")."""
+
+    USER = "user"
+    POOL = "pool"
+
+
+class Cap(str, Enum):
+    """What stops a job from being queued again after an attempt ended one way."""
+
+    FINAL = "final"                 # never queued again for it (a success, a cancel, `setup`)
+    RETRIES_MAX = "retries.max"     # the job's own `retries.max`, with its back-off
+    MAX_LOST = "retries.max_lost"   # the job's poison cap on attempts lost with their worker
+    INFRA_RETRIES = "infra_retries"  # the pool's patience with its own faults, with back-off
+    NONE = "none"                   # queued again at once, without a cap (a drain, a preemption)
+
+
+@dataclass(frozen=True)
+class ReasonRule:
+    """One row of `REASONS`: whose fault the ending is, and what caps the job's retries."""
+
+    owner: Owner
+    cap: Cap
+
+
+# How many of the pool's own faults (`Cap.INFRA_RETRIES`) a job may have before it fails: the
+# default of the pool's `infra_retries` setting.
+INFRA_RETRIES_DEFAULT = 5
+
+# The one table of attempt endings: whose each is and how the job goes on after it. Only
+# the user's retried endings spend `retries.max`; the table is docs/reliability.md's.
+REASONS: dict[AttemptReason, ReasonRule] = {
+    AttemptReason.SUCCEEDED: ReasonRule(Owner.USER, Cap.FINAL),
+    AttemptReason.CANCELLED: ReasonRule(Owner.USER, Cap.FINAL),
+    AttemptReason.SETUP: ReasonRule(Owner.USER, Cap.FINAL),
+    AttemptReason.ERROR: ReasonRule(Owner.USER, Cap.RETRIES_MAX),
+    AttemptReason.TIMEOUT: ReasonRule(Owner.USER, Cap.RETRIES_MAX),
+    AttemptReason.OOM: ReasonRule(Owner.USER, Cap.RETRIES_MAX),
+    AttemptReason.IDLE: ReasonRule(Owner.USER, Cap.RETRIES_MAX),
+    AttemptReason.DISK_QUOTA: ReasonRule(Owner.USER, Cap.RETRIES_MAX),
+    AttemptReason.LOST: ReasonRule(Owner.POOL, Cap.MAX_LOST),
+    AttemptReason.DRAINED: ReasonRule(Owner.POOL, Cap.NONE),
+    AttemptReason.PREEMPTED: ReasonRule(Owner.POOL, Cap.NONE),
+    AttemptReason.SETUP_TRANSIENT: ReasonRule(Owner.POOL, Cap.INFRA_RETRIES),
+    AttemptReason.UPLOAD_FAILED: ReasonRule(Owner.POOL, Cap.INFRA_RETRIES),
+    AttemptReason.WORKER_CRASHED: ReasonRule(Owner.POOL, Cap.INFRA_RETRIES),
+}
 
 
 class Isolation(str, Enum):

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from e31.core.errors import ConfigError
 from e31.core.retries import RetryPolicy
 from e31.core.sizeclasses import DEFAULT_SIZE_CLASSES, SizeClass
+from e31.core.states import INFRA_RETRIES_DEFAULT
 from e31.core.tenantlimits import TenantLimits
 
 
@@ -82,6 +83,11 @@ class Settings(BaseModel):
     log_max_bytes: int = Field(default=100 * 1024 * 1024, gt=0)  # one attempt's log
     job_log_max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)  # all attempts of a job
     store_retry_max_s: float = Field(default=600.0, ge=0)  # a worker retries store writes this long
+    # The pool's patience with its own faults (docs/reliability.md, "Whose failure it is"): a
+    # job is queued again after an attempt that ended for one (`setup_transient`,
+    # `upload_failed`) without spending its retries.max, until it had this many; then it fails,
+    # the pool's failure. Read by the workers when they record an attempt's outcome.
+    infra_retries: int = Field(default=INFRA_RETRIES_DEFAULT, ge=1, le=100)
     # Jobs' own Python environments, built on each worker host (docs/operations.md).
     env_cache_max_bytes: int = Field(default=20 * 1024 ** 3, ge=0)  # a host's built environments;
     #                                 past it, the least recently used that no job holds go

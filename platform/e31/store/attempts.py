@@ -30,7 +30,7 @@ from e31.core.records import ArrayManifest, Claim, Outcome, Renewal
 from e31.core.retries import RetryPolicy
 from e31.core.sizeclasses import OomRule
 from e31.core.spec import JobSpec
-from e31.core.states import AttemptReason, Isolation, JobState, Start
+from e31.core.states import INFRA_RETRIES_DEFAULT, AttemptReason, Isolation, JobState, Start
 from e31.store import deps, quotas, secrets, tenants, transitions
 from e31.store.arrays import ArrayStore
 from e31.store.base import BillingStore
@@ -41,6 +41,7 @@ from e31.store.rows import seconds
 
 ERROR_MAX_CHARS = 16_384   # an attempt's error text; the whole story is in the log
 COUNTED_REASONS = [r.value for r in AttemptReason if r.counts_against_retries]
+INFRA_REASONS = [r.value for r in AttemptReason if r.is_infra_fault]   # infra_retries caps
 
 
 @dataclass(frozen=True)
@@ -130,16 +131,20 @@ class AttemptStore(BillingStore):
             return Renewal(True, bool(row[0]), row[1] is not None)
 
     def record_outcome(self, job_id: str, token: int, outcome: Outcome, *,
-                       now: datetime, oom: OomRule | None = None) -> JobState | None:
+                       now: datetime, oom: OomRule | None = None,
+                       infra_retries: int = INFRA_RETRIES_DEFAULT) -> JobState | None:
         """Write an attempt's outcome if `token` still holds the lease; None when fenced off.
         `oom`: the pool's rule for an attempt that ran out of memory (the next size class);
-        None: such an attempt is retried in its own class like any failure."""
+        None: such an attempt is retried in its own class like any failure. `infra_retries`:
+        the pool's patience with its own faults (`AttemptReason.is_infra_fault`), which the
+        worker reads from its settings as it reads `oom`'s."""
         with self._session(write=True) as s:
             job = s.scalar(select(Job).where(Job.id == job_id).with_for_update())
             if job is None or job.state != JobState.RUNNING.value or job.lease_token != token:
                 return None
             return end_attempt(s, job, outcome, ended_at=now, now=now,
-                               half_life_s=self._half_life_s, oom=oom)
+                               half_life_s=self._half_life_s, oom=oom,
+                               infra_retries=infra_retries)
 
     def release_dispatch(self, job_id: str, dispatch_token: str) -> bool:
         """Forget a publication that a worker received but will not claim (it is draining),
@@ -254,11 +259,14 @@ def holds_dispatch(dispatch_token: str) -> ColumnElement[bool]:
 
 
 def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, now: datetime,
-                half_life_s: float, oom: OomRule | None = None) -> JobState | None:
+                half_life_s: float, oom: OomRule | None = None,
+                infra_retries: int = INFRA_RETRIES_DEFAULT) -> JobState | None:
     """End the running attempt of a row-locked `job` with `outcome`, bill it (the job and its
     tenant's decayed usage), move the job on, and settle what waited for it. An `oom`
     attempt that `oom` sends to a bigger class queues the job there at once, noted on the
-    attempt (`moved_to`) and not counted against its retries (docs/scheduling.md)."""
+    attempt (`moved_to`) and not counted against its retries (docs/scheduling.md). A fault of
+    the pool's own is retried up to `infra_retries` such attempts (`_next_state`); the
+    scheduler's recovery ends only `lost` attempts, which that cap leaves alone."""
     token = job.lease_token
     attempt = s.scalar(select(Attempt).where(Attempt.job_id == job.id,
                                              Attempt.n == job.attempts_used))
@@ -288,13 +296,14 @@ def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, n
         tally = dict(s.execute(select(Attempt.reason, func.count()).where(
             Attempt.job_id == job.id, Attempt.moved_to.is_(None))
             .group_by(Attempt.reason)).tuples().all())
-    failures = sum(n for reason, n in tally.items() if reason in COUNTED_REASONS)
-    lost = tally.get(AttemptReason.LOST.value, 0)
-    state, error = _next_state(job, outcome, failures, lost)
+    counts = Tally(failures=sum(n for reason, n in tally.items() if reason in COUNTED_REASONS),
+                   lost=tally.get(AttemptReason.LOST.value, 0),
+                   infra=sum(n for reason, n in tally.items() if reason in INFRA_REASONS))
+    state, error = _next_state(job, outcome, counts, infra_retries)
     if move is not None:
         state, error = JobState.QUEUED, f"oom: moved to {move.size_class}: {outcome.error}"
     values = _outcome_values(job, dataclasses.replace(outcome, error=error), state, now,
-                             failures)
+                             counts)
     if move is not None:    # its next attempt, in the bigger class, may start at once
         values.update(size_class=move.size_class, queue=move.queue, not_before=now)
     res = s.execute(transitions.move(job.id, JobState.RUNNING, state)
@@ -315,13 +324,25 @@ def _clean(text: str | None) -> str | None:
     return text if len(text) <= ERROR_MAX_CHARS else text[:ERROR_MAX_CHARS] + " [cut]"
 
 
-def _next_state(job: Job, outcome: Outcome, failures: int,
-                lost: int) -> tuple[JobState, str | None]:
-    """The job's next state and its error text.
+@dataclass(frozen=True)
+class Tally:
+    """A job's attempts so far, this one included, by what caps them (e31.core.states.REASONS).
 
-    `failures`: attempts so far, this one included, that count against `retries.max`;
-    `lost`: attempts lost with their worker, capped separately by `retries.max_lost`.
+    `failures`: the user's, which count against `retries.max`; `lost`: lost with their
+    worker, capped by `retries.max_lost`; `infra`: the pool's own faults, capped by the pool's
+    `infra_retries`.
     """
+
+    failures: int = 0
+    lost: int = 0
+    infra: int = 0
+
+
+def _next_state(job: Job, outcome: Outcome, counts: Tally,
+                infra_retries: int = INFRA_RETRIES_DEFAULT) -> tuple[JobState, str | None]:
+    """The job's next state and its error text, as `REASONS` says for the attempt's reason:
+    final, retried on the user's account (`retries.max`), or on the pool's (`max_lost`,
+    `infra_retries`, or no cap for a drain or a preemption)."""
     if outcome.reason is AttemptReason.SUCCEEDED:
         return JobState.SUCCEEDED, None
     if outcome.reason is AttemptReason.CANCELLED or job.cancel_requested:
@@ -329,17 +350,23 @@ def _next_state(job: Job, outcome: Outcome, failures: int,
     if not outcome.reason.is_retryable:
         return JobState.FAILED, outcome.error
     retries = RetryPolicy.model_validate(job.spec.get("retries") or {})
-    if outcome.reason is AttemptReason.LOST and lost >= retries.max_lost:
+    if outcome.reason is AttemptReason.LOST and counts.lost >= retries.max_lost:
         return JobState.FAILED, (
-            f"poison job: lost its worker {lost} times (retries.max_lost={retries.max_lost}); "
-            f"it may be killing the workers it runs on. Last: {outcome.error}")
+            f"poison job: lost its worker {counts.lost} times "
+            f"(retries.max_lost={retries.max_lost}); it may be killing the workers it runs on. "
+            f"Last: {outcome.error}")
+    if outcome.reason.is_infra_fault and counts.infra >= infra_retries:
+        return JobState.FAILED, (
+            f"the pool failed this job: {counts.infra} faults of its own "
+            f"(infra_retries={infra_retries}); last: {outcome.error}")
     if not outcome.reason.counts_against_retries:
         return JobState.QUEUED, outcome.error
-    return (JobState.QUEUED if failures <= retries.max else JobState.FAILED), outcome.error
+    return (JobState.QUEUED if counts.failures <= retries.max else JobState.FAILED), \
+        outcome.error
 
 
 def _outcome_values(job: Job, outcome: Outcome, state: JobState, now: datetime,
-                    failures: int) -> dict[str, Any]:
+                    counts: Tally) -> dict[str, Any]:
     values: dict[str, Any] = {
         "gpu_seconds": job.gpu_seconds, "run_seconds": job.run_seconds,
         "lease_owner": None, "lease_expires_at": None, "preempt_requested_at": None}
@@ -347,7 +374,7 @@ def _outcome_values(job: Job, outcome: Outcome, state: JobState, now: datetime,
         values["outputs"] = outcome.outputs
     if state is JobState.QUEUED:
         retries = RetryPolicy.model_validate(job.spec.get("retries") or {})
-        delay_s = retries.delay_s(failures) if outcome.reason.counts_against_retries else 0.0
+        delay_s = _backoff_s(retries, outcome.reason, counts)
         values.update(not_before=now + timedelta(seconds=delay_s),
                       queued_since=now, dispatched_at=None, reason=outcome.reason.value,
                       error=_clean(outcome.error), pending_reason=None, pending_detail=None)
@@ -360,3 +387,12 @@ def _outcome_values(job: Job, outcome: Outcome, state: JobState, now: datetime,
     return values
 
 
+def _backoff_s(retries: RetryPolicy, reason: AttemptReason, counts: Tally) -> float:
+    """The wait before the job's next attempt: the retry policy's back-off after the user's
+    failures and after the pool's own faults, each by its own count (a fault of the store or
+    of an input server gets time to pass); none after a loss, a drain or a preemption."""
+    if reason.counts_against_retries:
+        return retries.delay_s(counts.failures)
+    if reason.is_infra_fault:
+        return retries.delay_s(counts.infra)
+    return 0.0

@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import IO
 
 from e31.core.bundles import DIGEST, tar_problems
-from e31.core.errors import SetupError
+from e31.core.errors import SetupError, SetupTransient
 from e31.core.records import Claim
 from e31.edge.bundlestore import BundleStore
 from e31.edge.settings import Settings
 from e31_worker.attempt.plan import AttemptPlan
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.stages import Attempt, Stage
+from e31_worker.attempt.transient import is_transient
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,10 @@ def _download(store: BundleStore, tenant_id: str, digest: str, tmp: Path) -> int
     except FileNotFoundError as exc:
         raise SetupError(f"bundle {digest} is not in the store (removed since the job was "
                           "submitted?)") from exc
+    except Exception as exc:   # the artifact store's (the pool's), of any backend
+        if not is_transient(exc):
+            raise
+        raise SetupTransient(f"bundle {digest} cannot be fetched for now: {exc}") from exc
     if f"sha256:{h.hexdigest()}" != digest:
         raise SetupError(f"bundle {digest} in the store has another hash: refused")
     return size

@@ -10,7 +10,9 @@ inputs' own credentials, never the artifact store's, and never from the store's 
 (`e31.edge.s3inputs`). A local `file://` tree is copied without following a link, so a link planted
 in a shared directory does not hand a job what it points at. An input that cannot be staged
 fails the attempt with reason `setup`, naming it (docs/jobs.md, "Bring your code, environment
-and data").
+and data"); one whose server or store failed in a way that may pass (a 503, a reset
+connection: `e31_worker.attempt.transient`) ends it with reason `setup_transient`, the pool's,
+and the job runs again without spending its retries.
 
 A local `file://` *file* that every user may read is not copied when the job runs in a
 sandbox: `$E31_INPUT_DIR/<name>` becomes a link to its resolved path, and that one file is
@@ -44,7 +46,7 @@ from e31.core.bundles import (
     parse_array_input,
     parse_bundle_input,
 )
-from e31.core.errors import NotFound, SetupError
+from e31.core.errors import NotFound, SetupError, SetupTransient
 from e31.core.records import Claim
 from e31.edge.bundlestore import BundleStore
 from e31.edge.localwalk import scan_tree
@@ -56,6 +58,7 @@ from e31_worker.attempt.http_inputs import download
 from e31_worker.attempt.plan import AttemptPlan
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.stages import Attempt, Stage
+from e31_worker.attempt.transient import is_transient
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +84,26 @@ def stage_inputs(svc: AttemptServices, claim: Claim, plan: AttemptPlan) -> tuple
         target = plan.input_dir / name
         try:
             kind = _stage(svc, claim, source, target, binds)
-        except SetupError as exc:
-            raise SetupError(f"inputs.{name}: {exc.message}") from exc
-        except (OSError, ValueError, httpx.HTTPError) as exc:   # the store's or the server's
-            raise SetupError(f"inputs.{name}: cannot read {source}: {exc}") from exc
+        except SetupError as exc:   # a SetupTransient stays one
+            raise type(exc)(f"inputs.{name}: {exc.message}") from exc
         except ImportError as exc:   # fsspec's backend for the scheme is not installed
             raise SetupError(f"inputs.{name}: this worker cannot read {source}: {exc}") from exc
+        except Exception as exc:   # the store's, the server's or any fsspec backend's
+            if is_transient(exc):
+                raise SetupTransient(f"inputs.{name}: cannot read {source} for now: "
+                                     f"{_described(exc)}") from exc
+            if not isinstance(exc, OSError | ValueError | httpx.HTTPError):
+                raise   # the worker's own error
+            raise SetupError(f"inputs.{name}: cannot read {source}: {exc}") from exc
         log.info("input_staged job=%s attempt=%d input=%s from=%s copied_bytes=%d",
                  claim.job_id, claim.attempt, name, kind, copied_bytes(target))
     return tuple(binds)
+
+
+def _described(exc: BaseException) -> str:
+    """An error's text, with its type where the text alone says little ("" or a bare errno)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def copied_bytes(target: Path) -> int:

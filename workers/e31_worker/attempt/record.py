@@ -57,7 +57,9 @@ def finish_attempt(svc: AttemptServices, claim: Claim, shipper: Shipper,
     outputs, upload_error = shipper.store_files()
     shipper.ship_log()
     if upload_error and result.reason is AttemptReason.SUCCEEDED:
-        result = Outcome(AttemptReason.ERROR, exit_code=result.exit_code,
+        # The artifact store's fault, not the job's: the pool's (`upload_failed`), retried
+        # on its account; a job that failed anyway keeps its own reason.
+        result = Outcome(AttemptReason.UPLOAD_FAILED, exit_code=result.exit_code,
                          error=f"the job succeeded but {upload_error}")
     state = record_outcome(svc, claim, dataclasses.replace(result, outputs=outputs))
     log.info("job_%s job=%s attempt=%d node=%s reason=%s", state or "fenced", claim.job_id,
@@ -81,13 +83,16 @@ def still_ours(svc: AttemptServices, claim: Claim) -> bool:
 def record_outcome(svc: AttemptServices, claim: Claim, outcome: Outcome) -> str | None:
     """Write the outcome, retrying through a store outage; None when fenced off or lost. An
     attempt that ran out of memory goes on to the next size class where the job's
-    `resources.on_oom` (or the pool's `on_oom_default`) says so (docs/scheduling.md)."""
+    `resources.on_oom` (or the pool's `on_oom_default`) says so (docs/scheduling.md); one
+    that ended for a fault of the pool's own is retried up to the pool's `infra_retries`."""
     oom = OomRule.of(svc.settings.size_classes, svc.settings.on_oom_default)
+    patience = svc.settings.infra_retries
     try:
         state = with_store_retries(svc, "outcome_write", claim.job_id,
                                    lambda: svc.repo.record_outcome(claim.job_id, claim.token,
                                                                    outcome, now=utcnow(),
-                                                                   oom=oom))
+                                                                   oom=oom,
+                                                                   infra_retries=patience))
     except StoreError:
         # The lease has long expired: the scheduler recovers the job as `lost`.
         log.error("outcome_lost job=%s attempt=%d: store unreachable for %.0f s", claim.job_id,

@@ -14,12 +14,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from e31.core.errors import SetupTransient
 from e31.core.records import Claim
 from e31.edge.localwalk import Refused, refusal, scan_tree
 from e31.edge.logview import log_name
 from e31_worker.attempt.plan import AttemptPlan
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.stages import Attempt, Stage
+from e31_worker.attempt.transient import is_transient
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +37,13 @@ class ShippingStage(Stage):
 
     def setup(self, attempt: Attempt) -> None:
         svc, claim, plan = attempt.svc, attempt.claim, attempt.plan
-        restored = svc.artifacts.get_tree(claim.tenant_id, claim.job_id, "checkpoints",
-                                          plan.checkpoint_dir)
+        try:
+            restored = svc.artifacts.get_tree(claim.tenant_id, claim.job_id, "checkpoints",
+                                              plan.checkpoint_dir)
+        except Exception as exc:   # the artifact store's (the pool's), of any backend
+            if not is_transient(exc):
+                raise   # the worker's error (`worker_crashed`)
+            raise SetupTransient(f"checkpoints cannot be restored for now: {exc}") from exc
         if restored:
             log.info("checkpoint_restored job=%s attempt=%d files=%d", claim.job_id,
                      claim.attempt, restored)

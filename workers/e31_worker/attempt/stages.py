@@ -22,10 +22,11 @@ each in its own module:
     watchdog     watchdog      before_run: the idle watch behind the lease; after_run: GPU use
     isolation    isolation     before_run: the child's sandbox, cgroups, limits, warm or cold
 
-A setup that fails (`SetupError`, the user's: reason `setup`; `SetupStopped`: cancelled,
-drained or lost while it ran) skips the run: no stage's before_run or after_run is called,
-and the record and every on_end are. Any other error of a hook up to after_run becomes the
-attempt's outcome (reason `error`) and the worker goes on serving.
+A setup that fails (`SetupError`, the user's: reason `setup`; `SetupTransient`, a fault of
+ours that may pass: reason `setup_transient`, retried on the pool's account; `SetupStopped`:
+cancelled, drained or lost while it ran) skips the run: no stage's before_run or after_run is
+called, and the record and every on_end are. Any other error of a hook up to after_run becomes the
+attempt's outcome (reason `worker_crashed`, the pool's) and the worker goes on serving.
 """
 
 from __future__ import annotations
@@ -95,8 +96,10 @@ class Stage:
         and their time together is the attempt's `setup_s` (noted, never billed). It may add
         to `attempt.plan`, hold what the attempt needs until the child ended on
         `attempt.held`, and beat the lease while it waits (`watchdog.lease_beat`). It raises
-        `SetupError` for the user's fault (the attempt ends with reason `setup`, no retry);
-        `SetupStopped` when the lease says stop; anything else is the worker's error."""
+        `SetupError` for the user's fault (the attempt ends with reason `setup`, no retry),
+        `SetupTransient` for a fault of ours that may pass (`setup_transient`, retried on
+        the pool's account); `SetupStopped` when the lease says stop; anything else is the
+        worker's error (`worker_crashed`, the pool's)."""
 
     def before_run(self, attempt: Attempt) -> None:
         """Once every setup succeeded and the setup's time is measured, just before the child

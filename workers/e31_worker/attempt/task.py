@@ -18,7 +18,7 @@ from typing import Any
 from celery import Celery
 
 from e31.core.clock import utcnow
-from e31.core.errors import SetupError, StoreError
+from e31.core.errors import SetupError, SetupTransient, StoreError
 from e31.core.records import Claim, Outcome
 from e31.core.states import AttemptReason
 from e31.edge.celeryapp import TASK_NAME
@@ -216,16 +216,21 @@ def _run(attempt: Attempt, stages: list[Stage]) -> Outcome:
             attempt.note_setup()   # unless the note of the limits carried it
         for stage in stages:
             stage.after_run(attempt, result)
-    except SetupError as exc:  # the user's error (a requirement that does not install)
-        log.warning("setup_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt, exc)
+    except SetupError as exc:  # the user's error (a requirement that does not install), or
+        # a fault of ours that may pass (an input server's 503): the pool's, retried
+        reason = AttemptReason.SETUP_TRANSIENT if isinstance(exc, SetupTransient) \
+            else AttemptReason.SETUP
+        log.warning("setup_failed job=%s attempt=%d reason=%s: %s", claim.job_id, claim.attempt,
+                    reason.value, exc)
         with open(attempt.plan.log_path, "a") as out:
             out.write(f"e31: setup failed: {exc}\n")
-        return Outcome(AttemptReason.SETUP, error=f"setup failed: {exc}")
+        return Outcome(reason, error=f"setup failed: {exc}")
     except SetupStopped as exc:  # cancelled, drained or lost while it was set up
         return stopped_outcome(exc.directive)
-    except Exception as exc:  # the worker keeps serving; the job gets the reason
+    except Exception as exc:  # the worker keeps serving; the fault is the pool's, not the job's
         log.exception("attempt_crashed job=%s attempt=%d", claim.job_id, claim.attempt)
-        return Outcome(AttemptReason.ERROR, error=f"worker error: {type(exc).__name__}: {exc}")
+        return Outcome(AttemptReason.WORKER_CRASHED,
+                       error=f"worker error: {type(exc).__name__}: {exc}")
     return result
 
 
