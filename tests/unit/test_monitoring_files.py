@@ -36,6 +36,7 @@ REQUIRED_ALERTS = {
     "E31GpuIdleUnderJob",            # a GPU hung at 0 % under a job
     "E31GpuXidError",                # an XID error
     "E31ArtifactStoreFilling",       # the artifact store filling up
+    "E31JobsFailedByPool",           # a job failed for the pool's own faults
 }
 # Series the histograms of a gaugehistogram expose besides its name.
 HISTOGRAM_SUFFIXES = ("_bucket", "_gcount", "_gsum")

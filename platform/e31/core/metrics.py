@@ -48,6 +48,10 @@ QUEUE_WAIT = Metric("e31_queue_wait_seconds", "gaugehistogram",
 RUN_TIME = Metric("e31_run_seconds", "gaugehistogram",
                   "Run time of the jobs that ended in the last metrics_window_s, by class",
                   ("class",))
+JOBS_FAILED_BY_POOL = Metric("e31_jobs_failed_by_pool_total", "counter",
+                             "Jobs that failed for the pool's own faults (their last attempt's "
+                             "reason is the pool's: infra_retries or retries.max_lost reached), "
+                             "by class and reason", ("class", "reason"))
 ATTEMPTS_ENDED = Metric("e31_attempts_ended_total", "counter",
                         "Attempts that ended, by class and reason", ("class", "reason"))
 GPU_SECONDS = Metric("e31_gpu_seconds_total", "counter",
@@ -117,8 +121,8 @@ ARTIFACT_STORE_SIZE = Metric("e31_artifact_store_size_bytes", "gauge",
                              "(no sample for other stores)")
 
 ALL: tuple[Metric, ...] = (
-    JOBS, JOBS_ENDED, QUEUE_WAIT, RUN_TIME, ATTEMPTS_ENDED, GPU_SECONDS, OLDEST_QUEUED_AGE,
-    LEASE_EXPIRIES, STORE_UP, WORKERS, GPUS, BROKER_UP, SCHEDULER_LAST_TICK,
+    JOBS, JOBS_ENDED, JOBS_FAILED_BY_POOL, QUEUE_WAIT, RUN_TIME, ATTEMPTS_ENDED, GPU_SECONDS,
+    OLDEST_QUEUED_AGE, LEASE_EXPIRIES, STORE_UP, WORKERS, GPUS, BROKER_UP, SCHEDULER_LAST_TICK,
     SCHEDULER_TICK_DURATION, SCHEDULER_PUBLISHED, STORE_ERRORS, BROKER_ERRORS, FENCED_WRITES,
     GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_TEMPERATURE, GPU_POWER,
     GPU_XID_ERRORS, GPU_ECC_ERRORS, GPU_SIMULATED, JOBS_IDLE, GPU_BUSY, ARTIFACT_STORE_FREE,

@@ -431,11 +431,13 @@ JobKey = tuple[str, str, str]       # (state, class, tenant id)
 @dataclass(frozen=True)
 class Totals:
     """Sums over a set of jobs: jobs and GPU-seconds per (state, class, tenant id), ended
-    attempts per (class, reason). Two sets' totals add up (`+`)."""
+    attempts per (class, reason), failed jobs per (class, reason: their last attempt's). Two
+    sets' totals add up (`+`)."""
 
     jobs: Mapping[JobKey, int] = field(default_factory=dict)
     gpu_seconds: Mapping[JobKey, float] = field(default_factory=dict)
     attempts: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    failed: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
     def __add__(self, other: Totals) -> Totals:
         def add(a: Mapping[Any, Any], b: Mapping[Any, Any]) -> dict[Any, Any]:
@@ -444,7 +446,7 @@ class Totals:
                 out[k] = out.get(k, 0) + v
             return out
         return Totals(add(self.jobs, other.jobs), add(self.gpu_seconds, other.gpu_seconds),
-                      add(self.attempts, other.attempts))
+                      add(self.attempts, other.attempts), add(self.failed, other.failed))
 
 
 @dataclass(frozen=True)

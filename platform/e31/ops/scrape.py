@@ -50,6 +50,7 @@ from e31.core.metrics import (
     GPUS,
     JOBS,
     JOBS_ENDED,
+    JOBS_FAILED_BY_POOL,
     JOBS_IDLE,
     LEASE_EXPIRIES,
     OLDEST_QUEUED_AGE,
@@ -72,6 +73,7 @@ from e31.core.metrics import (
     Metric,
 )
 from e31.core.records import JobKey, PoolCounts, Spread, Totals
+from e31.core.states import REASONS, Cap, Owner
 from e31.ops import pool
 from e31.ops.heartbeat import WorkerInfo, read_workers
 
@@ -212,6 +214,9 @@ class PoolCollector(Collector):
                         if reason == LOST})
         classes = self._all_classes(totals)
         yield _counter(LEASE_EXPIRIES, [((cls,), float(lost[cls])) for cls in classes])
+        yield _counter(JOBS_FAILED_BY_POOL, [
+            ((cls, reason), float(totals.failed.get((cls, reason), 0)))
+            for cls in classes for reason in POOL_FAILURES])
         yield _gauge(OLDEST_QUEUED_AGE, [
             ((cls,), max(0.0, (now - c.oldest_queued_at[cls]).total_seconds())
              if cls in c.oldest_queued_at else 0.0) for cls in classes])
@@ -247,6 +252,11 @@ class PoolCollector(Collector):
 
 LIVE_STATES = ("queued", "running")
 LOST = "lost"
+# The pool's reasons a job can fail with (`REASONS`: the pool's, with a cap that fails the job
+# when reached): each is a series of `e31_jobs_failed_by_pool_total` per class from the start,
+# at 0, so that an alert's `increase` sees the first such failure.
+POOL_FAILURES = tuple(r.value for r, rule in REASONS.items()
+                      if rule.owner is Owner.POOL and rule.cap in (Cap.MAX_LOST, Cap.INFRA_RETRIES))
 
 
 def _summed(samples: Iterable[tuple[tuple[str, ...], float]]) -> dict[tuple[str, ...], float]:

@@ -5,13 +5,14 @@ scrape (docs/operations.md, "Monitoring"). Who uses it: the API's `/metrics`
 Cost: the live counts, the oldest waits and the lease holders read ranges of the state
 indexes (bounded by the backlog and the pool); the histograms read the starts and ends of a
 recent window through `ix_attempts_started` and `ix_jobs_ended`; the counters (jobs ended,
-attempts ended, GPU-seconds) read the jobs ended since a recent watermark through
-`ix_jobs_ended`, and their attempts by job: the history before it is read once per process
-(`e31.ops.scrape.EndedTally`).
+jobs failed by their reason, attempts ended, GPU-seconds) read the jobs ended since a recent
+watermark through `ix_jobs_ended`, and their attempts by job: the history before it is read
+once per process (`e31.ops.scrape.EndedTally`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -29,6 +30,7 @@ from e31.store.models import Attempt, Job, Tenant
 
 QUEUED = JobState.QUEUED.value
 RUNNING = JobState.RUNNING.value
+FAILED = JobState.FAILED.value
 FINAL = [JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value]
 LIVE = [QUEUED, RUNNING]
 
@@ -145,27 +147,33 @@ def _ended_between(since: datetime | None, until: datetime | None) -> ColumnElem
 def _totals(s: Session, jobs_picks: Sequence[ColumnElement[bool]],
             attempts_picks: Sequence[ColumnElement[bool]]) -> Totals:
     """Jobs and GPU-seconds per (state, class, tenant id) of the jobs each of `jobs_picks`
-    selects, and the ended attempts per (class, reason) of the jobs each of `attempts_picks`
-    selects. The picks are disjoint, each an index range, read as one statement (one
-    snapshot) of `UNION ALL`s."""
+    selects, the failed ones among them per (class, reason), and the ended attempts per
+    (class, reason) of the jobs each of `attempts_picks` selects. The picks are disjoint,
+    each an index range, read as one statement (one snapshot) of `UNION ALL`s."""
     def union(picks: Sequence[ColumnElement[bool]], *cols: Any) -> Any:
         return union_all(*(select(*cols).where(p) for p in picks)).subquery()
 
-    j = union(jobs_picks, Job.state, Job.size_class, Job.tenant_id, Job.gpu_seconds)
-    jobs: dict[tuple[str, str, str], int] = {}
+    j = union(jobs_picks, Job.state, Job.size_class, Job.tenant_id, Job.reason,
+              Job.gpu_seconds)
+    jobs: Counter[tuple[str, str, str]] = Counter()
     gpu_s: dict[tuple[str, str, str], float] = {}
-    for state, cls, tenant_id, n, billed in s.execute(
-            select(j.c.state, j.c.size_class, j.c.tenant_id, func.count(),
+    failed: Counter[tuple[str, str]] = Counter()
+    # By reason too (a bounded set), so that the failed jobs' reasons come in the same read.
+    for state, cls, tenant_id, reason, n, billed in s.execute(
+            select(j.c.state, j.c.size_class, j.c.tenant_id, j.c.reason, func.count(),
                    func.sum(j.c.gpu_seconds))
-            .group_by(j.c.state, j.c.size_class, j.c.tenant_id)).tuples():
-        jobs[(state, cls, tenant_id)] = int(n)
-        gpu_s[(state, cls, tenant_id)] = float(billed or 0.0)
+            .group_by(j.c.state, j.c.size_class, j.c.tenant_id, j.c.reason)).tuples():
+        jobs[(state, cls, tenant_id)] += int(n)
+        gpu_s[(state, cls, tenant_id)] = gpu_s.get((state, cls, tenant_id), 0.0) \
+            + float(billed or 0.0)
+        if state == FAILED:
+            failed[(str(cls), str(reason))] += int(n)
     a = union(attempts_picks, Job.id, Job.size_class)
     attempts = {(str(cls), str(reason)): int(n) for cls, reason, n in s.execute(
         select(a.c.size_class, Attempt.reason, func.count())
         .join(Attempt, Attempt.job_id == a.c.id).where(Attempt.reason.is_not(None))
         .group_by(a.c.size_class, Attempt.reason)).tuples()}
-    return Totals(jobs, gpu_s, attempts)
+    return Totals(dict(jobs), gpu_s, attempts, dict(failed))
 
 
 def _oldest_runnable(s: Session, now: datetime) -> dict[str, datetime]:
