@@ -23,6 +23,11 @@ the worker's own uv configuration only (`UV_INDEX_URL`, `UV_EXTRA_INDEX_URL`, `U
 variables (`build_env`). With `isolation = "sandbox"` the build runs in a sandbox as the
 tenant's uid (`e31_worker.attempt.buildbox`); with `process`, as the worker's user.
 
+A build that fails because the index failed in a way that may pass (a 5xx or 429, a connection
+refused, reset or timed out: `index_fault`, read from uv's output) is the pool's
+(`SetupTransient`: `setup_transient`, retried on the pool's account); any other failure of uv
+is the user's (`setup`: a requirement no index has, a version conflict).
+
 The key hashes the normalised requirements, the requirements file's content and the worker's
 environment (interpreter, site directories, every distribution and version), so a worker
 upgraded in place builds anew.
@@ -53,7 +58,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from e31.core.clock import utcnow
-from e31.core.errors import SetupError
+from e31.core.errors import SetupError, SetupTransient
 from e31.core.pythonenv import PythonEnv
 from e31.core.requirements import REQUIREMENTS_MAX_BYTES, requirement_problem, requirements_refusals
 from e31.edge.settings import Settings
@@ -79,6 +84,13 @@ BUILD_ENV_NAMES = frozenset({
     "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
     "http_proxy", "https_proxy", "all_proxy", "no_proxy"})
 BUILD_ENV_PREFIX = "UV_"
+# What uv says of an index that failed in a way that may pass (docs/reliability.md, "Whose
+# failure it is"): its causes, as uv 0.13 prints them ("HTTP status server error (503 Service
+# Unavailable) for url ...", "Connection refused (os error 111)", "operation timed out").
+_INDEX_FAULT = re.compile(
+    r"HTTP status server error \(5\d\d |\(429 Too Many Requests\)|Connection refused"
+    r"|Connection reset|connection closed before|timed out"
+    r"|Temporary failure in name resolution|Network is unreachable|No route to host")
 _VIA = re.compile(r"^(?P<req>\S.*?)\s+# via (?P<via>.*)$")
 
 
@@ -104,7 +116,8 @@ def job_environment(settings: Settings, plan: AttemptPlan, *, beat: Beat,
     attempt (release it when the attempt ends); None when the spec asks for nothing (the job
     runs in the worker's). A build runs in `sandbox` (the tenant's; None: as the worker's
     user). What uv said, and whether the environment was built or reused, go to the
-    attempt's log; `SetupError` when what was asked is refused or cannot be installed."""
+    attempt's log; `SetupError` when what was asked is refused or cannot be installed,
+    `SetupTransient` when the package index failed in a way that may pass (`index_fault`)."""
     python = plan.spec.python
     if python is None or (not python.pip and python.requirements is None):
         return None
@@ -385,6 +398,9 @@ class UvBuild:
                 attempt_log.write("\n")
         if proc.returncode != 0:
             step = " ".join(args[:2]) if args[0] == "pip" else args[0]
+            if index_fault(output):
+                raise SetupTransient(f"cannot install the job's requirements for now (uv "
+                                     f"{step}): the package index failed: {_last_words(output)}")
             raise SetupError(f"cannot install the job's requirements (uv {step}): "
                              f"{_last_words(output)}{_pinned_hint(output, pins or {})}")
 
@@ -427,6 +443,18 @@ def _read_text(path: Path) -> str:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
         return f.read(RESOLVED_MAX_BYTES).decode(errors="replace")
+
+
+def index_fault(output: str) -> bool:
+    """Whether uv failed because the package index (the operator's, never the job's) failed in
+    a way that may pass: it answered 5xx or 429, or the connection to it was refused, reset or
+    timed out, or the name server did not answer. uv retries those itself (`Request failed
+    after 3 retries`) before it gives up. A requirement no index has, a version conflict or a
+    host name that does not exist are not (the user's `setup`, or a setting to mend). Read
+    from uv's error on, not from what it printed before (a package's name, a resolution)."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(("error:", "×"))), None)
+    return start is not None and _INDEX_FAULT.search("\n".join(lines[start:])) is not None
 
 
 def _last_words(output: str) -> str:
