@@ -23,8 +23,9 @@ app = typer.Typer()
 @app.command()
 def gc(older_than: float | None = typer.Option(
            None, "--older-than", metavar="DAYS",
-           help="remove the artifacts of jobs that ended more than DAYS ago; 0 keeps all "
-                "[default: the setting artifact_retention_days, env E31_ARTIFACT_RETENTION_DAYS]"),
+           help="remove the artifacts of jobs that ended more than DAYS ago (more than 0; "
+                "0.001 is 86 s) [default: the setting artifact_retention_days, env "
+                "E31_ARTIFACT_RETENTION_DAYS, whose 0 keeps all]"),
        delete: bool = typer.Option(False, "--delete/--dry-run",
                                    help="remove them (the default is a dry run that only lists)"),
        home: Path | None = HomeOpt, as_json: bool = JsonOpt) -> None:
@@ -33,10 +34,16 @@ def gc(older_than: float | None = typer.Option(
     from e31.edge import wiring
     from e31.ops.retention import collect
     from e31.store.migrate import upgrade
+    if older_than is not None and older_than <= 0:
+        # 0 is the setting's "keep forever"; as a flag a user means "every ended job": refused
+        # rather than read either way (issue 32), naming the flag that does the latter.
+        fail(f"--older-than {older_than:g}: must be a number of days above 0; --older-than "
+             "0.001 takes every job that ended more than 86 s ago "
+             "(artifact_retention_days = 0, the setting, keeps artifacts forever)", EXIT_INPUT)
     settings = load_settings(home=home)
     days = settings.artifact_retention_days if older_than is None else older_than
     if days < 0:
-        fail(f"--older-than {days:g}: must be a number of days >= 0", EXIT_INPUT)
+        fail(f"artifact_retention_days {days:g}: must be a number of days >= 0", EXIT_INPUT)
     repo = wiring.repo(settings)
     upgrade(repo.engine)
     report = collect(repo, wiring.artifacts(settings), older_than_days=days, now=utcnow(),
