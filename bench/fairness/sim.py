@@ -1,7 +1,8 @@
 """Discrete-event simulation of the fair-share scheduler against FIFO (docs/scheduling.md).
 
     pip install matplotlib   # for the plot; bench-only, not a dependency of e31
-    python bench/fairness/sim.py
+    python bench/fairness/sim.py              # writes into a new temporary directory
+    python bench/fairness/sim.py --refresh    # rewrites the tracked figures the docs show
 
 Drives the real policy, `e31.scheduling.admission.decide` with `e31.core.usage.UsageState`
 (imported, not copied), and a FIFO baseline (below) over the same trace (`workload.py`):
@@ -10,8 +11,11 @@ first) and d, light. Each policy runs on two pools of
 16 gpu80 GPUs: `shared` (a node's one-GPU slots and x4 slots overlap: a big job needs 4 free
 GPUs of one node) and `static` (the live launcher: 12 one-GPU workers and one x4 worker that
 spills). Prints the figures, writes them as JSON (`--json`) and plots each tenant's share of
-GPU-seconds over time (`--png`). The scheduler ticks on every submit and job end and every
-`--tick-s`; jobs start when published. Runs in about a minute on two cores.
+GPU-seconds over time (`--png`): by default into a new temporary directory it names, so a
+reader's run leaves the repository as it was; `--refresh` writes the tracked
+`bench/fairness/results.json` and `docs/img/fairness_share.png` instead (issue 32). The
+scheduler ticks on every submit and job end and every `--tick-s`; jobs start when published.
+Runs in about a minute on two cores.
 
     python bench/fairness/sim.py --smoke --out sim.json   # the suite's run (tests/bench)
 
@@ -31,6 +35,7 @@ import json
 import math
 import statistics
 import sys
+import tempfile
 import time
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
@@ -65,6 +70,12 @@ SIZE_CLASS = "gpu80"
 PRIORITY = 5
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = {"pools": "shared", "flood_jobs": 1000, "json": None, "png": None}
+TRACKED = {"json": ROOT / "bench/fairness/results.json",
+           "png": ROOT / "docs/img/fairness_share.png"}
+FILE_NAMES = {"json": "results.json", "png": "fairness_share.png"}
+# `--json` and `--png` when not given: a new temporary directory, or with --refresh TRACKED
+# (a Path, not a string, so that argparse hands it back as it is and `is` tells it apart).
+UNSAID = Path("<a new temporary directory>")
 
 
 def fifo_decide(slots: Sequence[Slot],
@@ -302,6 +313,21 @@ def plot(series: Mapping[tuple[str, str], Mapping[str, list[float]]], path: Path
     fig.savefig(path, dpi=90)
 
 
+def place_outputs(args: argparse.Namespace) -> argparse.Namespace:
+    """`--json` and `--png` where they were not given: the tracked files with `--refresh`,
+    else one new temporary directory for both (so a plain run never rewrites tracked files)."""
+    where: Path | None = None
+    for name in ("json", "png"):
+        if getattr(args, name) is not UNSAID:
+            continue
+        if args.refresh:
+            setattr(args, name, TRACKED[name])
+            continue
+        where = where or Path(tempfile.mkdtemp(prefix="e31-fairness-"))
+        setattr(args, name, where / FILE_NAMES[name])
+    return args
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--half-life-s", type=float, default=2 * 3600.0)
@@ -311,10 +337,16 @@ def main() -> None:
     ap.add_argument("--tick-s", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=31)
     ap.add_argument("--pools", default="shared,static")
-    ap.add_argument("--json", type=Path, default=ROOT / "bench/fairness/results.json")
-    ap.add_argument("--png", type=Path, default=ROOT / "docs/img/fairness_share.png")
+    ap.add_argument("--json", type=Path, default=UNSAID,
+                    help="write the figures here [default: results.json in a new temporary "
+                         "directory; with --refresh, bench/fairness/results.json]")
+    ap.add_argument("--png", type=Path, default=UNSAID,
+                    help="write the plot here [default: fairness_share.png in a new temporary "
+                         "directory; with --refresh, docs/img/fairness_share.png]")
+    ap.add_argument("--refresh", action="store_true",
+                    help="write the tracked figures docs/scheduling.md shows")
     ap.add_argument("--flood-jobs", type=int, default=FLOOD_JOBS, help="c's flood at t=0")
-    args = parse(ap, SMOKE)
+    args = place_outputs(parse(ap, SMOKE))
 
     jobs = trace(args.seed, flood_jobs=args.flood_jobs)
     results: dict[str, object] = {"command": " ".join(["python", "bench/fairness/sim.py",
