@@ -40,8 +40,9 @@ from e31.cli.common import (
     EXIT_UNAVAILABLE,
     LOG_FORMAT,
     err,
+    exit_code,
 )
-from e31.core.errors import ConfigError, E31Error, SpecError
+from e31.core.errors import ClientError, ConfigError, E31Error, SpecError
 
 __all__ = ["app", "main"]
 
@@ -98,6 +99,8 @@ def main() -> None:
     except UsageError as exc:
         where = f" (see {exc.ctx.command_path} --help)" if exc.ctx else ""
         code = _one_line(exc.format_message() + where, EXIT_INPUT)
+    except ClientError as exc:       # a 401 is the user's to fix (2), an outage is not (3)
+        code = _one_line(exc.message, exit_code(exc))
     except E31Error as exc:
         code = _one_line(exc.message, EXIT_INPUT if isinstance(exc, (SpecError, ConfigError))
                          else EXIT_UNAVAILABLE)

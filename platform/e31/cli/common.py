@@ -38,11 +38,16 @@ EXIT_INTERRUPTED = 130      # 128 + SIGINT, as a shell reports Ctrl-C
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (0, "done"),
     (EXIT_FAILED, "the job failed, timed out or was cancelled (wait, result)"),
-    (EXIT_INPUT, "bad input: a bad flag, a refused spec, an unknown job, a 403"),
+    (EXIT_INPUT, "bad input: a bad flag, a refused spec, an unknown job, a 401 or 403, "
+                 "no API address or token"),
     (EXIT_UNAVAILABLE, "a service is unavailable: the API, Redis or the store"),
     (EXIT_TIMEOUT, "not finished yet when the wait's --timeout passed (wait)"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
 )
+
+# The API's answers that refuse the request itself, which the caller can fix (exit 2): 401,
+# a token unknown, revoked or expired, among them, as the user's setup and not an outage.
+INPUT_STATUSES = frozenset({400, 401, 403, 404, 409, 413, 422})
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 ARRAY_PREFIX = "a-"        # array ids; job ids start with "j-"
@@ -93,14 +98,21 @@ def setup_logging(level: str) -> None:
 
 # -- the job groups' client --------------------------------------------------------------
 
-def api_client() -> Any:
-    """The API client of E31_URL/E31_TOKEN, else of the profile `e31 up` wrote (exit 3 when
-    none is known)."""
+def api_client(url: str | None = None, token: str | None = None) -> Any:
+    """The API client of `url`/`token`, else E31_URL/E31_TOKEN, else the profile `e31 up`
+    wrote. None known is the user's setup to fix: exit 2 (making the client sends nothing,
+    so that is the only error it raises)."""
     from e31.client import Client
     try:
-        return Client()
+        return Client(url, token) if url or token else Client()
     except ClientError as exc:
-        fail(exc.message, EXIT_UNAVAILABLE)
+        fail(exc.message, EXIT_INPUT)
+
+
+def exit_code(exc: ClientError) -> int:
+    """A client error's exit code: 2 for a request the API refused (INPUT_STATUSES), else 3
+    (the API unreachable, or answering with an error of its own)."""
+    return EXIT_INPUT if exc.status_code in INPUT_STATUSES else EXIT_UNAVAILABLE
 
 
 def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -112,8 +124,7 @@ def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     except JobTimeout as exc:    # still running: neither failed nor unavailable
         fail(exc.message, EXIT_TIMEOUT)
     except ClientError as exc:
-        code = EXIT_INPUT if exc.status_code in (400, 403, 404, 409, 413, 422) else EXIT_UNAVAILABLE
-        fail(exc.message, code)
+        fail(exc.message, exit_code(exc))
     except SpecError as exc:     # found before a request was sent: a workdir or input path
         fail(exc.message, EXIT_INPUT)
 
@@ -129,8 +140,17 @@ def counts(st: dict[str, Any]) -> str:
     return f"{st['done']}/{st['total']} done" + (f": {', '.join(shown)}" if shown else "")
 
 
-def wait_job(job: Any, *, as_json: bool, timeout: float | None) -> None:
-    """Wait for `job` with a progress bar (none with --json); exit 1 unless it succeeded."""
+def say_id_first(handle: Any) -> None:
+    """`e31 submit --wait`: the id alone on stdout, at once, so that `J=$(e31 submit --wait …)`
+    holds the id (a terminal shows it while the wait goes on); `outcome_to_stderr` of
+    `wait_job` and `wait_array` then puts the outcome on stderr (issue 32)."""
+    print(handle.id, flush=True)
+
+
+def wait_job(job: Any, *, as_json: bool, timeout: float | None,
+             outcome_to_stderr: bool = False) -> None:
+    """Wait for `job` with a progress bar (none with --json); exit 1 unless it succeeded.
+    The outcome line goes to stdout (`e31 wait`) or, with `outcome_to_stderr`, to stderr."""
     try:
         st = call(job.wait, timeout=timeout, progress=not as_json)
     except JobFailed as exc:
@@ -140,16 +160,23 @@ def wait_job(job: Any, *, as_json: bool, timeout: float | None) -> None:
     if as_json:
         print_json(st)
     else:
-        print(f"{job.id} succeeded: {json.dumps(st['result'])}")
+        line = f"{job.id} succeeded: {json.dumps(st['result'])}"
+        if outcome_to_stderr:
+            err.print(line, highlight=False, markup=False, soft_wrap=True)
+        else:
+            print(line)
 
 
-def wait_array(array: Any, *, as_json: bool, timeout: float | None) -> None:
-    """Wait for every item of `array`; exit 1 naming the first items that did not succeed."""
+def wait_array(array: Any, *, as_json: bool, timeout: float | None,
+               outcome_to_stderr: bool = False) -> None:
+    """Wait for every item of `array`; exit 1 naming the first items that did not succeed.
+    The summary goes to stdout (`e31 wait`) or, with `outcome_to_stderr`, to stderr."""
     st = call(array.wait, timeout=timeout, progress=not as_json)
     if as_json:
         print_json(st)
     else:
-        out.print(f"{array.id} {st['state']}, {counts(st)}", highlight=False)
+        (err if outcome_to_stderr else out).print(f"{array.id} {st['state']}, {counts(st)}",
+                                                  highlight=False)
     if st["state"] != "succeeded":
         bad = [i for i in st.get("items", []) if i["state"] != "succeeded"]
         listed = ", ".join(f"[{i['index']}] {i['id']} {i['reason'] or i['state']}" for i in bad[:5])

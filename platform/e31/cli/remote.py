@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from e31.cli.common import EXIT_INPUT, EXIT_UNAVAILABLE, fail
+from e31.cli.common import EXIT_INPUT, api_client, exit_code, fail
 from e31.core.errors import ClientError
 
 if TYPE_CHECKING:
     from e31.client.admin import Tenancy
 
 T = TypeVar("T")
-INPUT_STATUSES = (400, 403, 404, 409, 413, 422)   # the request was refused: exit 2
 UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^([0-9]{1,9})([smhdw])$")
 
@@ -35,21 +34,18 @@ TokenOpt = typer.Option(None, "--token", envvar="E31_TOKEN",
 
 def tenancy(url: str | None = None, token: str | None = None) -> Tenancy:
     """The tenancy client of the API named by `url`/`token`, else E31_URL/E31_TOKEN, else the
-    profile `e31 up` wrote (exit 3 when none is known)."""
-    from e31.client import Client
+    profile `e31 up` wrote (exit 2 when none is known: the user's setup)."""
     from e31.client.admin import Tenancy
-    try:
-        return Tenancy(Client(url, token))
-    except ClientError as exc:
-        fail(exc.message, EXIT_UNAVAILABLE)
+    return Tenancy(api_client(url, token))
 
 
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a client call; a refusal exits 2 with the API's message, anything else 3."""
+    """Run a client call; a refusal (a 401 among them) exits 2 with the API's message,
+    anything else 3."""
     try:
         return fn(*args, **kwargs)
     except ClientError as exc:
-        fail(exc.message, EXIT_INPUT if exc.status_code in INPUT_STATUSES else EXIT_UNAVAILABLE)
+        fail(exc.message, exit_code(exc))
 
 
 def parse_duration(text: str, option: str) -> int:

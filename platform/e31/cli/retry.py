@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import typer
 
-from e31.cli.common import EXIT_INPUT, EXIT_UNAVAILABLE, JsonOpt, fail, out, print_json
+from e31.cli.common import (
+    EXIT_INPUT,
+    JsonOpt,
+    api_client,
+    exit_code,
+    fail,
+    out,
+    print_json,
+)
 from e31.core.errors import ClientError
 
 app = typer.Typer()
@@ -28,12 +36,12 @@ def retry(array_id: str = typer.Argument(..., metavar="A-ID", help="the array (a
     if not array_id.startswith("a-"):
         fail(f"{array_id}: not an array id (a-…); a single job is resubmitted with e31 submit",
              EXIT_INPUT)
-    from e31.client import ArrayHandle, Client
+    from e31.client import ArrayHandle
+    client = api_client()
     try:
-        st = ArrayHandle(Client(), array_id, job_ids=[]).retry_failed()
+        st = ArrayHandle(client, array_id, job_ids=[]).retry_failed()
     except ClientError as exc:
-        code = EXIT_INPUT if exc.status_code in (400, 403, 404, 409, 422) else EXIT_UNAVAILABLE
-        fail(exc.message, code)
+        fail(exc.message, exit_code(exc))
     if as_json:
         print_json(st)
         return

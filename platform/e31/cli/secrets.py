@@ -14,22 +14,21 @@ from typing import Any
 
 import typer
 
-from e31.cli.common import EXIT_INPUT, EXIT_UNAVAILABLE, JsonOpt, fail, out, print_json
+from e31.cli.common import EXIT_INPUT, JsonOpt, api_client, exit_code, fail, out, print_json
 from e31.core.errors import ClientError
 
 app = typer.Typer(help="A tenant's secrets: given to the jobs that name them (secrets: [NAME]) "
                        "as environment variables; stored encrypted, never shown.",
                   no_args_is_help=True)
 NameArg = typer.Argument(..., metavar="NAME", help="an environment variable's name (HF_TOKEN)")
-INPUT_CODES = (400, 403, 404, 409, 413, 422)
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    from e31.client import Client
+    client = api_client()
     try:
-        return fn(Client(), *args)
+        return fn(client, *args)
     except ClientError as exc:
-        fail(exc.message, EXIT_INPUT if exc.status_code in INPUT_CODES else EXIT_UNAVAILABLE)
+        fail(exc.message, exit_code(exc))
 
 
 @app.command("set")

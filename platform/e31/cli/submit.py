@@ -29,6 +29,7 @@ from e31.cli.common import (
     fail,
     out,
     print_json,
+    say_id_first,
     wait_array,
     wait_job,
 )
@@ -104,7 +105,8 @@ CodeOpt = typer.Option(
 SweepOpt = typer.Option(
     None, "--sweep", help="a sweep file (grid: or list: of params): one job per item, "
                           "submitted as one array over the spec file and flags")
-WaitOpt = typer.Option(False, "--wait", help="wait for the end, with a progress bar")
+WaitOpt = typer.Option(False, "--wait", help="wait for the end, with a progress bar: the id "
+                       "alone on stdout, the outcome on stderr (--json: the status)")
 WorkdirOpt = typer.Option(
     None, "--workdir", help="send this directory as the job's code: the job starts in it, "
                             "with it first on PYTHONPATH (.gitignore and .e31ignore apply)")
@@ -264,7 +266,9 @@ def _submit_job(client: Any, body: dict[str, Any], *, wait: bool, as_json: bool)
     job = call(client.submit, body)
     _say_bundles(client)
     if wait:
-        wait_job(job, as_json=as_json, timeout=None)
+        if not as_json:
+            say_id_first(job)
+        wait_job(job, as_json=as_json, timeout=None, outcome_to_stderr=not as_json)
     elif as_json:
         print_json(job.status())
     else:
@@ -276,7 +280,9 @@ def _submit_array(client: Any, body: dict[str, Any], sweep: Sweep, name: str, *,
     array = call(client.submit_many, sweep.items(), name=name, **body)
     _say_bundles(client)
     if wait:
-        wait_array(array, as_json=as_json, timeout=None)
+        if not as_json:
+            say_id_first(array)
+        wait_array(array, as_json=as_json, timeout=None, outcome_to_stderr=not as_json)
     elif as_json:
         print_json(call(array.status))
     else:

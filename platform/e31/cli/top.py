@@ -19,7 +19,15 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from e31.cli.common import EXIT_INTERRUPTED, EXIT_UNAVAILABLE, JsonOpt, fail, out, print_json
+from e31.cli.common import (
+    EXIT_INTERRUPTED,
+    JsonOpt,
+    api_client,
+    exit_code,
+    fail,
+    out,
+    print_json,
+)
 from e31.core.errors import ClientError
 
 PATH = "/v1/top"
@@ -36,17 +44,13 @@ def top(interval_s: float = typer.Option(REFRESH_DEFAULT_S, "--interval", min=0.
         as_json: bool = JsonOpt) -> None:
     """A live view of the pool: classes, GPUs, running jobs, backlog (Ctrl-C leaves).
     Your token's jobs by name; other tenants' merged unless your token is admin."""
-    from e31.client import Client
-    try:
-        client = Client()
-    except ClientError as exc:
-        fail(exc.message, EXIT_UNAVAILABLE)
+    client = api_client()
 
     def fetch() -> dict[str, Any]:
         try:
             return dict(client.request("GET", PATH).json())
         except ClientError as exc:
-            fail(exc.message, EXIT_UNAVAILABLE)
+            fail(exc.message, exit_code(exc))
 
     if once or as_json:
         snap = fetch()
