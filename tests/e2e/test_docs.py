@@ -45,12 +45,12 @@ RUN_STEPS = {
     "README.md": {"tour-up", "tour", "tour-refused"},
     "docs/workloads.md": {"inference", "train", "forty-hours", "forty-hours-cli"},
     "docs/scheduling.md": {"tenants"},
-    "docs/jobs.md": {"dry-run", "refused", "byo", "wait-timeout", "sweeps", "sweep-refused",
-                     "idle"},                    # idle: test_runbooks.py, with E31JobsIdle
+    "docs/jobs.md": {"dry-run", "refused", "byo", "byo-python", "wait-timeout", "sweeps",
+                     "sweep-refused", "idle"},    # idle: test_runbooks.py, with E31JobsIdle
     "docs/operations.md": {"heartbeat", "metrics", "top", "promtool", "gc",
                            "xid"},                   # xid: test_runbooks.py, with XID's drain
     "docs/reliability.md": {"resume"},
-    "docs/security.md": {"too-large", "log-chunk"},
+    "docs/security.md": {"too-large", "log-chunk", "secrets"},
     "docs/runbooks/drain-a-worker.md": {"drain", "verify", "undrain"},
     "docs/runbooks/redis-restart.md": {"verify"},
     "docs/runbooks/database-migrations.md": {"upgrade"},
@@ -321,3 +321,30 @@ def test_security_page_requests(stack: Stack, tmp_path: Path) -> None:
     [(command, shown, ran)] = _steps(chunk, dict(env, J=job.id), tmp_path, stack)
     assert ran.returncode == 0 and output_contains(shown, ran.output), f"{shown}\n{ran.output}"
     assert ran.output.rstrip().endswith("hell")
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_security_page_secret_reaches_the_job_it_shows(stack: Stack, tmp_path: Path) -> None:
+    """Secrets as the page shows them (issue 32: its job.yaml lacked `workdir` and the page
+    never showed `fetch.py`): its job.yaml and fetch.py written as they are, its commands run."""
+    yaml_block, fetch_block, commands = doc("docs/security.md").run_blocks("secrets")
+    (tmp_path / "job.yaml").write_text(yaml_block.text)
+    (tmp_path / "fetch.py").write_text(fetch_block.text)
+    value = "hf_" + "x" * 37
+    ran = run_block(commands, env=_env(stack, HF_TOKEN=value), cwd=tmp_path)
+    assert ran.returncode == 0, ran.output
+    assert "HF_TOKEN: 40 characters" in ran.output, ran.output
+    assert value not in ran.output
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_jobs_page_workdir_example_runs_in_examples_byo(stack: Stack, tmp_path: Path) -> None:
+    """"Your code: workdir" as written, in examples/byo (issue 32: it lacked its `inputs`)."""
+    [block] = doc("docs/jobs.md").run_blocks("byo-python")
+    work = _workdir(tmp_path) / "examples" / "byo"
+    script = ("from e31.client import Client\nclient = Client()\n" + block.text
+              + "print(job.wait(timeout=120)['state'], job.result())\n")
+    ran = run_command(f"python3 - <<'PY'\n{script}PY", env=_env(stack), cwd=work,
+                      timeout_s=200)
+    assert ran.returncode == 0, ran.output
+    assert re.search(r"^succeeded \{'words': 11, ", ran.output, re.M), ran.output

@@ -101,10 +101,13 @@ def test_stuck_queued_job_and_class_without_workers(stack: Stack, tmp_path: Path
     wait_for(lambda: job.status().get("pending"), timeout_s=WAIT_S,
              what="the scheduler to say why it waits")
     # When the operator follows stuck-queued-job.md's diagnosis
-    out = _follow(stack, "stuck-queued-job.md", "diagnose", tmp_path, JOB=job.id)
-    # Then the status says queued, and the store's row shows its queue, never published
+    out = _follow(stack, "stuck-queued-job.md", "diagnose", tmp_path, JOB=job.id,
+                  COLUMNS="200")
+    # Then the status says queued and why (issue 32: the page's query printed an empty
+    # reason for a queue no worker serves), and the store's row shows its queue, never published
     assert "queued" in out
-    assert "e31.gpu80||0|" in out, out
+    assert "no worker serves e31.gpu80" in out, out
+    assert "e31.gpu80||0" in out, out
     # and E31ClassWithoutWorkers.md's confirmation shows the class and its queued job
     confirm = _follow(stack, "E31ClassWithoutWorkers.md", "confirm", tmp_path)
     assert "gpu80" in confirm

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -214,3 +215,16 @@ def test_a_gpu_host_joins_with_the_worker_only_profile_and_the_node_settings_alo
     assert '".[worker,postgres,s3]"' in (ROOT / "Dockerfile").read_text()
     # and the pool's other services are not in the profile: a node runs none of them
     assert all("profiles" not in s for name, s in services.items() if name != "worker-node")
+
+
+def test_the_docs_point_the_cli_at_the_port_compose_publishes_for_the_api() -> None:
+    # Given the API's published port (issue 32: a runbook said 8000, Compose publishes 8031)
+    api = yaml.safe_load(COMPOSE.read_text())["services"]["api"]
+    published = {str(p).rsplit(":", 2)[-2] for p in api["ports"]}
+    # Then every `E31_URL=http://localhost:<port>` of the docs names it
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    said = {(page.name, url.port) for page in pages
+            for url in map(urlsplit, re.findall(r"E31_URL=(http://(?:localhost|127\.0\.0\.1)"
+                                                r":\d+)", page.read_text()))}
+    assert said, "no page shows E31_URL"
+    assert {(name, str(port)) for name, port in said if str(port) not in published} == set()
