@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,16 @@ def _live(st: Stack, node: str) -> bool:
     client = redis.Redis.from_url(st.redis_url)
     try:
         return client.get(keys.worker(node)) is not None
+    finally:
+        client.close()
+
+
+def _beating(st: Stack) -> set[str]:
+    """The worker nodes whose heartbeat is in Redis now."""
+    client = redis.Redis.from_url(st.redis_url)
+    try:
+        return {k.decode().removeprefix(keys.worker("")) for k in
+                client.scan_iter(match=keys.worker_pattern())}
     finally:
         client.close()
 
@@ -368,9 +379,13 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 @pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
 def test_store_outage_full_disk(small_disk: Path, tmp_path: Path) -> None:
     shared = tmp_path / "shared"          # off the small disk: the test's signals to the job
-    with own_stack(small_disk / "e31", "--cpu-slots", "1", shared=shared) as st:
+    with own_stack(small_disk / "e31", "--cpu-slots", "1", "--simulate-gpus", "1x24",
+                   shared=shared) as st:
         env = _env(st)
         children = st.state()["children"]
+        wait_for(lambda: len(_beating(st)) >= 2, timeout_s=WAIT_S,
+                 what="the GPU and CPU workers' heartbeats")
+        beating = _beating(st)
         # Given a job running, which ends when told to, and the disk of E31_HOME full
         go, done, started = shared / "go", shared / "done", shared / "started"
         job = st.client().submit(
@@ -392,6 +407,9 @@ def test_store_outage_full_disk(small_disk: Path, tmp_path: Path) -> None:
         go.touch()
         wait_for(done.exists, timeout_s=WAIT_S, what="the job's command to end")
         assert _running(job)
+        # (an outage longer than the 8 s after which, before the heartbeat thread's fix, the
+        # GPU workers' heartbeats were gone for good: issue 32)
+        time.sleep(10)
 
         # When the operator frees the space and follows the embedded section's steps
         fill.unlink()
@@ -403,3 +421,6 @@ def test_store_outage_full_disk(small_disk: Path, tmp_path: Path) -> None:
         # and every process of the stack lived through it (none needed `e31 up`'s restart)
         assert st.state()["children"] == children
         assert all(process_alive(pid) for pid in children.values())
+        # and every worker beats again, the GPU worker's included ("the processes recover")
+        wait_for(lambda: _beating(st) >= beating, timeout_s=WAIT_S,
+                 what=f"the heartbeats of {sorted(beating)} back")
