@@ -224,3 +224,19 @@ def test_a_job_no_worker_can_take_says_so_and_its_wait_grows(stack: Stack) -> No
                  timeout_s=60, what="queued_seconds to grow")
     finally:
         job.cancel()
+
+
+def test_drain_and_undrain_print_their_answer_and_no_alembic_log_lines(stack: Stack) -> None:
+    # When an operator drains a node and puts it back in service (one no worker runs as:
+    # nothing else changes, and the undrain clears what the drain recorded)
+    said = ""
+    for args in (["--drain", "--no-wait"], ["--undrain"]):
+        done = subprocess.run([sys.executable, "-m", "e31.cli", "worker", *args, "--node",
+                               "gpu9@nowhere"], env=stack.env_with_redis(), capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "gpu9@nowhere" in done.stdout
+        said += done.stdout + done.stderr
+    # Then each says what it did, and nothing of the store's migrations (issue 32: seven
+    # `alembic.runtime.plugins INFO` lines)
+    assert "alembic" not in said, said
