@@ -240,3 +240,23 @@ def test_drain_and_undrain_print_their_answer_and_no_alembic_log_lines(stack: St
     # Then each says what it did, and nothing of the store's migrations (issue 32: seven
     # `alembic.runtime.plugins INFO` lines)
     assert "alembic" not in said, said
+
+
+def test_tables_off_a_terminal_are_whole_at_their_own_width(stack: Stack) -> None:
+    # Given a job with an attempt, and a shell whose output is a pipe, with no COLUMNS
+    job = stack.client().submit(entrypoint="e31_worker.examples:hello", resources={"gpus": 0},
+                                name="a-name-long-enough-to-have-been-cut-at-eighty-columns")
+    job.wait(timeout=120)
+    env = {k: v for k, v in stack.env.items() if k != "COLUMNS"}
+    # When its status, the queue and the pool's view are piped (CI logs, `| cat`, `watch`)
+    for args in (["status", job.id], ["queue"], ["top", "--once"], ["ls"]):
+        done = subprocess.run([sys.executable, "-m", "e31.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+        # Then no cell is cut (issue 32: `atte… work… star… reas…` at rich's 80 columns)
+        assert done.returncode == 0, (args, done.stderr)
+        assert "…" not in done.stdout, (args, done.stdout)
+    shown = subprocess.run([sys.executable, "-m", "e31.cli", "status", job.id], env=env,
+                           capture_output=True, text=True, timeout=60).stdout
+    assert job.id in shown and "a-name-long-enough-to-have-been-cut-at-eighty-columns" in shown
+    for header in ("attempt", "worker", "started", "reason"):
+        assert header in shown, shown

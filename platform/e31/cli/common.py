@@ -18,7 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 from e31.core.errors import ClientError, JobFailed, JobTimeout, SpecError
@@ -52,8 +52,31 @@ INPUT_STATUSES = frozenset({400, 401, 403, 404, 409, 413, 422})
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 ARRAY_PREFIX = "a-"        # array ids; job ids start with "j-"
 
-out = Console()
-err = Console(stderr=True)
+# Off a terminal rich lays out at 80 columns and cuts table cells to fit ("atte… work…"): a
+# pipe, a file, CI's log or `watch` get the lines at their own width instead, up to this.
+OFF_TERMINAL_WIDTH = 4096
+
+
+class _Console(Console):
+    """rich's Console, as wide as its lines off a terminal (no COLUMNS, no width given): a
+    table's cells and ids whole in a pipe (issue 32). On a terminal, or with COLUMNS set,
+    rich's own width."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = Console.size.fget(self)  # type: ignore[attr-defined]
+        columns = self._environ.get("COLUMNS", "")
+        if self._width is None and not self.is_terminal and not columns.isdigit():
+            return ConsoleDimensions(OFF_TERMINAL_WIDTH, size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
+out = _Console()
+err = _Console(stderr=True)
 
 # Help texts say "[env E31_…]": plain text, not Rich markup (which would swallow them).
 HomeOpt = typer.Option(None, "--home", envvar="E31_HOME",
