@@ -200,6 +200,29 @@ def read_workers(r: redis.Redis) -> list[WorkerInfo]:
     return infos
 
 
+def silent(r: redis.Redis, nodes: Sequence[str], *, silent_s: float,
+           now_s: float | None = None) -> set[str]:
+    """Those of `nodes` that have not beaten for `silent_s`: no heartbeat key (it expired, or
+    was withdrawn), or one written more than `silent_s` ago by its own clock (`ts`; the
+    scheduler's leases assume the clocks agree, and so does this). One MGET."""
+    nodes = list(dict.fromkeys(nodes))
+    if not nodes:
+        return set()
+    now_s = time.time() if now_s is None else now_s
+    out = set()
+    for node, raw in zip(nodes, r.mget([keys.worker(n) for n in nodes]), strict=True):
+        if not raw:
+            out.add(node)
+            continue
+        try:
+            ts = float(json.loads(raw)["ts"])
+        except (ValueError, KeyError, TypeError):
+            continue   # a record without its time: only its key's TTL says when it is gone
+        if now_s - ts > silent_s:
+            out.add(node)
+    return out
+
+
 def wake(r: redis.Redis) -> None:
     """Ask the scheduler to run a tick now (after a submit or a job's end)."""
     r.rpush(keys.WAKE, "1")
