@@ -38,6 +38,10 @@ class Heartbeat:
     `draining` is set when the process stops (the running job is requeued, no new one is
     claimed); `drain_requested` when an operator asked for it (`e31 worker --drain`), after
     which `on_drain` is called once.
+
+    Its thread survives: an exception of a beat (Redis, the store, the GPU readings, the gang
+    ledger's full disk) is logged (`heartbeat_failed`, `heartbeat_error`) and the next beat
+    comes at its interval, so the pool never loses a live worker to one fault.
     """
 
     def __init__(self, *, redis_client: redis.Redis, identity: WorkerInfo, interval_s: float,
