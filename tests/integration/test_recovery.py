@@ -159,7 +159,7 @@ def test_a_flushed_redis_makes_the_scheduler_publish_every_outstanding_job_again
 
 # -- a dead node noticed in seconds (docs/reliability.md) -------------------------------------
 
-SILENT_S = 3   # SILENT_BEATS (1.5) heartbeat intervals of the default 2 s
+SILENT_S = 3   # SILENT_BEATS (1.5) heartbeat intervals of the default 2 s (over SILENT_MIN_S)
 
 
 def _running_on(repo: Repo, worker: str, renewed_s_ago: float) -> tuple[str, str, str]:
@@ -203,6 +203,22 @@ def test_a_worker_that_still_beats_keeps_its_job_though_its_renewals_are_late(
 
     # Then the job runs on
     assert ended == 0 and repo.get_job(tenant_id, job_id).state == "running"
+
+
+def test_a_job_whose_worker_process_was_restarted_under_its_name_is_lost_at_once(
+        repo: Repo, redis_url: str, redis_client: redis.Redis) -> None:
+    # Given a job whose worker process was SIGKILLed 4 s ago and restarted by its launcher:
+    # the new process beats under the same name, holding no job
+    tenant_id, job_id, _ = _running_on(repo, "gpu0@restarted", renewed_s_ago=SILENT_S + 1)
+    heartbeat(redis_client, "gpu0@restarted", ["e31.gpu24"])
+    redis_client.set(keys.BROKER_EPOCH, "then")
+
+    # When the scheduler looks for silent workers
+    ended = make(repo, redis_url, lease_ttl_s=TTL_S).expire_silent(utcnow())
+
+    # Then the attempt its predecessor left is lost now
+    assert ended == 1 and repo.get_job(tenant_id, job_id).state == "queued"
+    assert [a.reason for a in repo.get_job(tenant_id, job_id).attempts] == ["lost"]
 
 
 def test_a_job_whose_worker_renews_keeps_running_when_redis_lost_every_heartbeat(

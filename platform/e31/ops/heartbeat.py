@@ -200,26 +200,31 @@ def read_workers(r: redis.Redis) -> list[WorkerInfo]:
     return infos
 
 
-def silent(r: redis.Redis, nodes: Sequence[str], *, silent_s: float,
-           now_s: float | None = None) -> set[str]:
-    """Those of `nodes` that have not beaten for `silent_s`: no heartbeat key (it expired, or
-    was withdrawn), or one written more than `silent_s` ago by its own clock (`ts`; the
-    scheduler's leases assume the clocks agree, and so does this). One MGET."""
-    nodes = list(dict.fromkeys(nodes))
+def not_held(r: redis.Redis, held: Sequence[tuple[str, str]], *, silent_s: float,
+             now_s: float | None = None) -> set[str]:
+    """Those of `held`'s (job id, node) whose node no longer holds the job by its heartbeat:
+    it has not beaten for `silent_s` (no key: it expired or was withdrawn; or one written
+    more than `silent_s` ago by the node's own clock, `ts`: the scheduler's leases assume
+    the clocks agree, and so does this), or it beats and runs another job or none (a worker
+    process its launcher restarted under the same name). Returns their job ids; one MGET."""
+    nodes = list(dict.fromkeys(node for _, node in held))
     if not nodes:
         return set()
     now_s = time.time() if now_s is None else now_s
-    out = set()
+    beats: dict[str, tuple[float, str | None] | None] = {}
     for node, raw in zip(nodes, r.mget([keys.worker(n) for n in nodes]), strict=True):
-        if not raw:
-            out.add(node)
-            continue
         try:
-            ts = float(json.loads(raw)["ts"])
-        except (ValueError, KeyError, TypeError):
-            continue   # a record without its time: only its key's TTL says when it is gone
-        if now_s - ts > silent_s:
-            out.add(node)
+            data = json.loads(raw) if raw else None
+            beats[node] = (float(data["ts"]), data.get("busy_job")) if data else None
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass   # unreadable: only its key's TTL says when it is gone
+    out = set()
+    for job_id, node in held:
+        if node not in beats:
+            continue
+        beat = beats[node]
+        if beat is None or now_s - beat[0] > silent_s or beat[1] != job_id:
+            out.add(job_id)
     return out
 
 

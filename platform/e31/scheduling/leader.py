@@ -29,7 +29,7 @@ from e31.core.records import Candidate, SchedulingView
 from e31.core.sizeclasses import all_queues, node_queue, redis_priority
 from e31.edge.celeryapp import TASK_NAME
 from e31.edge.settings import Settings
-from e31.ops.heartbeat import WorkerInfo, gang_place, read_workers, silent
+from e31.ops.heartbeat import WorkerInfo, gang_place, not_held, read_workers
 from e31.scheduling import inputs
 from e31.scheduling.admission import AdmissionConfig, Decision, Dispatch, Slot, decide
 from e31.scheduling.fairshare import Reason
@@ -45,10 +45,12 @@ WAKE_POLL_MAX_S = 1.0      # one BLPOP wait; below the socket timeout that follo
 # at once rather than holding up every lease expiry and publication behind it.
 REDIS_SOCKET_TIMEOUT_S = 2.0
 TOKEN_SHOWN = "..."        # what a message's display form shows in place of its dispatch token
-# A dead node noticed in seconds (docs/reliability.md): a running job whose worker has neither
-# beaten nor renewed its lease for this many heartbeat intervals is lost now, not at its
-# lease's expiry; looked for this often (in intervals) between ticks.
+# A dead node noticed in seconds (docs/reliability.md): a running job whose lease was not
+# renewed for this many heartbeat intervals (and never less than SILENT_MIN_S), and whose
+# worker has not beaten for as long or beats without it, is lost now, not at its lease's
+# expiry; looked for this often (in intervals) between ticks.
 SILENT_BEATS = 1.5
+SILENT_MIN_S = 2.0
 SILENCE_CHECK_BEATS = 0.5
 
 _RENEW = """
@@ -220,29 +222,30 @@ class Scheduler:
         self.expire_silent(now)
 
     def expire_silent(self, now: datetime) -> int:
-        """End `lost` now the attempts of running jobs whose worker went silent: no heartbeat
-        for `SILENT_BEATS` intervals and no lease renewal for as long (a dead node, whose
-        launcher died with it; a worker process alone is restarted and settled by its
-        launcher). Both must be silent: a worker whose heartbeat is lost (Redis flushed, its
-        heartbeat thread stuck) still renews its lease, and one whose store is slow still
-        beats. The fence is `expire_leases`'s. Not judged while leases are not (after taking
-        the lead, after a store error) nor for a TTL after Redis lost its data. Returns the
-        jobs recovered."""
+        """End `lost` now the attempts of running jobs whose worker is gone: no lease renewal
+        for `SILENT_BEATS` intervals, and no heartbeat for as long (a dead node: its launcher
+        died with it) or a heartbeat that says the worker holds another job or none (a worker
+        process that its launcher restarted at once under the same name, whose predecessor's
+        attempt had not finished: `e31_worker.attempt.settle`). Both must say so: a worker
+        whose heartbeat is lost (Redis flushed, its heartbeat thread stuck) still renews its
+        lease, and one whose store is slow still beats with its job. The fence is
+        `expire_leases`'s. Not judged while leases are not (after taking the lead, after a
+        store error) nor for a TTL after Redis lost its data. Returns the jobs recovered."""
         self._silence_checked = mono = time.monotonic()
         interval_s, ttl_s = self._settings.heartbeat_interval_s, self._settings.lease_ttl_s
-        silent_s = SILENT_BEATS * interval_s
+        silent_s = max(SILENT_BEATS * interval_s, SILENT_MIN_S)
         if silent_s >= ttl_s or mono < max(self._expire_leases_after, self._judge_silence_after):
             return 0
         overdue = self._repo.overdue_leases(now=now, lease_ttl_s=ttl_s, silent_s=silent_s)
         if not overdue:
             return 0
-        gone = silent(self._redis, [owner for _, owner in overdue], silent_s=silent_s,
-                      now_s=now.timestamp())
-        ended = self._repo.expire_silent([job_id for job_id, owner in overdue if owner in gone],
-                                         now=now, lease_ttl_s=ttl_s, silent_s=silent_s)
+        gone = not_held(self._redis, overdue, silent_s=silent_s, now_s=now.timestamp())
+        ended = self._repo.expire_silent(sorted(gone), now=now, lease_ttl_s=ttl_s,
+                                         silent_s=silent_s)
         for job_id, state in ended:
-            log.warning("worker_silent job=%s: no heartbeat and no lease renewal for %g s; "
-                        "attempt lost, job %s", job_id, silent_s, state.value)
+            log.warning("worker_silent job=%s: no lease renewal for %g s, and its worker no "
+                        "longer beats with it; attempt lost, job %s", job_id, silent_s,
+                        state.value)
         return len(ended)
 
     def _publish(self, chosen: list[tuple[Candidate, Dispatch]], now: datetime) -> int:

@@ -329,8 +329,9 @@ class SchedulingStore(BillingStore):
 
     def expire_silent(self, job_ids: Sequence[str], *, now: datetime, lease_ttl_s: float,
                       silent_s: float) -> list[tuple[str, JobState]]:
-        """End as `lost` the attempts of `job_ids` whose worker went silent (its heartbeat
-        gone, its lease not renewed for `silent_s`), before their lease expires: as
+        """End as `lost` the attempts of `job_ids` whose worker went silent (its lease not
+        renewed for `silent_s`, its heartbeat gone or beating without the job), before their
+        lease expires: as
         `expire_leases` does, with the same fence (the token stays, the job leaves `running`,
         so the old worker's renewal and outcome are refused). The staleness is checked again
         under the row lock: a renewal that came in meanwhile keeps its job."""
@@ -343,8 +344,8 @@ class SchedulingStore(BillingStore):
                 Job.lease_expires_at < renewed_before)
                 .order_by(Job.id).with_for_update()).all()
             return self._end_lost(s, jobs, now=now, lease_ttl_s=lease_ttl_s, why=lambda job: (
-                f"worker {job.lease_owner} went silent (no heartbeat, no lease renewal for "
-                f"{silent_s:g} s): the worker or its node died or was cut off"))
+                f"worker {job.lease_owner} went silent (no lease renewal for {silent_s:g} s, "
+                "and no heartbeat with this job): the worker or its node died"))
 
     def _end_lost(self, s: Session, jobs: Sequence[Job], *, now: datetime, lease_ttl_s: float,
                   why: Callable[[Job], str]) -> list[tuple[str, JobState]]:
