@@ -48,10 +48,12 @@ TOKEN_SHOWN = "..."        # what a message's display form shows in place of its
 # A dead node noticed in seconds (docs/reliability.md): a running job whose lease was not
 # renewed for this many heartbeat intervals (and never less than SILENT_MIN_S), and whose
 # worker has not beaten for as long or beats without it, is lost now, not at its lease's
-# expiry; looked for this often (in intervals) between ticks.
+# expiry; looked for this often (in intervals, and no more often than the floor) between
+# ticks.
 SILENT_BEATS = 1.5
 SILENT_MIN_S = 2.0
 SILENCE_CHECK_BEATS = 0.5
+SILENCE_CHECK_MIN_S = 0.5
 
 _RENEW = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -327,7 +329,8 @@ class Scheduler:
         silent workers every `SILENCE_CHECK_BEATS` intervals, and return at once (a tick
         publishes their jobs again) when one was found."""
         deadline = time.monotonic() + tick_s
-        check_s = SILENCE_CHECK_BEATS * self._settings.heartbeat_interval_s
+        check_s = max(SILENCE_CHECK_BEATS * self._settings.heartbeat_interval_s,
+                      SILENCE_CHECK_MIN_S)
         while not stop.is_set():
             now_s = time.monotonic()
             left = deadline - now_s
@@ -335,7 +338,7 @@ class Scheduler:
                 return
             if now_s - self._silence_checked >= check_s and self.expire_silent(utcnow()):
                 return
-            wait_s = min(left, WAKE_POLL_MAX_S, max(0.05, check_s))
+            wait_s = min(left, WAKE_POLL_MAX_S, check_s)
             if self._redis.blpop([keys.WAKE], timeout=wait_s):
                 self._redis.delete(keys.WAKE)  # one tick serves every wake-up so far
                 return
