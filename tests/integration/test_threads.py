@@ -7,6 +7,7 @@ readings, not threads, survive a failure in the supervisor's tick.
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -18,12 +19,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import redis
 
+from e31.core import keys
 from e31.core.records import Renewal
-from e31.ops.heartbeat import GpuSample
+from e31.ops.heartbeat import GpuSample, WorkerInfo
 from e31_worker.attempt import logpump, shipping, watchdog
 from e31_worker.attempt.plan import Directive
 from e31_worker.node.celery_process import EXIT_THREAD_DIED
+from e31_worker.node.heartbeat import Heartbeat
 
 OUTPUT_LINES = 20_000      # about 1.4 MB: twenty times what a pipe holds
 WAIT_S = 30
@@ -185,3 +189,30 @@ def test_a_thread_that_dies_of_an_unforeseen_exception_ends_the_worker_process()
     assert time.monotonic() - started < WAIT_S / 2
     assert "worker_thread_died thread=e31-test-thread: OSError" in done.stderr
     assert "No space left on device" in done.stderr
+
+
+def test_a_stopping_worker_beats_with_its_job_until_it_is_handed_back(
+        redis_client: redis.Redis) -> None:
+    # Given a worker's heartbeat while it runs a job
+    node = "gpu0@stopping-test"
+    beat = Heartbeat(redis_client=redis_client,
+                     identity=WorkerInfo(node=node, queues=("e31.gpu24",), gpus="0"),
+                     interval_s=0.05, on_drain=lambda: None, drain_authorized=lambda: False)
+    beat.start()
+    beat.set_busy("j1")
+    try:
+        # When the worker is told to stop (SIGTERM: its job gets its grace, then is handed back)
+        beat.stop()
+        time.sleep(0.3)
+
+        # Then it still beats with the job, so the scheduler does not take it for dead
+        raw = redis_client.get(keys.worker(node))
+        assert raw is not None and json.loads(raw)["busy_job"] == "j1"
+        assert beat.draining.is_set()
+
+        # And once the job is handed back, the heartbeat is withdrawn for good
+        beat.set_busy(None)
+        time.sleep(0.3)
+        assert redis_client.get(keys.worker(node)) is None
+    finally:
+        beat.set_busy(None)
