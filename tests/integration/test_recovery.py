@@ -11,6 +11,7 @@ from e31.core import keys
 from e31.core.clock import utcnow
 from e31.core.records import Outcome
 from e31.core.states import AttemptReason, JobState
+from e31.ops.heartbeat import beat_launcher
 from e31.store import Repo
 from tests.integration.test_scheduler import heartbeat, make, published
 from tests.integration.test_store import claim, publish, submit
@@ -219,6 +220,21 @@ def test_a_job_whose_worker_process_was_restarted_under_its_name_is_lost_at_once
     # Then the attempt its predecessor left is lost now
     assert ended == 1 and repo.get_job(tenant_id, job_id).state == "queued"
     assert [a.reason for a in repo.get_job(tenant_id, job_id).attempts] == ["lost"]
+
+
+def test_a_silent_worker_whose_launcher_beats_keeps_its_job_to_its_lease(
+        repo: Repo, redis_url: str, redis_client: redis.Redis) -> None:
+    # Given a job whose worker process went silent 4 s ago (frozen, or being restarted) on a
+    # node whose launcher still beats
+    tenant_id, job_id, _ = _running_on(repo, "gpu0@restarting", renewed_s_ago=SILENT_S + 1)
+    beat_launcher(redis_client, ["gpu0@restarting"], interval_s=10)
+    redis_client.set(keys.BROKER_EPOCH, "then")
+
+    # When the scheduler looks for silent workers
+    ended = make(repo, redis_url, lease_ttl_s=TTL_S).expire_silent(utcnow())
+
+    # Then the job is left to its lease: the new process says whether it still holds it
+    assert ended == 0 and repo.get_job(tenant_id, job_id).state == "running"
 
 
 def test_a_job_whose_worker_renews_keeps_running_when_redis_lost_every_heartbeat(

@@ -225,10 +225,12 @@ class Scheduler:
 
     def expire_silent(self, now: datetime) -> int:
         """End `lost` now the attempts of running jobs whose worker is gone: no lease renewal
-        for `SILENT_BEATS` intervals, and no heartbeat for as long (a dead node: its launcher
-        died with it) or a heartbeat that says the worker holds another job or none (a worker
-        process that its launcher restarted at once under the same name, whose predecessor's
-        attempt had not finished: `e31_worker.attempt.settle`). Both must say so: a worker
+        for `SILENT_BEATS` intervals, and no heartbeat for as long from the worker nor from
+        its launcher (a dead node) or a heartbeat that says the worker holds another job or
+        none (a worker process that its launcher restarted under the same name, whose
+        predecessor's attempt had not finished: `e31_worker.attempt.settle`; until the new
+        process beats, a live launcher keeps the job to its lease, so that a successor may
+        still settle an attempt that had finished). Both must say so: a worker
         whose heartbeat is lost (Redis flushed, its heartbeat thread stuck) still renews its
         lease, and one whose store is slow still beats with its job. The fence is
         `expire_leases`'s. Not judged while leases are not (after taking the lead, after a
