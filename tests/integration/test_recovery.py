@@ -11,6 +11,7 @@ from e31.core import keys
 from e31.core.clock import utcnow
 from e31.core.records import Outcome
 from e31.core.states import AttemptReason, JobState
+from e31.ops.heartbeat import beat_launcher
 from e31.store import Repo
 from tests.integration.test_scheduler import heartbeat, make, published
 from tests.integration.test_store import claim, publish, submit
@@ -155,3 +156,126 @@ def test_a_flushed_redis_makes_the_scheduler_publish_every_outstanding_job_again
     assert scheduler.tick() == 2
     assert sorted(published(redis_client, "e31.gpu24")) == ids
     assert redis_client.exists(keys.BROKER_EPOCH)
+
+
+# -- a dead node noticed in seconds (docs/reliability.md) -------------------------------------
+
+SILENT_S = 3   # SILENT_BEATS (1.5) heartbeat intervals of the default 2 s (over SILENT_MIN_S)
+
+
+def _running_on(repo: Repo, worker: str, renewed_s_ago: float) -> tuple[str, str, str]:
+    """(tenant id, job id, lease token) of a job running on `worker`, last renewed then."""
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    job = submit(repo, tenant.id, retries={"max": 0})
+    c = claim(repo, job.id, worker=worker, now=utcnow() - timedelta(seconds=renewed_s_ago))
+    assert c is not None
+    return tenant.id, job.id, c.token
+
+
+def test_a_job_whose_worker_went_silent_is_lost_at_once_not_at_its_lease_expiry(
+        repo: Repo, redis_url: str, redis_client: redis.Redis) -> None:
+    # Given a job whose node died 4 s ago: no heartbeat, no renewal, its lease good for 6 s
+    tenant_id, job_id, token = _running_on(repo, "gpu9@dead", renewed_s_ago=SILENT_S + 1)
+    heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])
+    redis_client.set(keys.BROKER_EPOCH, "then")   # Redis has kept its data since then
+    scheduler = make(repo, redis_url, dispatch_headroom=0, lease_ttl_s=TTL_S)
+
+    # When the scheduler ticks
+    sent = scheduler.tick()
+
+    # Then the attempt is lost now, the job published again, and the old worker fenced off
+    assert sent == 1 and published(redis_client, "e31.gpu24") == [job_id]
+    record = repo.get_job(tenant_id, job_id)
+    [attempt] = record.attempts
+    assert attempt.reason == "lost" and "went silent" in (attempt.error or "")
+    assert repo.record_outcome(job_id, token, Outcome(AttemptReason.SUCCEEDED, result=1),
+                               now=utcnow()) is None
+    assert not repo.renew(job_id, token, now=utcnow(), lease_ttl_s=TTL_S)[0]
+
+
+def test_a_worker_that_still_beats_keeps_its_job_though_its_renewals_are_late(
+        repo: Repo, redis_url: str, redis_client: redis.Redis) -> None:
+    # Given a job whose worker's store calls are slow (no renewal for 4 s) but beats
+    tenant_id, job_id, _ = _running_on(repo, "gpu0@slow", renewed_s_ago=SILENT_S + 1)
+    heartbeat(redis_client, "gpu0@slow", ["e31.gpu24"], busy_job=job_id)
+
+    # When the scheduler looks for silent workers
+    ended = make(repo, redis_url, lease_ttl_s=TTL_S).expire_silent(utcnow())
+
+    # Then the job runs on
+    assert ended == 0 and repo.get_job(tenant_id, job_id).state == "running"
+
+
+def test_a_job_whose_worker_process_was_restarted_under_its_name_is_lost_at_once(
+        repo: Repo, redis_url: str, redis_client: redis.Redis) -> None:
+    # Given a job whose worker process was SIGKILLed 4 s ago and restarted by its launcher:
+    # the new process beats under the same name, holding no job
+    tenant_id, job_id, _ = _running_on(repo, "gpu0@restarted", renewed_s_ago=SILENT_S + 1)
+    heartbeat(redis_client, "gpu0@restarted", ["e31.gpu24"])
+    redis_client.set(keys.BROKER_EPOCH, "then")
+
+    # When the scheduler looks for silent workers
+    ended = make(repo, redis_url, lease_ttl_s=TTL_S).expire_silent(utcnow())
+
+    # Then the attempt its predecessor left is lost now
+    assert ended == 1 and repo.get_job(tenant_id, job_id).state == "queued"
+    assert [a.reason for a in repo.get_job(tenant_id, job_id).attempts] == ["lost"]
+
+
+def test_a_silent_worker_whose_launcher_beats_keeps_its_job_to_its_lease(
+        repo: Repo, redis_url: str, redis_client: redis.Redis) -> None:
+    # Given a job whose worker process went silent 4 s ago (frozen, or being restarted) on a
+    # node whose launcher still beats
+    tenant_id, job_id, _ = _running_on(repo, "gpu0@restarting", renewed_s_ago=SILENT_S + 1)
+    beat_launcher(redis_client, ["gpu0@restarting"], interval_s=10)
+    redis_client.set(keys.BROKER_EPOCH, "then")
+
+    # When the scheduler looks for silent workers
+    ended = make(repo, redis_url, lease_ttl_s=TTL_S).expire_silent(utcnow())
+
+    # Then the job is left to its lease: the new process says whether it still holds it
+    assert ended == 0 and repo.get_job(tenant_id, job_id).state == "running"
+
+
+def test_a_job_whose_worker_renews_keeps_running_when_redis_lost_every_heartbeat(
+        repo: Repo, redis_url: str, redis_client: redis.Redis) -> None:
+    # Given a job renewed 1 s ago whose worker's heartbeat is gone (Redis flushed)
+    tenant_id, job_id, _ = _running_on(repo, "gpu0@live", renewed_s_ago=1)
+    redis_client.flushdb()
+
+    # When the scheduler ticks
+    make(repo, redis_url, lease_ttl_s=TTL_S).tick()
+
+    # Then the job runs on: the lease, renewed, says its worker lives
+    assert repo.get_job(tenant_id, job_id).state == "running"
+
+
+def test_after_redis_lost_its_data_silence_is_not_judged_for_a_ttl(
+        repo: Repo, redis_url: str, redis_client: redis.Redis) -> None:
+    # Given a scheduler that has led a while, and a job renewed 4 s ago
+    scheduler = make(repo, redis_url, lease_ttl_s=TTL_S)
+    scheduler.tick()
+    tenant_id, job_id, _ = _running_on(repo, "gpu0@live", renewed_s_ago=SILENT_S + 1)
+
+    # When Redis restarts empty (every heartbeat gone at once) and the scheduler ticks
+    redis_client.flushdb()
+    scheduler.tick()
+
+    # Then the job is left to its lease: its worker may only be waiting to beat again
+    assert repo.get_job(tenant_id, job_id).state == "running"
+    assert scheduler.expire_silent(utcnow()) == 0
+
+
+def test_a_renewal_that_comes_in_before_the_lock_keeps_its_job(repo: Repo) -> None:
+    # Given a job judged silent on a stale read, whose worker renews just after
+    tenant_id, job_id, token = _running_on(repo, "gpu0@late", renewed_s_ago=SILENT_S + 1)
+    now = utcnow()
+    assert repo.overdue_leases(now=now, lease_ttl_s=TTL_S, silent_s=SILENT_S) == \
+        [(job_id, "gpu0@late")]
+    assert repo.renew(job_id, token, now=now, lease_ttl_s=TTL_S)[0]
+
+    # When the store is asked to end it
+    ended = repo.expire_silent([job_id], now=now, lease_ttl_s=TTL_S, silent_s=SILENT_S)
+
+    # Then the row, checked again under its lock, keeps running
+    assert ended == [] and repo.get_job(tenant_id, job_id).state == "running"

@@ -24,6 +24,15 @@ import redis
 from e31.core import keys
 
 TTL_INTERVALS = 3  # a heartbeat key outlives this many missed beats, no more
+# A node's launcher (`e31 worker`) beats too, for each node it runs, under this prefix: a
+# worker process that went silent while its launcher lives is restarted (or frozen), not a
+# dead node's (`not_held`).
+LAUNCHER_PREFIX = "e31:launcher:"
+
+
+def launcher_key(node: str) -> str:
+    """The key by which `node`'s launcher says it lives."""
+    return f"{LAUNCHER_PREFIX}{node}"
 
 
 @dataclass(frozen=True)
@@ -198,6 +207,63 @@ def read_workers(r: redis.Redis) -> list[WorkerInfo]:
             if raw:
                 infos.append(WorkerInfo.from_json(raw))
     return infos
+
+
+def beat_launcher(r: redis.Redis, nodes: Sequence[str], *, interval_s: float) -> None:
+    """Say that the launcher of `nodes` lives, for `TTL_INTERVALS` beats (one round trip)."""
+    pipe = r.pipeline(transaction=False)
+    ts = json.dumps({"ts": time.time(), "pid": os.getpid()})
+    for node in nodes:
+        pipe.set(launcher_key(node), ts, px=int(interval_s * TTL_INTERVALS * 1000))
+    pipe.execute()
+
+
+def not_held(r: redis.Redis, held: Sequence[tuple[str, str]], *, silent_s: float,
+             now_s: float | None = None) -> set[str]:
+    """Those of `held`'s (job id, node) that their node no longer holds, by its beats: it
+    beats and runs another job or none (a worker process its launcher restarted under the
+    same name), or neither it nor its launcher has beaten for `silent_s` (a dead node: no
+    key, or one written more than `silent_s` ago by the node's own clock, `ts`; the
+    scheduler's leases assume the clocks agree, and so does this). A silent worker whose
+    launcher beats is left to its lease: its launcher restarts it, and the new process
+    says (or it is only frozen). Returns their job ids; one MGET."""
+    nodes = list(dict.fromkeys(node for _, node in held))
+    if not nodes:
+        return set()
+    now_s = time.time() if now_s is None else now_s
+    raws = r.mget([keys.worker(n) for n in nodes] + [launcher_key(n) for n in nodes])
+    beats = {n: _beat(raw) for n, raw in zip(nodes, raws[:len(nodes)], strict=True)}
+    launchers = {n: _beat(raw) for n, raw in zip(nodes, raws[len(nodes):], strict=True)}
+
+    def fresh(beat: tuple[float, str | None] | None) -> bool:
+        return beat is not None and now_s - beat[0] <= silent_s
+
+    out = set()
+    for job_id, node in held:
+        beat = beats[node]
+        if beat is _UNREADABLE:
+            continue
+        if fresh(beat):
+            if beat is not None and beat[1] != job_id:
+                out.add(job_id)
+        elif not fresh(launchers[node]):
+            out.add(job_id)
+    return out
+
+
+_UNREADABLE = (float("inf"), None)   # a record that cannot be read: never judged by it
+
+
+def _beat(raw: bytes | str | None) -> tuple[float, str | None] | None:
+    """(ts, busy job) of a heartbeat's record; None without one, `_UNREADABLE` for one that
+    cannot be read (only its key's TTL says it is gone)."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        return float(data["ts"]), data.get("busy_job")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return _UNREADABLE
 
 
 def wake(r: redis.Redis) -> None:

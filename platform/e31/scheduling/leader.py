@@ -2,10 +2,11 @@
 
 One leader at a time, elected with a Redis lock; a second scheduler waits. The leader
 wakes on a signal (a submit, a job's end) or every tick, recovers what died (expired
-leases, messages a restarted or flushed Redis lost), and lets `admission.decide` choose what
-the free worker slots (plus a small headroom) take: priority band, then the tenant
-furthest below its fair share, then age; quotas; a reservation for a big job that waited
-too long (docs/scheduling.md). Every candidate it does not publish gets a pending reason.
+leases, the jobs of workers gone silent, messages a restarted or flushed Redis lost), and
+lets `admission.decide` choose what the free worker slots (plus a small headroom) take:
+priority band, then the tenant furthest below its fair share, then age; quotas; a
+reservation for a big job that waited too long (docs/scheduling.md). Every candidate it
+does not publish gets a pending reason.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from e31.core.records import Candidate, SchedulingView
 from e31.core.sizeclasses import all_queues, node_queue, redis_priority
 from e31.edge.celeryapp import TASK_NAME
 from e31.edge.settings import Settings
-from e31.ops.heartbeat import WorkerInfo, gang_place, read_workers
+from e31.ops.heartbeat import WorkerInfo, gang_place, not_held, read_workers
 from e31.scheduling import inputs
 from e31.scheduling.admission import AdmissionConfig, Decision, Dispatch, Slot, decide
 from e31.scheduling.fairshare import Reason
@@ -44,6 +45,15 @@ WAKE_POLL_MAX_S = 1.0      # one BLPOP wait; below the socket timeout that follo
 # at once rather than holding up every lease expiry and publication behind it.
 REDIS_SOCKET_TIMEOUT_S = 2.0
 TOKEN_SHOWN = "..."        # what a message's display form shows in place of its dispatch token
+# A dead node noticed in seconds (docs/reliability.md): a running job whose lease was not
+# renewed for this many heartbeat intervals (and never less than SILENT_MIN_S), and whose
+# worker has not beaten for as long or beats without it, is lost now, not at its lease's
+# expiry; looked for this often (in intervals, and no more often than the floor) between
+# ticks.
+SILENT_BEATS = 1.5
+SILENT_MIN_S = 2.0
+SILENCE_CHECK_BEATS = 0.5
+SILENCE_CHECK_MIN_S = 0.5
 
 _RENEW = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -80,6 +90,10 @@ class Scheduler:
         # Lease expiry is judged only after a full TTL of this scheduler leading with a
         # working store: workers that could not reach the store either get a chance to renew.
         self._expire_leases_after = 0.0   # time.monotonic()
+        # Silence is judged only after a TTL with Redis's data intact (a flush or a restart
+        # empties every heartbeat at once); the leases' own hold applies too.
+        self._judge_silence_after = 0.0   # time.monotonic()
+        self._silence_checked = 0.0       # time.monotonic() of the last look for silence
 
     # -- leadership ----------------------------------------------------------------------
 
@@ -193,17 +207,50 @@ class Scheduler:
         self._expire_leases_after = time.monotonic() + self._settings.lease_ttl_s
 
     def reconcile(self, now: datetime) -> None:
-        """Recover what died: jobs whose lease expired, and messages the broker lost."""
+        """Recover what died: jobs whose lease expired or whose worker went silent, and
+        messages the broker lost."""
         if time.monotonic() >= self._expire_leases_after:
             for job_id, state in self._repo.expire_leases(now=now,
                                                           lease_ttl_s=self._settings.lease_ttl_s):
                 log.warning("lease_expired job=%s: attempt lost, job %s", job_id, state.value)
         if not self._redis.exists(keys.BROKER_EPOCH):
-            # Redis restarted without its data or was flushed: the published messages are gone.
+            # Redis restarted without its data or was flushed: the published messages are gone,
+            # and so is every heartbeat (silence says nothing until the workers beat again).
+            self._judge_silence_after = time.monotonic() + self._settings.lease_ttl_s
             republish = self._repo.expire_dispatches(None, now=now, timeout_s=0)
             self._redis.set(keys.BROKER_EPOCH, now.isoformat())
             log.warning("broker_reset: Redis is new, restarted empty or was flushed; %d published "
                         "jobs lost their messages and are published again", republish)
+        self.expire_silent(now)
+
+    def expire_silent(self, now: datetime) -> int:
+        """End `lost` now the attempts of running jobs whose worker is gone: no lease renewal
+        for `SILENT_BEATS` intervals, and no heartbeat for as long from the worker nor from
+        its launcher (a dead node) or a heartbeat that says the worker holds another job or
+        none (a worker process that its launcher restarted under the same name, whose
+        predecessor's attempt had not finished: `e31_worker.attempt.settle`; until the new
+        process beats, a live launcher keeps the job to its lease, so that a successor may
+        still settle an attempt that had finished). Both must say so: a worker
+        whose heartbeat is lost (Redis flushed, its heartbeat thread stuck) still renews its
+        lease, and one whose store is slow still beats with its job. The fence is
+        `expire_leases`'s. Not judged while leases are not (after taking the lead, after a
+        store error) nor for a TTL after Redis lost its data. Returns the jobs recovered."""
+        self._silence_checked = mono = time.monotonic()
+        interval_s, ttl_s = self._settings.heartbeat_interval_s, self._settings.lease_ttl_s
+        silent_s = max(SILENT_BEATS * interval_s, SILENT_MIN_S)
+        if silent_s >= ttl_s or mono < max(self._expire_leases_after, self._judge_silence_after):
+            return 0
+        overdue = self._repo.overdue_leases(now=now, lease_ttl_s=ttl_s, silent_s=silent_s)
+        if not overdue:
+            return 0
+        gone = not_held(self._redis, overdue, silent_s=silent_s, now_s=now.timestamp())
+        ended = self._repo.expire_silent(sorted(gone), now=now, lease_ttl_s=ttl_s,
+                                         silent_s=silent_s)
+        for job_id, state in ended:
+            log.warning("worker_silent job=%s: no lease renewal for %g s, and its worker no "
+                        "longer beats with it; attempt lost, job %s", job_id, silent_s,
+                        state.value)
+        return len(ended)
 
     def _publish(self, chosen: list[tuple[Candidate, Dispatch]], now: datetime) -> int:
         """Mark the chosen jobs published, each with a new dispatch token, then send each one's
@@ -280,12 +327,20 @@ class Scheduler:
             log.warning("scheduler_health_unwritten: %s", exc)
 
     def _wait_for_wake(self, stop: threading.Event, tick_s: float) -> None:
-        """Return on a wake-up signal, on `stop`, or after `tick_s`."""
+        """Return on a wake-up signal, on `stop`, or after `tick_s`; meanwhile look for
+        silent workers every `SILENCE_CHECK_BEATS` intervals, and return at once (a tick
+        publishes their jobs again) when one was found."""
         deadline = time.monotonic() + tick_s
+        check_s = max(SILENCE_CHECK_BEATS * self._settings.heartbeat_interval_s,
+                      SILENCE_CHECK_MIN_S)
         while not stop.is_set():
-            left = deadline - time.monotonic()
+            now_s = time.monotonic()
+            left = deadline - now_s
             if left <= 0:
                 return
-            if self._redis.blpop([keys.WAKE], timeout=min(left, WAKE_POLL_MAX_S)):
+            if now_s - self._silence_checked >= check_s and self.expire_silent(utcnow()):
+                return
+            wait_s = min(left, WAKE_POLL_MAX_S, check_s)
+            if self._redis.blpop([keys.WAKE], timeout=wait_s):
                 self._redis.delete(keys.WAKE)  # one tick serves every wake-up so far
                 return

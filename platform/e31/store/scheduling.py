@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import secrets
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import ColumnElement, and_, case, func, or_, select, update
@@ -310,16 +310,56 @@ class SchedulingStore(BillingStore):
             jobs = s.scalars(select(Job).where(
                 Job.state == JobState.RUNNING.value, Job.lease_expires_at < now)
                 .order_by(Job.lease_expires_at).limit(limit).with_for_update()).all()
-            done = []
-            for job in jobs:
-                assert job.lease_expires_at is not None
-                renewed = job.lease_expires_at - timedelta(seconds=lease_ttl_s)
-                outcome = Outcome(AttemptReason.LOST, error=(
-                    f"lease of worker {job.lease_owner} expired at "
-                    f"{job.lease_expires_at.isoformat()}: the worker or its node died or was "
-                    "cut off"))
-                state = end_attempt(s, job, outcome, ended_at=renewed, now=now,
-                                    half_life_s=self._half_life_s)
-                if state is not None:
-                    done.append((job.id, state))
-            return done
+            return self._end_lost(s, jobs, now=now, lease_ttl_s=lease_ttl_s, why=lambda job: (
+                f"lease of worker {job.lease_owner} expired at "
+                f"{_iso(job.lease_expires_at)}: the worker or its node died or was cut off"))
+
+    def overdue_leases(self, *, now: datetime, lease_ttl_s: float,
+                       silent_s: float) -> list[tuple[str, str]]:
+        """(job id, lease owner) of running jobs whose lease was last renewed more than
+        `silent_s` ago and has not expired yet: the jobs of workers that may have died (the
+        scheduler asks their heartbeats, `e31.scheduling.leader`). One read of running rows."""
+        renewed_before = now + timedelta(seconds=lease_ttl_s - silent_s)
+        with self._session() as s:
+            return [(job_id, owner) for job_id, owner in s.execute(
+                select(Job.id, Job.lease_owner).where(
+                    Job.state == JobState.RUNNING.value, Job.lease_expires_at >= now,
+                    Job.lease_expires_at < renewed_before)).tuples()
+                    if owner is not None]
+
+    def expire_silent(self, job_ids: Sequence[str], *, now: datetime, lease_ttl_s: float,
+                      silent_s: float) -> list[tuple[str, JobState]]:
+        """End as `lost` the attempts of `job_ids` whose worker went silent (its lease not
+        renewed for `silent_s`, its heartbeat gone or beating without the job), before their
+        lease expires: as
+        `expire_leases` does, with the same fence (the token stays, the job leaves `running`,
+        so the old worker's renewal and outcome are refused). The staleness is checked again
+        under the row lock: a renewal that came in meanwhile keeps its job."""
+        if not job_ids:
+            return []
+        renewed_before = now + timedelta(seconds=lease_ttl_s - silent_s)
+        with self._session(write=True) as s:
+            jobs = s.scalars(select(Job).where(
+                Job.id.in_(list(job_ids)), Job.state == JobState.RUNNING.value,
+                Job.lease_expires_at < renewed_before)
+                .order_by(Job.id).with_for_update()).all()
+            return self._end_lost(s, jobs, now=now, lease_ttl_s=lease_ttl_s, why=lambda job: (
+                f"worker {job.lease_owner} went silent (no lease renewal for {silent_s:g} s, "
+                "and no heartbeat with this job): the worker or its node died"))
+
+    def _end_lost(self, s: Session, jobs: Sequence[Job], *, now: datetime, lease_ttl_s: float,
+                  why: Callable[[Job], str]) -> list[tuple[str, JobState]]:
+        """End each job's attempt `lost` at its last renewal (`attempts.end_attempt`)."""
+        done = []
+        for job in jobs:
+            assert job.lease_expires_at is not None
+            renewed = job.lease_expires_at - timedelta(seconds=lease_ttl_s)
+            state = end_attempt(s, job, Outcome(AttemptReason.LOST, error=why(job)),
+                                ended_at=renewed, now=now, half_life_s=self._half_life_s)
+            if state is not None:
+                done.append((job.id, state))
+        return done
+
+
+def _iso(at: datetime | None) -> str:
+    return at.isoformat() if at is not None else "?"

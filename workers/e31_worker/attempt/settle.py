@@ -9,7 +9,9 @@ outcome with the old fencing token before it takes new work. If the lease expire
 and the job was recovered elsewhere, the fence refuses that write and nothing is stored.
 
 An attempt that had not finished (no result in its directory) is only cleaned up: the
-scheduler recovers its job as `lost`. A command job leaves no result file, so only
+scheduler recovers its job as `lost`, within seconds rather than at its lease's expiry, as
+the new process's heartbeat holds no job while the lease is no longer renewed
+(`e31.scheduling.leader`, `Scheduler.expire_silent`). A command job leaves no result file, so only
 entrypoint jobs are settled this way.
 """
 

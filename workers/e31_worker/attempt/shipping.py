@@ -53,9 +53,10 @@ class ShippingStage(Stage):
 class Shipper:
     """Copies the attempt's log, and its checkpoints when they changed, to the artifact store.
 
-    Heartbeats start a copy in the background, one at a time, so a slow store never delays
-    the lease renewal; a checkpoint saved mid-run is therefore safe before the attempt ends
-    (a SIGKILLed worker's job resumes from it). Only a tick that still holds the lease
+    Heartbeats start a copy in the background, one at a time (a thread that survives any
+    failure: `_ship_all`), so a slow store never delays the lease renewal; a checkpoint
+    saved mid-run is therefore safe before the attempt ends (a SIGKILLed worker's job
+    resumes from it). Only a tick that still holds the lease
     starts a copy: a fenced-off attempt must not overwrite its successor's files.
     """
 
@@ -190,7 +191,14 @@ class Shipper:
             log.warning("outputs_charge_unsettled job=%s: %s", self._claim.job_id, exc)
 
     def _ship_all(self) -> None:
-        self.ship_log()
+        """The background copy's thread (one per `poke`). It survives anything: a failure is
+        logged and the next beat's copy tries again (the attempt's end copies everything,
+        retried), so an upload thread never dies with an exception unsaid."""
+        try:
+            self.ship_log()
+        except Exception:  # ship_log logs its store's errors itself: this is unexpected
+            log.exception("ship_error job=%s what=log: the next beat tries again",
+                          self._claim.job_id)
         try:
             self.ship_checkpoints()
         except Exception as exc:  # noqa: BLE001 - the next beat tries again; the end retries too

@@ -15,6 +15,14 @@ neither is set) is flagged idle: `idle_since` on its attempt, shown by `e31 stat
 and the metric `e31_jobs_idle`, and cleared if it moves again. With `on_idle: kill` it is
 also stopped like a timeout and the attempt ends with reason `idle` (docs/jobs.md).
 
+Neither is a thread: both run in the supervisor's tick, in the thread that runs the attempt.
+A tick that raises ends the attempt's supervision loudly (the child is killed with
+`supervisor_error`, the exception reaches the task, which ends the attempt on the pool's
+account), never silently; so what may fail for a moment is caught here and survived: a
+failed renewal (the lease lasts a TTL), a background upload that cannot start, a GPU
+reading that fails (telemetry's NVML or a full disk under the gang ledger: logged
+`gpu_sample_failed`, and the beat counts as work, as the watchdog cannot see).
+
 The GPU readings it takes are also the attempt's GPU use: the most memory one of its GPUs
 held and their mean utilisation, noted on the attempt when it ends (`gpu_mem_peak_gb`,
 `gpu_util_mean`).
@@ -95,7 +103,10 @@ class LeaseKeeper:
         if not renewal.ours:
             return Directive.LOST
         self._renewed = time.monotonic()
-        self._shipper.poke()
+        try:
+            self._shipper.poke()
+        except Exception:  # a thread that cannot start (RuntimeError): the next beat tries again
+            log.exception("ship_not_started job=%s", claim.job_id)
         if renewal.cancel:
             return Directive.CANCEL
         if svc.draining.is_set():
@@ -185,9 +196,11 @@ class Watchdog:
         """One look at the job: IDLE when it is to be stopped as idle, else CONTINUE."""
         now = self._clock()
         shown = self._log_grew() | self._progress_moved(progress)   # both: each keeps state
-        samples = self._gpus.sample(shown) if self._gpus is not None else ()
+        samples = self._sample(shown)
+        unseen = samples is None     # a failed reading: never judged idle on it
+        samples = samples or ()
         self.use.add(samples)
-        if shown or any((s.util_pct or 0.0) > IDLE_UTIL_PCT for s in samples):
+        if shown or unseen or any((s.util_pct or 0.0) > IDLE_UTIL_PCT for s in samples):
             self._worked_at = now
             if self._idle_since is not None:
                 log.info("job_active_again job=%s attempt=%d", self._job_id, self._attempt)
@@ -202,6 +215,17 @@ class Watchdog:
         if not self._stored:
             self._stored = self._flag(self._idle_since)
         return Directive.IDLE if self._kill and self._idle_since is not None else Directive.CONTINUE
+
+    def _sample(self, shown: bool) -> tuple[GpuSample, ...] | None:
+        """The GPUs' readings; None when reading them failed (module docstring)."""
+        if self._gpus is None:
+            return ()
+        try:
+            return self._gpus.sample(shown)
+        except Exception as exc:  # noqa: BLE001 - any NVML or file error: this beat reads none
+            log.warning("gpu_sample_failed job=%s attempt=%d: %s: %s", self._job_id,
+                        self._attempt, type(exc).__name__, exc)
+            return None
 
     def _set_flag(self, since: datetime | None) -> None:
         self._idle_since, self._stored = since, False

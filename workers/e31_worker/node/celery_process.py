@@ -2,6 +2,13 @@
 `python -m e31_worker.node.celery_process --node ... --queues ...`.
 
 The launcher starts it with `CUDA_VISIBLE_DEVICES` already set, and it never calls CUDA.
+
+No thread of it dies alone (docs/reliability.md, "Threads"): each of ours catches what may
+fail and goes on (the heartbeat, the log pump, the background upload); any other exception
+that ends a thread of this process (one of ours on a fault not foreseen, Celery's or
+Kombu's own) is logged `worker_thread_died` and ends the process (`EXIT_THREAD_DIED`), so
+the launcher restarts it and the new process settles the attempt it held, rather than
+leaving a worker that looks alive and serves nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +43,7 @@ from e31_worker.node.telemetry import GpuMonitor, GpuView, open_monitor
 
 EXIT_NODE_TAKEN = 3  # the launcher retries with back-off: the node may free up
 EXIT_DRAINED = 4     # an operator drained this node: the launcher does not restart it
+EXIT_THREAD_DIED = 5  # a thread died of an unexpected exception: the launcher restarts it
 TELEMETRY_MAX_AGE_BEATS = 1.5   # a GPU reading older than this many beats is read again
 
 
@@ -44,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.loglevel,
                         format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
+    threading.excepthook = end_on_thread_death
     settings = Settings.load()
     identity = _identity(args, settings)
     groups = _take_node(identity, settings)
@@ -52,6 +62,21 @@ def main(argv: list[str] | None = None) -> None:
     if services.warm is not None:
         services.warm.start()          # imports torch in the background; cold starts meanwhile
     _serve(args, settings, identity, services, beat, gpus)
+
+
+def end_on_thread_death(args: threading.ExceptHookArgs) -> None:
+    """`threading.excepthook` of the worker process: a thread that died of an exception
+    (module docstring) ends the process, said first with its traceback."""
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logging.getLogger(__name__).critical(
+        "worker_thread_died thread=%s: %s; ending the worker process so that its launcher "
+        "restarts it", name, args.exc_type.__name__,
+        exc_info=(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback))
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(EXIT_THREAD_DIED)
 
 
 def _parser() -> argparse.ArgumentParser:

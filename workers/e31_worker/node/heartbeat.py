@@ -38,6 +38,10 @@ class Heartbeat:
     `draining` is set when the process stops (the running job is requeued, no new one is
     claimed); `drain_requested` when an operator asked for it (`e31 worker --drain`), after
     which `on_drain` is called once.
+
+    Its thread survives: an exception of a beat (Redis, the store, the GPU readings, the gang
+    ledger's full disk) is logged (`heartbeat_failed`, `heartbeat_error`) and the next beat
+    comes at its interval, so the pool never loses a live worker to one fault.
     """
 
     def __init__(self, *, redis_client: redis.Redis, identity: WorkerInfo, interval_s: float,
@@ -59,16 +63,20 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
 
     def set_busy(self, job_id: str | None) -> None:
-        """Record the job in hand and say so at once (the periodic beat would lag)."""
+        """Record the job in hand and say so at once (the periodic beat would lag). A
+        stopping worker's job handed back ends its beats (`stop`)."""
         self._busy_job = job_id
+        if job_id is None and self.draining.is_set():
+            self._stop.set()
         try:
             self.beat()
         except redis.RedisError as exc:  # the store's lease says it too; the next beat retries
             log.warning("heartbeat_failed node=%s: %s", self.identity.node, exc)
 
     def beat(self) -> None:
-        """Publish this worker's heartbeat now (withdraw it while draining)."""
-        if self.draining.is_set():
+        """Publish this worker's heartbeat now (withdraw it while draining, once its job is
+        handed back)."""
+        if self.draining.is_set() and self._busy_job is None:
             heartbeat.withdraw(self._redis, self.identity.node)
             return
         info = self.identity.busy(self._busy_job)
@@ -86,8 +94,14 @@ class Heartbeat:
                  ",".join(self.identity.queues), self.identity.gpus)
 
     def stop(self) -> None:
-        """Stop beating and withdraw the heartbeat, so no more work is planned for us."""
+        """Stop beating and withdraw the heartbeat, so no more work is planned for us. A
+        worker that holds a job beats on with it until the job is handed back (`set_busy`):
+        the scheduler takes a running job whose worker no longer beats with it for a dead
+        worker's (docs/reliability.md, "A dead node noticed in seconds"), and a drained
+        job's last upload may outlast its lease's last renewal by more than that silence."""
         self.draining.set()
+        if self._busy_job is not None:
+            return
         self._stop.set()
         try:
             heartbeat.withdraw(self._redis, self.identity.node)

@@ -1,5 +1,11 @@
 """`e31 worker`: one pinned Celery worker process per GPU (or GPU group, or CPU slot),
 each restarted if it dies, all stopped (drained) on SIGTERM / Ctrl-C.
+
+The launcher beats too, for each node it runs (`e31.ops.heartbeat.beat_launcher`): a worker
+process that went silent while its launcher lives is being restarted (its successor says
+whether it holds its job) or is frozen, and the scheduler leaves its job to its lease; a
+node whose launcher went silent with it died whole, and its jobs run again within seconds
+(docs/reliability.md, "A dead node noticed in seconds").
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from e31.core.sizeclasses import (
 from e31.edge import wiring
 from e31.edge.settings import Settings
 from e31.ops.drain import DRAIN_REQUEST_TTL_S, clear_drain
+from e31.ops.heartbeat import beat_launcher
 from e31_worker.attempt.start import PR_SET_PDEATHSIG, prctl_function
 from e31_worker.node.celery_process import EXIT_DRAINED
 from e31_worker.node.gpus import Gpu
@@ -46,6 +53,7 @@ QUICK_DEATH_S = 10.0
 SUPERVISE_POLL_S = 0.5        # how often the launcher looks at its worker processes
 STOP_EXTRA_S = 15.0           # beyond the kill grace, for Celery to ack and exit
 UNDRAIN_POLL_S = 2.0          # keep_drains: how often the store is asked for undrained nodes
+BEAT_REDIS_TIMEOUT_S = 2.0    # the launcher's beat never holds up its watch of its workers
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,8 @@ class Launcher:
         self._loglevel = loglevel
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._stop = threading.Event()
+        self._redis: redis.Redis | None = None
+        self._beat_failing = False
 
     def _spawn(self, slot: WorkerSlot) -> subprocess.Popen[bytes]:
         # --home and --isolation reach the workers
@@ -181,8 +191,12 @@ class Launcher:
                 self._procs[slot.node] = self._spawn(slot)
                 started[slot.node] = time.monotonic()
         undrain_check = time.monotonic() + UNDRAIN_POLL_S
+        next_beat = 0.0
         while not self._stop.wait(SUPERVISE_POLL_S):
             now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + self._settings.heartbeat_interval_s
+                self._beat([s.node for s in self._slots if s.node not in drained])
             if self._keep_drains and drained and now >= undrain_check:
                 undrain_check = now + UNDRAIN_POLL_S
                 drained -= self._start_undrained(drained, started)
@@ -289,6 +303,23 @@ class Launcher:
             log.warning("drain_clear_failed: %s", exc)
         finally:
             client.close()
+
+    def _beat(self, nodes: list[str]) -> None:
+        """Say that this launcher lives, for `nodes` (module docstring); a Redis that fails
+        is said once per run of failures, and the workers' own beats say the rest."""
+        if not self._settings.redis_url or not nodes:
+            return
+        try:
+            if self._redis is None:
+                self._redis = wiring.redis_client(self._settings,
+                                                  socket_timeout_s=BEAT_REDIS_TIMEOUT_S)
+            beat_launcher(self._redis, nodes, interval_s=self._settings.heartbeat_interval_s)
+        except redis.RedisError as exc:
+            if not self._beat_failing:
+                log.warning("launcher_beat_failed: %s", exc)
+            self._beat_failing = True
+            return
+        self._beat_failing = False
 
     def stop(self) -> None:
         """Drain: SIGTERM every worker (running jobs get the grace period), then SIGKILL

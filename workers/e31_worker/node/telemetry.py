@@ -8,6 +8,8 @@ each GPU travels in `WorkerInfo.gpus_telemetry`; docs/operations.md, "Monitoring
 running attempt's watchdog, which samples every beat while a job runs
 (`e31_worker.attempt.watchdog`). An XID error that the job's own code cannot have caused
 takes the worker out of service (`GpuMonitor.faults`, acted on by the node's heartbeat).
+Telemetry has no thread of its own: a reading that raises is the heartbeat's to survive
+(`heartbeat_error`) or the watchdog's (`gpu_sample_failed`, the beat counted as work).
 
 Simulated GPUs report the same series, marked `simulated`, with values that follow from the
 worker's state alone, so tests and demos see them move: an idle GPU reads 0 % and no memory;
