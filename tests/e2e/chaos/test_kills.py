@@ -103,7 +103,15 @@ def default_lease(tmp_path: Path) -> Iterator[Cluster]:
 def test_the_job_of_a_sigkilled_node_runs_again_elsewhere_in_seconds_and_succeeds_once(
         default_lease: Cluster) -> None:
     cluster = default_lease
-    # Given a job running on one of two hosts
+    # Given a scheduler past its first lease TTL of leading (a leader that just took the lead,
+    # on a Redis it sees new, judges no lease and no silence for one TTL, so that workers that
+    # could not reach it may renew: under load the node was killed inside that hold and
+    # recovered at the lease's expiry, 9.6 s), and a job running on one of two hosts
+    wait_for(lambda: "scheduler_leading" in cluster.log("scheduler"), timeout_s=30,
+             what="the scheduler to lead")
+    leading_seen = time.monotonic()
+    wait_for(lambda: time.monotonic() - leading_seen > NODE_TTL_S + 1, timeout_s=NODE_TTL_S + 5,
+             what="the scheduler's first lease TTL of leading to pass")
     job = cluster.client().submit(entrypoint="chaosjobs:marked", resources={"gpus": 1},
                                   params={"trail": str(cluster.trail_dir), "seconds": 4},
                                   retries={"max": 0})
