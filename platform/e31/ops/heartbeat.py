@@ -24,6 +24,17 @@ import redis
 from e31.core import keys
 
 TTL_INTERVALS = 3  # a heartbeat key outlives this many missed beats, no more
+# A worker gone silent (docs/reliability.md, "A dead node noticed in seconds"): no lease renewal
+# and no heartbeat for this many heartbeat intervals, never less than SILENT_MIN_S. The
+# scheduler takes such a worker's job for lost; the worker, cut off, stops the job itself on
+# the same silence, so that two copies do not run on side by side.
+SILENT_BEATS = 1.5
+SILENT_MIN_S = 2.0
+
+
+def silence_s(interval_s: float) -> float:
+    """How long a worker may be unheard (no renewal, no beat) before it counts as gone."""
+    return max(SILENT_BEATS * interval_s, SILENT_MIN_S)
 # A node's launcher (`e31 worker`) beats too, for each node it runs, under this prefix: a
 # worker process that went silent while its launcher lives is restarted (or frozen), not a
 # dead node's (`not_held`).

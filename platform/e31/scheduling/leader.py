@@ -29,7 +29,7 @@ from e31.core.records import Candidate, SchedulingView
 from e31.core.sizeclasses import all_queues, node_queue, redis_priority
 from e31.edge.celeryapp import TASK_NAME
 from e31.edge.settings import Settings
-from e31.ops.heartbeat import WorkerInfo, gang_place, not_held, read_workers
+from e31.ops.heartbeat import WorkerInfo, gang_place, not_held, read_workers, silence_s
 from e31.scheduling import inputs
 from e31.scheduling.admission import AdmissionConfig, Decision, Dispatch, Slot, decide
 from e31.scheduling.fairshare import Reason
@@ -46,12 +46,9 @@ WAKE_POLL_MAX_S = 1.0      # one BLPOP wait; below the socket timeout that follo
 REDIS_SOCKET_TIMEOUT_S = 2.0
 TOKEN_SHOWN = "..."        # what a message's display form shows in place of its dispatch token
 # A dead node noticed in seconds (docs/reliability.md): a running job whose lease was not
-# renewed for this many heartbeat intervals (and never less than SILENT_MIN_S), and whose
-# worker has not beaten for as long or beats without it, is lost now, not at its lease's
-# expiry; looked for this often (in intervals, and no more often than the floor) between
-# ticks.
-SILENT_BEATS = 1.5
-SILENT_MIN_S = 2.0
+# renewed for `silence_s` (e31.ops.heartbeat), and whose worker has not beaten for as long or
+# beats without it, is lost now, not at its lease's expiry; looked for this often (in
+# intervals, and no more often than the floor) between ticks.
 SILENCE_CHECK_BEATS = 0.5
 SILENCE_CHECK_MIN_S = 0.5
 
@@ -225,7 +222,7 @@ class Scheduler:
 
     def expire_silent(self, now: datetime) -> int:
         """End `lost` now the attempts of running jobs whose worker is gone: no lease renewal
-        for `SILENT_BEATS` intervals, and no heartbeat for as long from the worker nor from
+        for `silence_s` (1.5 intervals), and no heartbeat for as long from the worker nor from
         its launcher (a dead node) or a heartbeat that says the worker holds another job or
         none (a worker process that its launcher restarted under the same name, whose
         predecessor's attempt had not finished: `e31_worker.attempt.settle`; until the new
@@ -237,7 +234,7 @@ class Scheduler:
         store error) nor for a TTL after Redis lost its data. Returns the jobs recovered."""
         self._silence_checked = mono = time.monotonic()
         interval_s, ttl_s = self._settings.heartbeat_interval_s, self._settings.lease_ttl_s
-        silent_s = max(SILENT_BEATS * interval_s, SILENT_MIN_S)
+        silent_s = silence_s(interval_s)
         if silent_s >= ttl_s or mono < max(self._expire_leases_after, self._judge_silence_after):
             return 0
         overdue = self._repo.overdue_leases(now=now, lease_ttl_s=ttl_s, silent_s=silent_s)

@@ -9,6 +9,7 @@ which job it holds, through the two members the node hands in (`draining`, `busy
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -71,6 +72,9 @@ class AttemptServices:
     # The memory of an attempt that asks no resources.mem_gb, resolved at start
     # (e31_worker.attempt.attemptlimits.default_mem_gb); None: such attempts have no memory limit.
     default_mem_gb: float | None = None
+    # When the worker's heartbeat last reached Redis (time.monotonic()); by default always
+    # now: a worker without heartbeats never counts itself unheard (LeaseKeeper).
+    last_beat: Callable[[], float] = time.monotonic
 
     def gpu_ledger(self) -> GpuLedger:
         """A gang worker's host GPU ledger (`e31_worker.attempt.gangs`)."""

@@ -40,7 +40,7 @@ from pathlib import Path
 from e31.core.clock import utcnow
 from e31.core.errors import StoreError
 from e31.core.records import Claim, Outcome
-from e31.ops.heartbeat import GpuSample
+from e31.ops.heartbeat import GpuSample, silence_s
 from e31.store.attempts import AttemptFacts
 from e31_worker.attempt.envcache import Beat
 from e31_worker.attempt.plan import AttemptPlan, Directive, Tick
@@ -78,7 +78,10 @@ class LeaseKeeper:
 
     A worker that cannot renew for a whole TTL (its store or its network is gone) stops
     its job as `lost` on its own: by then the scheduler may have started the job elsewhere,
-    and two copies must not run on for longer than that.
+    and two copies must not run on for longer than that. A worker that can neither renew nor
+    beat (cut off from the store and Redis both) stops it sooner, on the silence after which
+    the scheduler takes it for gone (`silence_s`: docs/reliability.md, "A dead node noticed in
+    seconds").
     """
 
     def __init__(self, svc: AttemptServices, claim: Claim, shipper: Shipper) -> None:
@@ -94,10 +97,12 @@ class LeaseKeeper:
             silent_s = time.monotonic() - self._renewed
             log.warning("lease_renew_failed job=%s silent_s=%.1f: %s: %s", claim.job_id, silent_s,
                         type(exc).__name__, exc)
-            if silent_s > svc.settings.lease_ttl_s:
-                log.error("lease_expired_locally job=%s attempt=%d: no renewal for %.1f s; "
-                          "stopping the job (it is recovered elsewhere)", claim.job_id,
-                          claim.attempt, silent_s)
+            unheard_s = time.monotonic() - svc.last_beat()
+            silence = silence_s(svc.settings.heartbeat_interval_s)
+            if silent_s > svc.settings.lease_ttl_s or min(silent_s, unheard_s) > silence:
+                log.error("lease_expired_locally job=%s attempt=%d: no renewal for %.1f s, no "
+                          "heartbeat for %.1f s; stopping the job (it is recovered elsewhere)",
+                          claim.job_id, claim.attempt, silent_s, unheard_s)
                 return Directive.LOST
             return Directive.DRAIN if svc.draining.is_set() else Directive.CONTINUE
         if not renewal.ours:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import redis
@@ -61,6 +62,9 @@ class Heartbeat:
         self._busy_job: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # When a beat last reached Redis (time.monotonic()): a worker unheard for as long as
+        # it has not renewed its lease stops its job (e31_worker.attempt.watchdog).
+        self.last_beat = time.monotonic()
 
     def set_busy(self, job_id: str | None) -> None:
         """Record the job in hand and say so at once (the periodic beat would lag). A
@@ -83,6 +87,7 @@ class Heartbeat:
         if self._gpus is not None:
             info = info.with_telemetry(self._gpus.current(busy=self._busy_job is not None))
         heartbeat.write(self._redis, info, interval_s=self._interval_s)
+        self.last_beat = time.monotonic()
 
     def start(self) -> None:
         """Start the heartbeat thread (once the Celery consumer is ready)."""
