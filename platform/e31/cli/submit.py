@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 app = typer.Typer()
 
+NO_WORKERS = "no_workers"   # a queued job's pending reason: no live worker serves its queue
+                            # (e31.scheduling.explain.NO_WORKERS, the API's word)
+
 # The flags of `e31 submit`, in the order its --help lists them.
 SpecFileArg = typer.Argument(None, help="a job spec in YAML or JSON")
 EntrypointOpt = typer.Option(None, "--entrypoint", "-e", help="module:function")
@@ -266,13 +269,25 @@ def _submit_job(client: Any, body: dict[str, Any], *, wait: bool, as_json: bool)
     job = call(client.submit, body)
     _say_bundles(client)
     if wait:
-        if not as_json:
+        if not as_json:             # the wait says why the job waits, at once (follow)
             say_id_first(job)
         wait_job(job, as_json=as_json, timeout=None, outcome_to_stderr=not as_json)
-    elif as_json:
-        print_json(job.status())
+        return
+    status = call(job.status)       # the submit answer has no `pending`; the job's status has
+    _warn_unserved(status)
+    if as_json:
+        print_json(status)
     else:
         out.print(job.id)
+
+
+def _warn_unserved(status: dict[str, Any]) -> None:
+    """On stderr, when no live worker serves the job's queue: it would wait until one is
+    started, and nothing else says so (issue 32)."""
+    pending = status.get("pending") or {}
+    if status.get("state") == "queued" and pending.get("reason") == NO_WORKERS:
+        err.print(f"warning: {status['id']} waits: {pending['text']}; it starts only once such "
+                  "a worker is started", highlight=False, markup=False, soft_wrap=True)
 
 
 def _submit_array(client: Any, body: dict[str, Any], sweep: Sweep, name: str, *, wait: bool,
