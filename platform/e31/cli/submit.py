@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from e31.cli.common import (
     EXIT_INPUT,
@@ -318,6 +319,27 @@ def _check_finite(value: Any, where: str = "") -> None:
                       f"{where}.{key}" if where else str(key))
 
 
+FANOUT_FILES_SHOWN = 20     # a footage dry run's text lists this many files, then counts the rest
+
+
+def _fanout_rows(table: Table, fanout: dict[str, Any]) -> None:
+    """A footage source's plan in a dry run's text (issue 32, rough edge 9: only --json showed
+    it): how many chunk jobs, files and frames, then each file with its chunks."""
+    files = fanout.get("files") or []
+    frames = fanout.get("total_frames")
+    table.add_row("[bold]chunks[/bold]", f"{fanout['items']} jobs, then one merge job")
+    table.add_row("[bold]files[/bold]", str(len(files)))
+    table.add_row("[bold]frames[/bold]", f"{frames:,}" if frames else "every frame (fps: null)")
+    for f in files[:FANOUT_FILES_SHOWN]:
+        length = f" {f['duration_s']:g} s," if f.get("duration_s") is not None else ""
+        chunks = len(f.get("items") or [])
+        table.add_row("[bold]file[/bold]", Text(f"{f['name']} ({f['kind']},{length} "
+                                                 f"{chunks} chunk{'' if chunks == 1 else 's'})"))
+    if len(files) > FANOUT_FILES_SHOWN:
+        table.add_row("[bold]file[/bold]", f"… and {len(files) - FANOUT_FILES_SHOWN} more "
+                                            "(--json lists every one)")
+
+
 def _say_bundles(client: Any) -> None:
     """On stderr: each bundle the submission sent, or found held by the API already."""
     for sent in client.last_bundles:
@@ -347,6 +369,8 @@ def _dry_run(client: Any, body: dict[str, Any], sweep: Sweep | None, *, as_json:
         table.add_row("[bold]would wait[/bold]", f"{pending['text']} ({pending['reason']})")
         table.add_row("[bold]estimated start[/bold]", answer.get("estimated_start") or
                       f"none: {pending.get('no_estimate') or 'no recent starts in its queue'}")
+    if answer.get("fanout"):
+        _fanout_rows(table, answer["fanout"])
     for up in answer["uploads"]:
         table.add_row("[bold]upload[/bold]", f"{up['field']}: {up['digest']} ({up['files']} "
                                                f"files, {up['size_bytes']} bytes)")

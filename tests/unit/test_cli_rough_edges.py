@@ -1,0 +1,51 @@
+"""More of what a new user of `e31` sees in the first hour (issue 32, rough edges 9 and 17): a
+footage dry run's plan in text, and what to do about a `source` outside the pool's input roots.
+
+The commands run in-process with typer's CliRunner against a stand-in for the client
+(`e31.client.Client` replaced), as tests/unit/test_cli_first_hour.py does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import e31.client
+from e31.cli import app
+
+# A footage dry run's answer as the API gives it (e31.api.services.fanout.FanoutService.dry_run)
+FOOTAGE_PLAN = {"dry_run": True, "name": "footage-yard", "fanout": {
+    "items": 3, "total_frames": 150, "files": [
+        {"name": "yard.mp4", "kind": "video", "url": "file:///data/yard.mp4",
+         "duration_s": 120.5, "items": [0, 1]},
+        {"name": "[gate].jpg", "kind": "image", "url": "file:///data/[gate].jpg",
+         "items": [2]}]}}
+
+
+class PlanningClient:
+    """The client as `submit --dry-run` uses it: the API's answer is given."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer = answer
+        self.last_bundles: list[Any] = []
+
+    def dry_run(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {**self.answer, "uploads": []}
+
+
+def test_a_footage_dry_run_prints_its_plan_in_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given the API's plan of a footage source: 3 chunk jobs over a video and an image
+    monkeypatch.setattr(e31.client, "Client", lambda: PlanningClient(FOOTAGE_PLAN))
+
+    # When it is dry-run without --json
+    done = CliRunner().invoke(app, ["submit", "--dry-run", "-w", "footage",
+                                    "-p", "source=/data"])
+
+    # Then the text holds the chunks, files and frames, and each file with its chunks
+    assert done.exit_code == 0, done.output
+    rows = [" ".join(line.split()) for line in done.stdout.splitlines()]
+    for row in ("chunks 3 jobs, then one merge job", "files 2", "frames 150",
+                "file yard.mp4 (video, 120.5 s, 2 chunks)", "file [gate].jpg (image, 1 chunk)",
+                "dry run: nothing was submitted or uploaded"):
+        assert row in rows, done.stdout
