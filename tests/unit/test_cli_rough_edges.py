@@ -6,6 +6,7 @@ The commands run in-process with typer's CliRunner against a stand-in for the cl
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,9 @@ from typer.testing import CliRunner
 
 import e31.client
 from e31.cli import app
+from e31.core.bundles import file_input_path
+from e31.core.errors import SpecForbidden
+from e31.ops.fanout import plan
 
 # A footage dry run's answer as the API gives it (e31.api.services.fanout.FanoutService.dry_run)
 FOOTAGE_PLAN = {"dry_run": True, "name": "footage-yard", "fanout": {
@@ -49,3 +53,29 @@ def test_a_footage_dry_run_prints_its_plan_in_text(monkeypatch: pytest.MonkeyPat
                 "file yard.mp4 (video, 120.5 s, 2 chunks)", "file [gate].jpg (image, 1 chunk)",
                 "dry run: nothing was submitted or uploaded"):
         assert row in rows, done.stdout
+
+
+@pytest.mark.parametrize("roots", [(), ("/srv/footage",)], ids=["no roots", "roots elsewhere"])
+def test_a_local_source_the_pool_may_not_read_says_what_to_do(roots: tuple[str, ...],
+                                                              tmp_path: Path) -> None:
+    # Given a footage source in the user's own directory, outside the pool's input roots
+    (tmp_path / "cams").mkdir()
+
+    # When it is planned (what the API does at submit)
+    with pytest.raises(SpecForbidden) as refused:
+        plan({"source": str(tmp_path / "cams")}, roots=roots, probe=lambda url: 1.0)
+
+    # Then the refusal names the field and what to do, and no upload that never happens
+    error = refused.value.errors[0]
+    assert error["field"] == "params.source"
+    assert "which the client uploads" not in error["reason"]
+    assert ("nothing is uploaded: start the pool with E31_INPUT_FILE_ROOTS naming a directory "
+            "above it (on one machine: E31_INPUT_FILE_ROOTS=/that/dir e31 up), or give an "
+            "s3:// or http(s):// URL") in error["reason"]
+    assert (str(tmp_path / "cams") in error["reason"]) == bool(roots)
+
+
+def test_a_file_input_outside_the_roots_still_says_a_local_path_is_uploaded() -> None:
+    # A job's file:// input (not a footage source): its other way is a local path, uploaded
+    with pytest.raises(ValueError, match="give a local path, which the client uploads"):
+        file_input_path("file:///home/me/data.csv", ())
