@@ -79,3 +79,24 @@ def test_a_file_input_outside_the_roots_still_says_a_local_path_is_uploaded() ->
     # A job's file:// input (not a footage source): its other way is a local path, uploaded
     with pytest.raises(ValueError, match="give a local path, which the client uploads"):
         file_input_path("file:///home/me/data.csv", ())
+
+
+def test_tenant_create_update_list_and_show_each_print_the_limits(tmp_path: Path) -> None:
+    # Given this machine's store (SQLite in a fresh home), no API
+    env = {"E31_HOME": str(tmp_path), "E31_DATABASE_URL": "", "E31_URL": "", "E31_TOKEN": ""}
+
+    def e31(*args: str) -> str:
+        done = CliRunner().invoke(app, list(args), env=env)
+        assert done.exit_code == 0, done.output
+        return done.stdout
+
+    # When a tenant is created with a limit, then given another
+    created = e31("tenant", "create", "team-a", "--limit", "max_queued=50")
+    updated = e31("tenant", "update", "team-a", "--limit", "max_priority=7")
+
+    # Then each command's text names the limits (update printed only the weight before)
+    assert created.startswith("tenant team-a created (weight 1, limits max_queued=50);")
+    limited = "tenant team-a: weight 1, limits max_priority=7, max_queued=50"
+    assert updated.strip() == limited
+    assert e31("tenant", "list").strip() == limited
+    assert e31("tenant", "show", "team-a").strip() == limited
