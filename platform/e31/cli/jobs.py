@@ -204,6 +204,9 @@ def logs(job_id: str,
         numbers = [attempt] if attempt else [a["n"] for a in st["attempts"]]
         print_json({"id": job_id, "logs": {str(n): call(job.logs, attempt=n) for n in numbers}})
         return
+    if st.get("artifacts_removed_at"):
+        _say_removed(job_id, st)
+        return
     decoder = _decoder()
     chunks = iter(call(job.follow_logs, attempt) if follow
                   else call(job.log_chunks, attempt=attempt))
@@ -214,6 +217,15 @@ def logs(job_id: str,
     except KeyboardInterrupt:
         raise typer.Exit(EXIT_INTERRUPTED) from None
     sys.stdout.write(decoder.decode(b"", final=True))
+
+
+def _say_removed(job_id: str, st: dict[str, Any]) -> None:
+    """On stderr: the job's logs are gone, removed by `e31 gc` at the time its status says, so
+    an empty answer is not read as a job that printed nothing (issue 32, rough edge 8)."""
+    ended = f"it ended at {st['ended_at']}; " if st.get("ended_at") else ""
+    err.print(f"the logs of {job_id} were removed by e31 gc at {st['artifacts_removed_at']} "
+              f"({ended}logs and outputs are kept artifact_retention_days after the end); its "
+              "status and result stay", highlight=False, markup=False, soft_wrap=True)
 
 
 def _decoder() -> codecs.IncrementalDecoder:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from e31.cli.common import (
     EXIT_INPUT,
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
     from e31.ops.sweep import Sweep
 
 app = typer.Typer()
+
+NO_WORKERS = "no_workers"   # a queued job's pending reason: no live worker serves its queue
+                            # (e31.scheduling.explain.NO_WORKERS, the API's word)
 
 # The flags of `e31 submit`, in the order its --help lists them.
 SpecFileArg = typer.Argument(None, help="a job spec in YAML or JSON")
@@ -266,13 +270,25 @@ def _submit_job(client: Any, body: dict[str, Any], *, wait: bool, as_json: bool)
     job = call(client.submit, body)
     _say_bundles(client)
     if wait:
-        if not as_json:
+        if not as_json:             # the wait says why the job waits, at once (follow)
             say_id_first(job)
         wait_job(job, as_json=as_json, timeout=None, outcome_to_stderr=not as_json)
-    elif as_json:
-        print_json(job.status())
+        return
+    status = call(job.status)       # the submit answer has no `pending`; the job's status has
+    _warn_unserved(status)
+    if as_json:
+        print_json(status)
     else:
         out.print(job.id)
+
+
+def _warn_unserved(status: dict[str, Any]) -> None:
+    """On stderr, when no live worker serves the job's queue: it would wait until one is
+    started, and nothing else says so (issue 32)."""
+    pending = status.get("pending") or {}
+    if status.get("state") == "queued" and pending.get("reason") == NO_WORKERS:
+        err.print(f"warning: {status['id']} waits: {pending['text']}; it starts only once such "
+                  "a worker is started", highlight=False, markup=False, soft_wrap=True)
 
 
 def _submit_array(client: Any, body: dict[str, Any], sweep: Sweep, name: str, *, wait: bool,
@@ -301,6 +317,27 @@ def _check_finite(value: Any, where: str = "") -> None:
     for key, item in items:
         _check_finite(item, f"{where}[{key}]" if isinstance(key, int) else
                       f"{where}.{key}" if where else str(key))
+
+
+FANOUT_FILES_SHOWN = 20     # a footage dry run's text lists this many files, then counts the rest
+
+
+def _fanout_rows(table: Table, fanout: dict[str, Any]) -> None:
+    """A footage source's plan in a dry run's text (issue 32, rough edge 9: only --json showed
+    it): how many chunk jobs, files and frames, then each file with its chunks."""
+    files = fanout.get("files") or []
+    frames = fanout.get("total_frames")
+    table.add_row("[bold]chunks[/bold]", f"{fanout['items']} jobs, then one merge job")
+    table.add_row("[bold]files[/bold]", str(len(files)))
+    table.add_row("[bold]frames[/bold]", f"{frames:,}" if frames else "every frame (fps: null)")
+    for f in files[:FANOUT_FILES_SHOWN]:
+        length = f" {f['duration_s']:g} s," if f.get("duration_s") is not None else ""
+        chunks = len(f.get("items") or [])
+        table.add_row("[bold]file[/bold]", Text(f"{f['name']} ({f['kind']},{length} "
+                                                 f"{chunks} chunk{'' if chunks == 1 else 's'})"))
+    if len(files) > FANOUT_FILES_SHOWN:
+        table.add_row("[bold]file[/bold]", f"… and {len(files) - FANOUT_FILES_SHOWN} more "
+                                            "(--json lists every one)")
 
 
 def _say_bundles(client: Any) -> None:
@@ -332,6 +369,8 @@ def _dry_run(client: Any, body: dict[str, Any], sweep: Sweep | None, *, as_json:
         table.add_row("[bold]would wait[/bold]", f"{pending['text']} ({pending['reason']})")
         table.add_row("[bold]estimated start[/bold]", answer.get("estimated_start") or
                       f"none: {pending.get('no_estimate') or 'no recent starts in its queue'}")
+    if answer.get("fanout"):
+        _fanout_rows(table, answer["fanout"])
     for up in answer["uploads"]:
         table.add_row("[bold]upload[/bold]", f"{up['field']}: {up['digest']} ({up['files']} "
                                                f"files, {up['size_bytes']} bytes)")

@@ -67,7 +67,8 @@ def tenant_create(name: str,
         print_json({**shown, "token": secret})
     else:
         out.print(f"tenant {shown['tenant']} created (weight {shown['weight']:g}"
-                  f"{_quota_text(shown['quotas'])}); its token (shown once):\n{secret}")
+                  f"{_quota_text(shown['quotas'])}{_limits_text(shown['limits'])}); its token "
+                  f"(shown once):\n{secret}", highlight=False)
 
 
 @app.command("update")
@@ -111,7 +112,7 @@ def tenant_update(name: str, weight: float | None = WeightOpt, quota: list[str] 
     except (NotFound, SpecError) as exc:
         fail(exc.message, EXIT_INPUT)
     shown = tenant.to_dict()
-    text = f"tenant {tenant.name}: weight {tenant.weight:g}{_quota_text(tenant.quotas)}"
+    text = _text(shown)    # its limits too, as list and show print them (issue 32, edge 11)
     if outputs is not None:   # asked about: its outputs quota and what it uses of it
         from e31.edge import wiring
         cap = (wiring.artifacts(settings).outputs_cap_bytes(settings.tenant_outputs_max_bytes)
@@ -123,7 +124,7 @@ def tenant_update(name: str, weight: float | None = WeightOpt, quota: list[str] 
     if as_json:
         print_json(shown)
     else:
-        out.print(text)
+        out.print(text, highlight=False)
 
 
 @app.command("list")
@@ -194,11 +195,15 @@ def _show(shown: dict[str, Any], as_json: bool) -> None:
 
 def _text(t: dict[str, Any]) -> str:
     """One line for a tenant, as list and show print it."""
-    limits = ", limits " + ", ".join(f"{k}={v}" for k, v in t["limits"].items()) \
-        if t["limits"] else ""
+    limits = _limits_text(t["limits"])
     state = f", disabled since {t['disabled_at']}" if t["disabled"] else ""
     return (f"tenant {t['tenant']}{' (admin)' if t['admin'] else ''}: weight {t['weight']:g}"
             f"{_quota_text(t['quotas'])}{limits}{state}")
+
+
+def _limits_text(limits: dict[str, Any] | None) -> str:
+    """", limits max_priority=7, max_queued=50", or nothing for a tenant with none."""
+    return ", limits " + ", ".join(f"{k}={v}" for k, v in limits.items()) if limits else ""
 
 
 def _limits(items: list[str]) -> dict[str, Any]:

@@ -71,7 +71,9 @@ class JobHandle:
             time.sleep(delay if deadline is None else min(delay, deadline - now))
 
     def wait(self, timeout: float | None = None, progress: bool = False) -> dict[str, Any]:
-        """Block until the job ends; return its status, or raise `JobFailed` unless it succeeded."""
+        """Block until the job ends; return its status, or raise `JobFailed` unless it succeeded.
+        With `progress`, a bar on stderr, and while the job is queued why it waits, at once and
+        at each change (`e31.client.progress.follow`)."""
         if progress:
             from e31.client.progress import follow
             status = follow(self, timeout=timeout)

@@ -43,13 +43,21 @@ def progress_unit(status: dict[str, Any]) -> str:
 def follow(job: JobHandle, *, timeout: float | None = None,
            console: Console | None = None) -> dict[str, Any]:
     """A bar of one job: the progress it reports (`done` of `total`) and its state; returns
-    the last status, which is final unless `timeout` ran out (`JobTimeout`)."""
+    the last status, which is final unless `timeout` ran out (`JobTimeout`). While it is
+    queued, why it waits is said as a line of its own at the first status and each time the
+    reason changes (`waiting_line`): off a terminal the bar draws nothing, and a job of a class
+    nobody serves would otherwise wait in silence (issue 32)."""
     status: dict[str, Any] = {}
+    said: str | None = None
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"),
                   RateColumn(), TimeElapsedColumn(), console=console or Console(stderr=True),
                   transient=False) as bar:
         task = bar.add_task(job.id, total=None, state="", unit="")
         for status in job.watch(timeout):
+            line = waiting_line(job.id, status)
+            if line is not None and line != said:
+                bar.console.print(line, highlight=False, markup=False, soft_wrap=True)
+            said = line
             prog = status.get("progress") or {}
             total = prog.get("total")
             bar.update(task, total=total or None, completed=prog.get("done") or 0,
@@ -59,6 +67,14 @@ def follow(job: JobHandle, *, timeout: float | None = None,
             done = bar.tasks[0].total or 1
             bar.update(task, total=done, completed=done)
     return status
+
+
+def waiting_line(job_id: str, status: dict[str, Any]) -> str | None:
+    """`j-… waits: <why>` of a queued job, from its status's `pending` text (what `e31 status`
+    says); None once it no longer waits or when the status gives no reason."""
+    pending = status.get("pending") if status.get("state") == "queued" else None
+    text = (pending or {}).get("text")
+    return f"{job_id} waits: {text}" if text else None
 
 
 def follow_array(array: ArrayHandle, *, timeout: float | None = None,

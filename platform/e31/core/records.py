@@ -152,6 +152,7 @@ class JobRecord:
     array_index: int | None = None
     pending: dict[str, Any] | None = None   # a queued job's reason, position, estimated start
     queued_since: datetime | None = None    # a queued job's: when its present wait began
+    artifacts_removed_at: datetime | None = None   # when `e31 gc` removed its logs and outputs
 
     def to_status(self) -> dict[str, Any]:
         """The status dict of the public contract (`job.status()`, `e31 status --json`).
@@ -177,6 +178,7 @@ class JobRecord:
             "after": list(self.spec.get("after") or []),
             "pending": self.pending,
             "idle_since": self.idle_since,
+            "artifacts_removed_at": iso(self.artifacts_removed_at),
         }
 
     @property

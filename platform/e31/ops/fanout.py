@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from e31.core.addresses import ALLOW_HINT, refusal, url_refusal
 from e31.core.bundles import URL_SCHEMES, beneath, file_input_path, input_scheme
@@ -193,6 +193,26 @@ def _positive(params: Mapping[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
+# What to do about a local `source` the pool may not read: unlike a job's local input, the
+# client does not upload it; the API and the workers read it in place (issue 32, rough edge 17).
+SOURCE_HINT = ("the pool reads a local source where it lies, nothing is uploaded: start the pool "
+               "with E31_INPUT_FILE_ROOTS naming a directory above it (on one machine: "
+               "E31_INPUT_FILE_ROOTS=/that/dir e31 up), or give an s3:// or http(s):// URL")
+
+
+def _local_refusal(source: str, roots: Sequence[str], why: str) -> str:
+    """Why a local `source` is refused, and what to do, where `file_input_path`'s own words
+    (`why`) are those of a job's `file://` input, whose other way is an upload."""
+    path = posixpath.normpath(unquote(urlsplit(source).path))
+    shown = path[:200] if path.isprintable() else repr(path[:200])
+    if not roots:
+        return f"this pool reads no local directory (input_file_roots is empty); {SOURCE_HINT}"
+    if path.startswith("/") and not any(beneath(path, root) for root in roots):
+        return (f"{shown} is not beneath input_file_roots ({', '.join(roots)}); "
+                f"{SOURCE_HINT}")
+    return why
+
+
 def _listed(source: str, field_name: str, roots: Sequence[str],
             allowed: Sequence[str] = ()) -> list[tuple[str, str]]:
     """(URL, name) of each media file of one source entry, in sorted order; a local path
@@ -209,10 +229,11 @@ def _listed(source: str, field_name: str, roots: Sequence[str],
         try:
             path = file_input_path(source, roots)
         except ValueError as exc:
-            raise SpecForbidden.one(field_name, str(exc)) from None
+            raise SpecForbidden.one(field_name, _local_refusal(source, roots, str(exc))) from None
         real = os.path.realpath(path)
         if not any(beneath(real, os.path.realpath(root)) for root in roots):
-            raise SpecForbidden.one(field_name, f"{path} resolves outside input_file_roots")
+            raise SpecForbidden.one(field_name, f"{path} resolves outside input_file_roots "
+                                                f"({', '.join(roots)}); {SOURCE_HINT}")
         if not os.path.exists(real):
             raise SpecError.one(field_name, f"no such file or directory on the pool: {path}")
         found = list_media(real)

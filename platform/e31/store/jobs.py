@@ -201,4 +201,5 @@ def _to_record(j: Job, tenant: str, attempts: list[AttemptRecord] | None = None)
         not_before=j.not_before, gpu_seconds=j.gpu_seconds, run_seconds=j.run_seconds,
         queued_seconds=j.queued_seconds, progress_done=j.progress_done,
         progress_total=j.progress_total, outputs=j.outputs or [], attempts=attempts or [],
-        array_id=j.array_id, array_index=j.array_index, queued_since=j.queued_since)
+        array_id=j.array_id, array_index=j.array_index, queued_since=j.queued_since,
+        artifacts_removed_at=j.artifacts_removed_at)

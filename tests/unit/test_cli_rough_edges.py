@@ -1,0 +1,102 @@
+"""More of what a new user of `e31` sees in the first hour (issue 32, rough edges 9 and 17): a
+footage dry run's plan in text, and what to do about a `source` outside the pool's input roots.
+
+The commands run in-process with typer's CliRunner against a stand-in for the client
+(`e31.client.Client` replaced), as tests/unit/test_cli_first_hour.py does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import e31.client
+from e31.cli import app
+from e31.core.bundles import file_input_path
+from e31.core.errors import SpecForbidden
+from e31.ops.fanout import plan
+
+# A footage dry run's answer as the API gives it (e31.api.services.fanout.FanoutService.dry_run)
+FOOTAGE_PLAN = {"dry_run": True, "name": "footage-yard", "fanout": {
+    "items": 3, "total_frames": 150, "files": [
+        {"name": "yard.mp4", "kind": "video", "url": "file:///data/yard.mp4",
+         "duration_s": 120.5, "items": [0, 1]},
+        {"name": "[gate].jpg", "kind": "image", "url": "file:///data/[gate].jpg",
+         "items": [2]}]}}
+
+
+class PlanningClient:
+    """The client as `submit --dry-run` uses it: the API's answer is given."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer = answer
+        self.last_bundles: list[Any] = []
+
+    def dry_run(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {**self.answer, "uploads": []}
+
+
+def test_a_footage_dry_run_prints_its_plan_in_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given the API's plan of a footage source: 3 chunk jobs over a video and an image
+    monkeypatch.setattr(e31.client, "Client", lambda: PlanningClient(FOOTAGE_PLAN))
+
+    # When it is dry-run without --json
+    done = CliRunner().invoke(app, ["submit", "--dry-run", "-w", "footage",
+                                    "-p", "source=/data"])
+
+    # Then the text holds the chunks, files and frames, and each file with its chunks
+    assert done.exit_code == 0, done.output
+    rows = [" ".join(line.split()) for line in done.stdout.splitlines()]
+    for row in ("chunks 3 jobs, then one merge job", "files 2", "frames 150",
+                "file yard.mp4 (video, 120.5 s, 2 chunks)", "file [gate].jpg (image, 1 chunk)",
+                "dry run: nothing was submitted or uploaded"):
+        assert row in rows, done.stdout
+
+
+@pytest.mark.parametrize("roots", [(), ("/srv/footage",)], ids=["no roots", "roots elsewhere"])
+def test_a_local_source_the_pool_may_not_read_says_what_to_do(roots: tuple[str, ...],
+                                                              tmp_path: Path) -> None:
+    # Given a footage source in the user's own directory, outside the pool's input roots
+    (tmp_path / "cams").mkdir()
+
+    # When it is planned (what the API does at submit)
+    with pytest.raises(SpecForbidden) as refused:
+        plan({"source": str(tmp_path / "cams")}, roots=roots, probe=lambda url: 1.0)
+
+    # Then the refusal names the field and what to do, and no upload that never happens
+    error = refused.value.errors[0]
+    assert error["field"] == "params.source"
+    assert "which the client uploads" not in error["reason"]
+    assert ("nothing is uploaded: start the pool with E31_INPUT_FILE_ROOTS naming a directory "
+            "above it (on one machine: E31_INPUT_FILE_ROOTS=/that/dir e31 up), or give an "
+            "s3:// or http(s):// URL") in error["reason"]
+    assert (str(tmp_path / "cams") in error["reason"]) == bool(roots)
+
+
+def test_a_file_input_outside_the_roots_still_says_a_local_path_is_uploaded() -> None:
+    # A job's file:// input (not a footage source): its other way is a local path, uploaded
+    with pytest.raises(ValueError, match="give a local path, which the client uploads"):
+        file_input_path("file:///home/me/data.csv", ())
+
+
+def test_tenant_create_update_list_and_show_each_print_the_limits(tmp_path: Path) -> None:
+    # Given this machine's store (SQLite in a fresh home), no API
+    env = {"E31_HOME": str(tmp_path), "E31_DATABASE_URL": "", "E31_URL": "", "E31_TOKEN": ""}
+
+    def e31(*args: str) -> str:
+        done = CliRunner().invoke(app, list(args), env=env)
+        assert done.exit_code == 0, done.output
+        return done.stdout
+
+    # When a tenant is created with a limit, then given another
+    created = e31("tenant", "create", "team-a", "--limit", "max_queued=50")
+    updated = e31("tenant", "update", "team-a", "--limit", "max_priority=7")
+
+    # Then each command's text names the limits (update printed only the weight before)
+    assert created.startswith("tenant team-a created (weight 1, limits max_queued=50);")
+    limited = "tenant team-a: weight 1, limits max_priority=7, max_queued=50"
+    assert updated.strip() == limited
+    assert e31("tenant", "list").strip() == limited
+    assert e31("tenant", "show", "team-a").strip() == limited
