@@ -17,7 +17,7 @@ from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any, Self, cast
 
 import pytest
 import redis
@@ -50,14 +50,39 @@ class _Httpd(ThreadingHTTPServer):
         self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
 
-class Server:
+class Quiet(BaseHTTPRequestHandler):
+    """A test server's request handler that logs nothing."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class Serving:
+    """A real HTTP server in a thread for a test, from `with` to its end; `base` is its URL.
+    The servers of the input, pool-failure and index tests are this with a handler each."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler], host: str = "127.0.0.1",
+                 port: int = 0) -> None:
+        self.httpd = _Httpd((host, port), handler)
+        self.base = f"http://{host}:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> Self:
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class Server(Serving):
     """A real HTTP server on one loopback address, in a thread: `/go?to=URL` answers 302 to
     URL, any other path `body` (SECRET); every path it was asked for is in `asked`."""
 
     def __init__(self, host: str, port: int = 0, body: bytes = SECRET) -> None:
         asked: list[str] = []
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(Quiet):
             def do_GET(self) -> None:
                 asked.append(self.path)
                 if self.path.startswith("/go?to="):
@@ -71,20 +96,9 @@ class Server:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
         self.asked = asked
-        self.httpd = _Httpd((host, port), Handler)
-        self.url = f"http://{host}:{self.httpd.server_address[1]}"
-
-    def __enter__(self) -> Server:
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler, host, port)
+        self.url = self.base
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ final)."""
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +17,13 @@ from e31.core.clock import utcnow
 from e31.edge.artifacts import ArtifactStore
 from e31.store import Repo
 from e31_worker.attempt import task
-from tests.integration.test_http_inputs import _Httpd, submit
+from tests.integration.test_http_inputs import Quiet, Serving, submit
 from tests.integration.test_pool_failures import reasons
 from tests.integration.test_store import publish
 from tests.integration.test_task import services
 
 
-class Index:
+class Index(Serving):
     """A package index on 127.0.0.1, in a thread, that has no package: each GET is answered
     with `status` (503 while it is down, 404 once it is up: uv's "not found in the package
     registry"); `asked` lists the paths asked."""
@@ -35,26 +33,15 @@ class Index:
         self.asked: list[str] = []
         index = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(Quiet):
             def do_GET(self) -> None:
                 index.asked.append(self.path)
                 self.send_response(index.status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = _Httpd(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/simple"
-
-    def __enter__(self) -> Index:
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
+        self.url = f"{self.base}/simple"
 
 
 @pytest.fixture

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-import threading
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ from e31.edge.artifacts import ArtifactStore
 from e31.store import Repo
 from e31_worker.attempt import shipping, task
 from e31_worker.attempt.services import AttemptServices
-from tests.integration.test_http_inputs import _Httpd, stage, submit
+from tests.integration.test_http_inputs import Quiet, Serving, stage, submit
 from tests.integration.test_store import claim, publish
 from tests.integration.test_task import services
 
@@ -32,7 +30,7 @@ BODY = b"the input's bytes\n"
 LOOPBACK = ("127.0.0.0/8",)
 
 
-class FlakyServer:
+class FlakyServer(Serving):
     """A real HTTP server on 127.0.0.1, in a thread, that answers each GET with the next of
     `statuses` (an empty body), then with 200 and BODY; `asked` counts the GETs."""
 
@@ -42,7 +40,7 @@ class FlakyServer:
 
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(Quiet):
             def do_GET(self) -> None:
                 server.asked += 1
                 status, body = (left.pop(0), b"") if left else (200, BODY)
@@ -51,19 +49,8 @@ class FlakyServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = _Httpd(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/data"
-
-    def __enter__(self) -> FlakyServer:
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
+        self.url = f"{self.base}/data"
 
 
 @pytest.fixture
