@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from e31_worker.attempt.environment import index_fault
+from e31_worker.attempt.transient import index_fault
 
 URL = "http://127.0.0.1:18503/simple/nothing-here/"
 WHEEL = "http://127.0.0.1:18502/files/tomli_w-1.2.0-py3-none-any.whl"

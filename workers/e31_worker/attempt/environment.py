@@ -24,7 +24,7 @@ variables (`build_env`). With `isolation = "sandbox"` the build runs in a sandbo
 tenant's uid (`e31_worker.attempt.buildbox`); with `process`, as the worker's user.
 
 A build that fails because the index failed in a way that may pass (a 5xx or 429, a connection
-refused, reset or timed out: `index_fault`, read from uv's output) is the pool's
+refused, reset or timed out: `transient.index_fault`, read from uv's output) is the pool's
 (`SetupTransient`: `setup_transient`, retried on the pool's account); any other failure of uv
 is the user's (`setup`: a requirement no index has, a version conflict).
 
@@ -66,6 +66,7 @@ from e31_worker.attempt.buildbox import BuildSandbox, operator_paths
 from e31_worker.attempt.envcache import Beat, EnvCache, JobEnv
 from e31_worker.attempt.plan import AttemptPlan
 from e31_worker.attempt.stages import Attempt, Stage
+from e31_worker.attempt.transient import index_fault
 from e31_worker.attempt.watchdog import lease_beat
 
 log = logging.getLogger(__name__)
@@ -84,13 +85,6 @@ BUILD_ENV_NAMES = frozenset({
     "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
     "http_proxy", "https_proxy", "all_proxy", "no_proxy"})
 BUILD_ENV_PREFIX = "UV_"
-# What uv says of an index that failed in a way that may pass (docs/reliability.md, "Whose
-# failure it is"): its causes, as uv 0.13 prints them ("HTTP status server error (503 Service
-# Unavailable) for url ...", "Connection refused (os error 111)", "operation timed out").
-_INDEX_FAULT = re.compile(
-    r"HTTP status server error \(5\d\d |\(429 Too Many Requests\)|Connection refused"
-    r"|Connection reset|connection closed before|timed out"
-    r"|Temporary failure in name resolution|Network is unreachable|No route to host")
 _VIA = re.compile(r"^(?P<req>\S.*?)\s+# via (?P<via>.*)$")
 
 
@@ -443,18 +437,6 @@ def _read_text(path: Path) -> str:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
         return f.read(RESOLVED_MAX_BYTES).decode(errors="replace")
-
-
-def index_fault(output: str) -> bool:
-    """Whether uv failed because the package index (the operator's, never the job's) failed in
-    a way that may pass: it answered 5xx or 429, or the connection to it was refused, reset or
-    timed out, or the name server did not answer. uv retries those itself (`Request failed
-    after 3 retries`) before it gives up. A requirement no index has, a version conflict or a
-    host name that does not exist are not (the user's `setup`, or a setting to mend). Read
-    from uv's error on, not from what it printed before (a package's name, a resolution)."""
-    lines = output.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith(("error:", "×"))), None)
-    return start is not None and _INDEX_FAULT.search("\n".join(lines[start:])) is not None
 
 
 def _last_words(output: str) -> str:

@@ -1,5 +1,7 @@
-"""Which failures of an attempt's setup are the pool's and may pass: a server's 5xx or 429, a
-connection reset, refused or timed out, a name server that did not answer. Such a failure
+"""Which failures of an attempt's setup are the pool's and may pass, from an exception
+(`is_transient`) or from uv's output when the package index failed (`index_fault`): a
+server's 5xx or 429, a connection reset, refused or timed out, a name server that did not
+answer. Such a failure
 ends the attempt with reason `setup_transient` (the pool's: retried on its account, up to its
 `infra_retries`); any other stays `setup` (the user's and final: a 404, a 403, a 400, a host
 name that does not exist, an address the pool refuses). docs/reliability.md, "Whose failure it
@@ -13,6 +15,7 @@ the socket's, and s3fs turns botocore's answers into `OSError`s (503 and `SlowDo
 from __future__ import annotations
 
 import errno
+import re
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +31,13 @@ TRANSIENT_ERRNOS = frozenset({
 # botocore's errors of the connection itself (no answer came): by name, as botocore is
 # installed only with s3fs.
 BOTOCORE_CONNECTION_ERRORS = frozenset({"ConnectionError", "HTTPClientError"})
+# What uv says of an index that failed in a way that may pass (docs/reliability.md, "Whose
+# failure it is"): its causes, as uv 0.13 prints them ("HTTP status server error (503 Service
+# Unavailable) for url ...", "Connection refused (os error 111)", "operation timed out").
+_INDEX_FAULT = re.compile(
+    r"HTTP status server error \(5\d\d |\(429 Too Many Requests\)|Connection refused"
+    r"|Connection reset|connection closed before|timed out"
+    r"|Temporary failure in name resolution|Network is unreachable|No route to host")
 CHAIN_MAX = 16    # causes followed, against a cycle of __context__
 
 
@@ -72,3 +82,15 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         # `raise ... from None` said the context is not the cause: it ends the chain.
         e = e.__cause__ if e.__cause__ is not None else (
             None if e.__suppress_context__ else e.__context__)
+
+
+def index_fault(output: str) -> bool:
+    """Whether uv failed because the package index (the operator's, never the job's) failed in
+    a way that may pass: it answered 5xx or 429, or the connection to it was refused, reset or
+    timed out, or the name server did not answer. uv retries those itself (`Request failed
+    after 3 retries`) before it gives up. A requirement no index has, a version conflict or a
+    host name that does not exist are not (the user's `setup`, or a setting to mend). Read
+    from uv's error on, not from what it printed before (a package's name, a resolution)."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(("error:", "×"))), None)
+    return start is not None and _INDEX_FAULT.search("\n".join(lines[start:])) is not None
