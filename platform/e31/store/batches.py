@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from e31.core.batches import FINAL
@@ -187,9 +187,24 @@ class BatchStore(Store):
                              .order_by(Job.array_index))
             return [ShardJob(int(r[0]), r[1], r[2], r[3], r[4], r[5]) for r in rows]
 
-    def tenant_name(self, tenant_id: str) -> str:
+    def batch_usage(self, tenant_id: str | None, *, limit: int) -> list[dict[str, Any]]:
+        """The newest batches (of `tenant_id`, or everyone's): requests, tokens in and out,
+        and the GPU-seconds their shards' jobs were billed."""
+        gpu_s = (select(Job.array_id, func.sum(Job.gpu_seconds).label("gpu_seconds"))
+                 .group_by(Job.array_id).subquery())
+        q = (select(Batch, Tenant.name, gpu_s.c.gpu_seconds)
+             .join(Tenant, Tenant.id == Batch.tenant_id)
+             .outerjoin(gpu_s, gpu_s.c.array_id == Batch.array_id)
+             .order_by(Batch.created_at.desc()).limit(limit))
+        if tenant_id is not None:
+            q = q.where(Batch.tenant_id == tenant_id)
         with self._session() as s:
-            return s.scalar(select(Tenant.name).where(Tenant.id == tenant_id)) or ""
+            return [{"batch": b.id, "tenant": name, "status": b.status,
+                     "requests": b.request_total, "completed": b.request_completed,
+                     "failed": b.request_failed, "prompt_tokens": b.prompt_tokens,
+                     "completion_tokens": b.completion_tokens,
+                     "gpu_seconds": round(float(g or 0.0), 3)}
+                    for b, name, g in s.execute(q)]
 
 
 def _file(f: BatchFile) -> FileRecord:
