@@ -61,7 +61,8 @@ NOT_RUN = {"cancelled": ("batch_cancelled", "the batch was cancelled before this
 def request_id(batch_id: str, custom_id: str) -> str:
     """The id of a request's line: the same for the same request, whichever process writes
     it (the workload derives it the same way)."""
-    return "batch_req_" + hashlib.sha256(f"{batch_id}\0{custom_id}".encode()).hexdigest()[:24]
+    seed = json.dumps([batch_id, custom_id]).encode()
+    return "batch_req_" + hashlib.sha256(seed).hexdigest()[:24]
 
 
 def rejected_line(batch_id: str, custom_id: str, code: str, message: str) -> bytes:
