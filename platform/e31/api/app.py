@@ -83,7 +83,7 @@ def create_app(settings: Settings, *, services: Services | None = None) -> FastA
     app.include_router(secrets.router(services.secrets))
     app.include_router(metrics.router(settings, services.metrics))   # its own guard
     app.include_router(files.router(services.files))   # bounded by batch_file_max_bytes
-    app.include_router(batches.router(services.batches, services.models))
+    app.include_router(batches.router(settings, services.batches, services.models))
     # Added before the header middleware, so it runs inside it: a 413 carries the header too.
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
                        exempt=(bundles.BUNDLES_PATH, files.FILES_PATH))

@@ -4,8 +4,8 @@ admins). The batch object is OpenAI's, with `e31` added: the array of its shards
 models and request counts, and its GPU-seconds.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the routes' annotations name a model made inside
+# `router` (it carries the pool's windows), which FastAPI must see as an object.
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
@@ -14,10 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from e31.api import errors
 from e31.api.auth import Caller
 from e31.api.requestlimits import DIGITS
+from e31.api.routes.fields import Name
 from e31.api.routes.files import listing
 from e31.api.services.batches import BatchService
 from e31.api.services.models import ModelService
 from e31.core.batches import ENDPOINTS, STAMPED
+from e31.edge.settings import Settings
 from e31.store.batches import LIST_MAX
 from e31.store.models import Batch
 
@@ -25,21 +27,10 @@ BATCHES_PATH = "/v1/batches"
 Endpoint = Literal[ENDPOINTS]  # type: ignore[valid-type]
 
 
-class NewBatch(BaseModel):
-    """OpenAI's body of `POST /v1/batches`; fields newer clients add are ignored."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-    input_file_id: str = Field(max_length=64)
-    endpoint: Endpoint
-    completion_window: str = Field(max_length=8, description="24h as OpenAI, or another "
-                                                               "window the pool allows")
-    metadata: dict[str, str] | None = None
-
-
 class NewModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    name: str = Field(min_length=1, max_length=100)
-    path: str = Field(min_length=1, max_length=4096,
+    name: Name
+    path: str = Field(min_length=2, max_length=4096, pattern=r"^(/|file:///|s3://)[^\x00]+$",
                       description="a directory beneath models_dir or input_file_roots, or s3://")
     kind: Literal["chat", "embed"] | None = None
     gpu_mem_gb: float | None = Field(default=None, gt=0, le=100_000)
@@ -71,9 +62,21 @@ def batch_object(b: Batch) -> dict[str, Any]:
     }
 
 
-def router(svc: BatchService, models: ModelService) -> APIRouter:
-    """The routes of `/v1/batches` and the models'."""
+def router(settings: Settings, svc: BatchService, models: ModelService) -> APIRouter:
+    """The routes of `/v1/batches` and the models'; the windows are this pool's
+    (`batch_windows`)."""
     r = APIRouter()
+    window = Literal[tuple(settings.batch_windows)]  # type: ignore[valid-type]
+
+    class NewBatch(BaseModel):
+        """OpenAI's body of `POST /v1/batches`; fields newer clients add are ignored."""
+
+        model_config = ConfigDict(extra="ignore", strict=True)
+        input_file_id: str = Field(max_length=64)
+        endpoint: Endpoint
+        completion_window: window = Field(  # type: ignore[valid-type]
+            description="24h as OpenAI, or another window the pool allows")
+        metadata: dict[str, str] | None = None
 
     @r.post(BATCHES_PATH, tags=["batches"],
             responses=errors.responses(401, 404, 409, 413, 422, 429, 503))

@@ -35,7 +35,7 @@ def router(svc: FileService) -> APIRouter:
     r = APIRouter()
 
     @r.post(FILES_PATH, tags=["files"], responses=errors.responses(401, 413, 422, 503))
-    async def upload_file(file: UploadFile, purpose: Annotated[str, Form()],
+    async def upload_file(file: UploadFile, purpose: Annotated[Literal["batch"], Form()],
                           t: Caller) -> dict[str, Any]:
         """Upload a JSONL file of requests for a batch (`purpose=batch`)."""
         record = await run_in_threadpool(svc.upload, t, file.file,

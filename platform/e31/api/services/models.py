@@ -20,7 +20,7 @@ from e31.api.services.tenants import admin_only
 from e31.core.batches import MODEL_KINDS
 from e31.core.bundles import file_input_path
 from e31.core.clock import utcnow
-from e31.core.errors import SpecError
+from e31.core.errors import SpecConflict, SpecError, SpecForbidden
 from e31.core.names import check_name
 from e31.core.records import TenantRecord
 from e31.edge.settings import Settings
@@ -50,7 +50,7 @@ class ModelService:
         url, local = self._where(path)
         kind = kind or (model_kind(Path(local)) if local else None)
         if kind not in MODEL_KINDS:
-            raise SpecError.one("kind", "say what the model is for: one of "
+            raise SpecConflict.one("kind", "say what the model is for: one of "
                                         f"{', '.join(MODEL_KINDS)} (none could be read from "
                                         "its directory)")
         record = self._repo.add_model(ModelRecord(name, kind, url, gpu_mem_gb, utcnow()),
@@ -71,10 +71,10 @@ class ModelService:
         try:
             resolved = file_input_path(local, self._settings.file_roots)
         except ValueError as exc:
-            raise SpecError.one("path", f"{exc}; put the model beneath models_dir "
-                                        f"({self._settings.resolved_models_dir})") from exc
+            raise SpecForbidden.one("path", f"{exc}; put the model beneath models_dir "
+                                            f"({self._settings.resolved_models_dir})") from exc
         if not Path(resolved).is_dir():
-            raise SpecError.one("path", f"{resolved} is not a directory on the API's host")
+            raise SpecConflict.one("path", f"{resolved} is not a directory on the API's host")
         return "file://" + resolved, resolved
 
     def list(self) -> list[ModelRecord]:
