@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from e31_worker.workloads.tinymodels import CONTEXT_TOKENS, MARKER, build
-from tests.unit.workload_context import one_torch_thread  # noqa: F401 (autouse)
+from e31_worker.workloads.tinymodels import CONTEXT_TOKENS, MARKER, build  # noqa: E402
+from tests.unit.workload_context import one_torch_thread  # noqa: E402, F401 (autouse)
 
 pytestmark = pytest.mark.torch
 

@@ -4,8 +4,8 @@
 `AutoModelForCausalLM` load offline; `build(dir, "embed")` one that `AutoModel` loads, for
 mean-pooled embeddings. Nothing is downloaded: the tokenizer is made with the `tokenizers`
 library (one token per printable ASCII character, tab and newline, `<unk>` for any other
-character, and a few special tokens), the weights are random, drawn from a fixed seed with torch's own
-generator (not transformers' initialisers, which change between versions), so that every
+character, and a few special tokens), the weights are random, drawn from a fixed seed with
+torch's own generator (not transformers' initialisers, which change between versions), so that every
 build writes the same files. The files are written by hand rather than by `save_pretrained`,
 so that a directory built with one transformers version loads with another (the control
 plane may build it, a worker with vLLM and an older transformers may load it).
