@@ -16,6 +16,7 @@ test suite has neither, so bench/gpu_check.sh is where it is exercised.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,9 @@ class VllmBackend:
         """Start vLLM's engine on the model (offline: a local directory, nothing downloaded)."""
         import vllm
 
+        # ctx.device asked torch about CUDA in this process already; vLLM's workers must not
+        # be forked from it (CUDA does not survive a fork), so they are spawned.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         base = {"model": str(model_dir), "max_model_len": context_tokens, "seed": 0,
                 "gpu_memory_utilization": GPU_MEMORY_FRACTION}
         if not embed:
