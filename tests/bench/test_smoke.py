@@ -180,6 +180,18 @@ def test_batch_inference_against_the_hand_loop_gives_a_ratio(tmp_path: Path) -> 
     assert a_ratio(figures["ratio_workload_over_hand"]), figures
 
 
+def test_the_llm_workload_against_a_hand_generate_loop_gives_a_ratio(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    # Given the same chat requests through a hand-written generate loop and the llm workload
+    figures = run_bench("llm_vs_loop.py", tmp_path, timeout_s=170)
+
+    # Then both wrote the same number of tokens (the script checks) and the ratio is a number
+    assert figures["completion_tokens"] == 8 * 4, figures
+    assert figures["hand_s"] > 0 and figures["workload_s"] > 0, figures
+    assert a_ratio(figures["ratio_workload_over_hand"]), figures
+
+
 def test_a_footage_chunk_reads_its_share_of_the_file_not_a_copy(tmp_path: Path) -> None:
     pytest.importorskip("av")
     # Given a clip decoded chunk by chunk
