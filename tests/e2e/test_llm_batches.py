@@ -78,10 +78,8 @@ def test_a_chat_batch_runs_to_completed_with_each_request_answered_or_failing_al
     lines = [chat(0, "same question"), chat(1, "same question"), chat(2), chat(3, n=2),
              chat(4, model="no-such-model"), chat(5, "word " * 3000)]
     batch = submit(client, lines)
-    counts: list[int] = []
 
-    ended = wait_until(client, batch.id, lambda b: counts.append(
-        b.request_counts.completed) or b.status in FINAL)
+    ended = wait_until(client, batch.id, lambda b: b.status in FINAL)
 
     assert ended.status == "completed", ended
     assert (ended.request_counts.total, ended.request_counts.completed,
@@ -135,7 +133,9 @@ def big_batch(client: Any, count: int) -> Any:
 def test_a_cancelled_batch_keeps_what_its_shards_finished_and_fails_the_rest(
         client: Any) -> None:
     batch = big_batch(client, 1500)
-    wait_until(client, batch.id, lambda b: b.request_counts.completed > 0)
+    running = wait_until(client, batch.id, lambda b: b.request_counts.completed > 0)
+    assert running.status == "in_progress"           # the counts move while it runs
+    assert running.request_counts.completed < running.request_counts.total == 1500
 
     client.batches.cancel(batch.id)
     ended = wait_until(client, batch.id, lambda b: b.status in FINAL)
@@ -153,7 +153,9 @@ def test_a_batch_past_its_window_expires_with_what_it_finished(client: Any,
                                                               stack: Stack) -> None:
     batch = big_batch(client, 1500)
     wait_until(client, batch.id, lambda b: b.request_counts.completed > 0)
-    repo = Repo(make_engine(Settings(home=stack.home).resolved_database_url))
+    settings = Settings(home=stack.home)
+    repo = Repo(make_engine(settings.resolved_database_url),
+                half_life_s=settings.fair_share_half_life_s)
     repo.move_batch(batch.id, ["in_progress"], expires_at=utcnow() - timedelta(seconds=1))
 
     ended = wait_until(client, batch.id, lambda b: b.status in FINAL)
@@ -196,3 +198,23 @@ def test_the_workloads_page_batch_commands_run_as_shown(stack: Stack, tmp_path: 
         result = run_block(block, env=env, cwd=tmp_path, timeout_s=BATCH_S)
         assert result.returncode == 0, result.output
         assert "completed" in result.output and "tokens in" in result.output
+
+
+def test_the_batch_commands_show_cancel_and_download_a_batch(stack: Stack, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"p{i}", "max_tokens": 3}) + "\n"
+                               for i in range(4)))
+
+    submitted = stack.e31("batch", "submit", str(prompts), "--model", "e31-tiny-chat",
+                          "--wait", timeout_s=BATCH_S)
+    batch_id = submitted.stdout.split()[0]
+    status = stack.e31("batch", "status", batch_id, "--json")
+    fetched = stack.e31("batch", "download", batch_id, "-o", str(tmp_path / "out"))
+    cancelled = stack.e31("batch", "cancel", batch_id)
+
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    assert json.loads(status.stdout)["endpoint"] == "/v1/completions"   # from the bodies
+    assert fetched.returncode == 0 and (tmp_path / "out" / f"{batch_id}_output.jsonl").is_file()
+    rows = (tmp_path / "out" / f"{batch_id}_output.jsonl").read_text().splitlines()
+    assert sorted(json.loads(r)["custom_id"] for r in rows) == [f"row-{i}" for i in range(1, 5)]
+    assert "completed" in cancelled.stdout     # an ended batch stays as it ended
