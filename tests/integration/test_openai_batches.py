@@ -153,6 +153,7 @@ def test_a_batch_becomes_an_array_of_llm_shards_due_at_the_end_of_its_window(
     assert [s["requests"] for s in extra["e31"]["shards"]] == [84, 83, 83]
     job = repo.get_job(None, array.items[0].id)  # type: ignore[index]
     assert job.spec["entrypoint"] == "e31_worker.workloads.llm:run"
+    assert job.size_class == "cpu"     # no node has a GPU: a model of no stated size runs there
     assert job.spec["inputs"]["model"] == f"file://{tmp_path / 'models' / 'tiny'}"
     assert client.batches.retrieve(batch.id).status == "in_progress"
     assert [b.id for b in client.batches.list().data] == [batch.id]
@@ -215,8 +216,9 @@ def test_earlier_deadlines_come_first_among_a_tenants_queued_work(
     soon = client.batches.create(input_file_id=upload(client, jsonl([request_line(0)])),
                                  endpoint=CHAT, completion_window="1h")
     from sqlalchemy.orm import Session
+    queue = repo.get_job(None, first_shard(repo, tenant_token, late)).queue  # no GPU: cpu
     with Session(repo.engine) as s:
-        found = heads(s, {"e31.gpu24": 10}, now=utcnow())
+        found = heads(s, {queue: 10}, now=utcnow())
 
     ids = [c.id for c in found]
     first = {b.id: first_shard(repo, tenant_token, b) for b in (late, soon)}

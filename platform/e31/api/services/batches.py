@@ -148,9 +148,8 @@ class BatchService:
         items: list[dict[str, Any]] = []
         for name, requests in kept.items():
             model = models[name]
-            resources = {"gpus": 1, **({"gpu_mem_gb": model.gpu_mem_gb}
-                                       if model.gpu_mem_gb else {})}
-            sizes = shard_sizes(len(requests), slots=self._slots(resources),
+            resources = self._resources(model)
+            sizes = shard_sizes(len(requests), slots=max(DEFAULT_SLOTS, self._slots(resources)),
                                 max_requests=self._settings.batch_shard_max_requests)
             start = 0
             for size in sizes:
@@ -162,12 +161,22 @@ class BatchService:
                                          resources, timeout_s))
         return notes, items
 
+    def _resources(self, model: ModelRecord) -> dict[str, Any]:
+        """A shard's resources: one GPU of the class its model needs; a model that states
+        no GPU memory (the built-in tiny ones) runs in the cpu class on a pool whose nodes
+        have no GPU at all, so a laptop's first batch runs."""
+        if model.gpu_mem_gb:
+            return {"gpus": 1, "gpu_mem_gb": model.gpu_mem_gb}
+        nodes = self._arrays.nodes()
+        if nodes is not None and not any(sum(h.values()) for h in nodes.values()):
+            return {"gpus": 0}
+        return {"gpus": 1}
+
     def _slots(self, resources: Mapping[str, Any]) -> int:
         """GPUs the registered nodes have for a job of `resources` (the shards to aim at)."""
         spec = JobSpec.parse({"command": ["true"], "resources": dict(resources)})
         where = route(spec, self._settings.size_classes)
-        hosts = (self._arrays.nodes() or {}).get(where.size_class, {})
-        return max(DEFAULT_SLOTS, sum(hosts.values()))
+        return sum((self._arrays.nodes() or {}).get(where.size_class, {}).values())
 
     def _store_shard(self, tenant_id: str, requests: Sequence[Request]) -> str:
         """A bundle of one entry, the shard's lines; returns its digest."""
