@@ -223,3 +223,17 @@ def test_earlier_deadlines_come_first_among_a_tenants_queued_work(
     ids = [c.id for c in found]
     first = {b.id: first_shard(repo, tenant_token, b) for b in (late, soon)}
     assert ids.index(first[soon.id]) < ids.index(first[late.id])
+
+
+def test_a_batch_over_the_tenants_bundle_quota_is_refused_413_and_nothing_runs(
+        make_app: MakeApp, repo: Repo, tenant_token: str, tmp_path: Path) -> None:
+    register_model(repo, tmp_path)
+    client = make_client(make_app(tenant_bundle_gb=1e-6), tenant_token)   # ~1 KB
+    file_id = upload(client, jsonl([request_line(i) for i in range(50)]))
+
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
+
+    assert refused.value.status_code == 413
+    assert "tenant_bundle_gb" in refused.value.message    # the client shows OpenAI's error
+    assert client.batches.list().data == []

@@ -25,7 +25,7 @@ from pydantic import BeforeValidator
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from e31.api.errors import BodyTooLarge, too_large
+from e31.api.errors import BodyTooLarge, openai_path, too_large
 from e31.core import keys
 from e31.core.errors import LimitExceeded
 from e31.core.requestlimits import SpecLimits
@@ -88,7 +88,8 @@ class BodyLimit:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await too_large(self.max_bytes)(scope, receive, send)
+            await too_large(self.max_bytes, openai=openai_path(scope["path"]))(
+                scope, receive, send)
             return
         seen = 0
         started = False
@@ -116,7 +117,8 @@ class BodyLimit:
             # The routes' handler answers it (errors.install); this is for a read elsewhere.
             if started:
                 raise
-            await too_large(self.max_bytes)(scope, receive, send)
+            await too_large(self.max_bytes, openai=openai_path(scope["path"]))(
+                scope, receive, send)
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -79,7 +79,7 @@ def router(settings: Settings, svc: BatchService, models: ModelService) -> APIRo
         metadata: dict[str, str] | None = None
 
     @r.post(BATCHES_PATH, tags=["batches"],
-            responses=errors.responses(401, 404, 409, 413, 422, 429, 503))
+            responses=errors.responses(401, 404, 409, 413, 422, 429, 503, openai=True))
     def create_batch(body: NewBatch, t: Caller) -> dict[str, Any]:
         """A batch over an uploaded file: it runs, or fails validation naming the lines."""
         return batch_object(svc.create(t, input_file_id=body.input_file_id,
@@ -87,7 +87,7 @@ def router(settings: Settings, svc: BatchService, models: ModelService) -> APIRo
                                        completion_window=body.completion_window,
                                        metadata=body.metadata))
 
-    @r.get(BATCHES_PATH, tags=["batches"], responses=errors.responses(401, 422, 503))
+    @r.get(BATCHES_PATH, tags=["batches"], responses=errors.responses(401, 422, 503, openai=True))
     def list_batches(t: Caller,
                      limit: Annotated[int, Query(ge=1, le=LIST_MAX), DIGITS] = 20,
                      after: Annotated[str | None, Query(max_length=64)] = None
@@ -96,30 +96,30 @@ def router(settings: Settings, svc: BatchService, models: ModelService) -> APIRo
         return listing([batch_object(b) for b in svc.list(t, limit=limit, after=after)], limit)
 
     @r.get(BATCHES_PATH + "/{batch_id}", tags=["batches"],
-           responses=errors.responses(401, 404, 422, 503))
+           responses=errors.responses(401, 404, 422, 503, openai=True))
     def get_batch(batch_id: str, t: Caller) -> dict[str, Any]:
         return batch_object(svc.get(t, batch_id))
 
     @r.post(BATCHES_PATH + "/{batch_id}/cancel", tags=["batches"],
-            responses=errors.responses(401, 404, 422, 503))
+            responses=errors.responses(401, 404, 422, 503, openai=True))
     def cancel_batch(batch_id: str, t: Caller) -> dict[str, Any]:
         """Cancel it: `cancelling`, then `cancelled` with what its shards finished."""
         return batch_object(svc.cancel(t, batch_id))
 
-    @r.get("/v1/models", tags=["batches"], responses=errors.responses(401, 503))
+    @r.get("/v1/models", tags=["batches"], responses=errors.responses(401, 503, openai=True))
     def list_models(t: Caller) -> dict[str, Any]:
         """The models a batch's requests may name."""
         return {"object": "list", "data": [m.to_dict() for m in models.list()]}
 
     @r.post("/v1/admin/models", status_code=201, tags=["admin"],
-            responses=errors.responses(401, 403, 409, 413, 422, 503))
+            responses=errors.responses(401, 403, 409, 413, 422, 503, openai=True))
     def add_model(body: NewModel, t: Caller) -> dict[str, Any]:
         """Register a model by name (admins)."""
         return models.add(t, body.name, body.path, kind=body.kind, gpu_mem_gb=body.gpu_mem_gb,
                           replace=body.replace).to_dict()
 
     @r.delete("/v1/admin/models/{name}", status_code=204, tags=["admin"],
-              responses=errors.responses(401, 403, 404, 422, 503))
+              responses=errors.responses(401, 403, 404, 422, 503, openai=True))
     def remove_model(name: str, t: Caller) -> Response:
         models.remove(t, name)
         return Response(status_code=204)

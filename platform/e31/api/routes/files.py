@@ -34,7 +34,7 @@ def router(svc: FileService) -> APIRouter:
     """The routes of `/v1/files`."""
     r = APIRouter()
 
-    @r.post(FILES_PATH, tags=["files"], responses=errors.responses(401, 413, 422, 503))
+    @r.post(FILES_PATH, tags=["files"], responses=errors.responses(401, 413, 422, 503, openai=True))
     async def upload_file(file: UploadFile, purpose: Annotated[Literal["batch"], Form()],
                           t: Caller) -> dict[str, Any]:
         """Upload a JSONL file of requests for a batch (`purpose=batch`)."""
@@ -42,7 +42,7 @@ def router(svc: FileService) -> APIRouter:
                                          filename=file.filename or "", purpose=purpose)
         return record.to_dict()
 
-    @r.get(FILES_PATH, tags=["files"], responses=errors.responses(401, 422, 503))
+    @r.get(FILES_PATH, tags=["files"], responses=errors.responses(401, 422, 503, openai=True))
     def list_files(t: Caller,
                    purpose: Annotated[Literal["batch", "batch_output"] | None, Query()] = None,
                    limit: Annotated[int, Query(ge=1, le=LIST_MAX), DIGITS] = LIST_MAX,
@@ -52,13 +52,13 @@ def router(svc: FileService) -> APIRouter:
         return listing([f.to_dict() for f in found], limit)
 
     @r.get(FILES_PATH + "/{file_id}", tags=["files"],
-           responses=errors.responses(401, 404, 422, 503))
+           responses=errors.responses(401, 404, 422, 503, openai=True))
     def get_file(file_id: str, t: Caller) -> dict[str, Any]:
         return svc.get(t, file_id).to_dict()
 
     @r.get(FILES_PATH + "/{file_id}/content", tags=["files"], response_class=StreamingResponse,
            responses={200: {"content": {"application/octet-stream": {}}},
-                      **errors.responses(401, 404, 422, 503)})
+                      **errors.responses(401, 404, 422, 503, openai=True)})
     def file_content(file_id: str, t: Caller) -> StreamingResponse:
         """The file's bytes."""
         f = svc.open(t, file_id)
@@ -71,7 +71,7 @@ def router(svc: FileService) -> APIRouter:
         return StreamingResponse(chunks(), media_type="application/octet-stream")
 
     @r.delete(FILES_PATH + "/{file_id}", tags=["files"],
-              responses=errors.responses(401, 404, 422, 503))
+              responses=errors.responses(401, 404, 422, 503, openai=True))
     def delete_file(file_id: str, t: Caller) -> dict[str, Any]:
         record: FileRecord = svc.delete(t, file_id)
         return {"id": record.id, "object": "file", "deleted": True}

@@ -37,7 +37,7 @@ from e31.core.batches import (
 from e31.core.batchlines import Checked, Request, check_lines
 from e31.core.bundles import bundle_input
 from e31.core.clock import utcnow
-from e31.core.errors import SpecError
+from e31.core.errors import SpecError, TooLarge
 from e31.core.records import TenantRecord
 from e31.core.sizeclasses import route
 from e31.core.spec import MAX_TIMEOUT_S, JobSpec
@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 METADATA_KEYS_MAX = 16            # OpenAI's bounds on a batch's metadata
 METADATA_KEY_MAX = 64
 METADATA_VALUE_MAX = 512
+GIB = 1024 ** 3
 DEFAULT_SLOTS = 1                 # GPUs assumed for a model's class when no node is known
 
 
@@ -96,6 +97,7 @@ class BatchService:
                      tenant.name, checked.bad_lines)
             return batch
         kept, rejected = self._known(checked, endpoint, row["id"])
+        self._check_quota(tenant, kept)
         self._ends.store_rejected(tenant.id, row["id"], rejected)
         shards, items = self._shards(tenant, kept, row, endpoint)
         array_id = None
@@ -115,6 +117,18 @@ class BatchService:
         if window not in allowed:
             raise SpecError.one("completion_window", f"{window!r} is not a window this pool "
                                                      f"allows ({', '.join(allowed)})")
+
+    def _check_quota(self, tenant: TenantRecord, kept: Mapping[str, list[Request]]) -> None:
+        """`TooLarge` when the shards' bundles would take the tenant's bundles past its quota
+        (`tenant_bundle_gb`): a batch's lines are stored as the tenant's bundles."""
+        adding = sum(len(r.text) + 1 for requests in kept.values() for r in requests)
+        quota = int(self._settings.tenant_bundle_gb * GIB)
+        used = self._bundles.used_bytes(tenant.id)
+        if adding and used + adding > quota:
+            raise TooLarge(f"the batch's shards would take your tenant's bundles to "
+                           f"{used + adding} bytes, over its quota of {quota} bytes "
+                           f"(tenant_bundle_gb = {self._settings.tenant_bundle_gb:g})",
+                           limit_bytes=quota)
 
     def _known(self, checked: Checked, endpoint: str,
                batch_id: str) -> tuple[dict[str, list[Request]], list[bytes]]:
