@@ -26,11 +26,12 @@ import hashlib
 import json
 import logging
 import re
+import shutil
 import tarfile
 import tempfile
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints/llm"   # where an llm shard commits its segments
 _SEGMENT = re.compile(r"^(\d{12})-(\d{12})\.results\.jsonl$")
+COPY_CHUNK_BYTES = 1024 * 1024
 FINALIZE_STALE_S = 600.0          # a finalising this old was left by a process that died
 REJECTED = "rejected.jsonl"       # the error lines of unknown models, beside the files
 SHARD_FILE = "requests.jsonl"     # a shard's lines, the one entry of its bundle
@@ -121,12 +123,10 @@ class BatchEnds:
             return self._repo.get_batch(None, batch.id)
         if self._repo.move_batch(batch.id, [status.value], status=BatchStatus.FINALIZING.value,
                                  finalizing_at=now):
-            self._finalize(batch, shards, cancelled=status is BatchStatus.CANCELLING)
+            self._finalize(batch, shards, end=_end(batch, status, shards, now))
         return self._repo.get_batch(None, batch.id)
 
-    def _finalize(self, batch: Batch, shards: list[ShardJob], *, cancelled: bool) -> None:
-        expired = not cancelled and any(j.state == JobState.CANCELLED.value for j in shards)
-        end = "cancelled" if cancelled else "expired" if expired else "completed"
+    def _finalize(self, batch: Batch, shards: list[ShardJob], *, end: str) -> None:
         tally = _Tally()
         with tempfile.TemporaryDirectory(prefix="e31-batch-") as tmp:
             errors_path = Path(tmp) / "errors.jsonl"
@@ -179,7 +179,7 @@ class BatchEnds:
                 try:
                     with self._artifacts.open_output(tenant, job, name) as src, \
                             path.open("wb") as dst:
-                        dst.write(src.read())
+                        shutil.copyfileobj(src, dst, COPY_CHUNK_BYTES)
                     got.append([path])
                 except E31Error:
                     got.append([])
@@ -233,6 +233,20 @@ class _Tally:
             return
         self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
         self.completion_tokens += int(usage.get("completion_tokens") or 0)
+
+
+def _end(batch: Batch, status: BatchStatus, shards: list[ShardJob], now: datetime) -> str:
+    """How a batch whose shards all ended ends: `cancelled` when it was cancelled (or its
+    array was, by hand), `expired` when its window ended before every shard succeeded,
+    `completed` otherwise (a shard that failed fails its requests, not the batch)."""
+    unfinished = any(j.state != JobState.SUCCEEDED.value for j in shards)
+    if status is BatchStatus.CANCELLING or batch.cancelling_at is not None:
+        return "cancelled"
+    if unfinished and now >= batch.expires_at:
+        return "expired"
+    if any(j.state == JobState.CANCELLED.value for j in shards):
+        return "cancelled"
+    return "completed"
 
 
 def _counts(batch: Batch, shards: list[ShardJob]) -> tuple[int, int]:
