@@ -51,6 +51,7 @@ class Heartbeat:
                  record_drain: Callable[[str], None] | None = None) -> None:
         self.identity = identity
         self.draining = threading.Event()
+        self.gpu_fault = threading.Event()   # the drain is for a GPU's error (gpu_fault)
         self.drain_requested = threading.Event()
         self._redis = redis_client
         self._interval_s = interval_s
@@ -166,5 +167,6 @@ class Heartbeat:
                 self._record_drain(reason)
             except (E31Error, redis.RedisError) as exc:
                 log.warning("drain_record_failed node=%s: %s", self.identity.node, exc)
+        self.gpu_fault.set()
         self.drain_requested.set()
         self._on_drain()
