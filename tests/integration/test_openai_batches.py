@@ -237,3 +237,27 @@ def test_a_batch_over_the_tenants_bundle_quota_is_refused_413_and_nothing_runs(
     assert refused.value.status_code == 413
     assert "tenant_bundle_gb" in refused.value.message    # the client shows OpenAI's error
     assert client.batches.list().data == []
+
+
+def test_an_admin_registers_a_model_audited_and_a_tenant_may_only_list_it(
+        make_app: MakeApp, repo: Repo, tenant_token: str, tmp_path: Path) -> None:
+    app = make_app()
+    _, admin = repo.create_tenant("ops", admin=True, now=utcnow())
+    directory = tmp_path / "models" / "mine"
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    http = TestClient(app)
+
+    refused = http.post("/v1/admin/models", json={"name": "mine", "path": str(directory)},
+                        headers={"Authorization": f"Bearer {tenant_token}"})
+    added = http.post("/v1/admin/models", json={"name": "mine", "path": str(directory)},
+                      headers={"Authorization": f"Bearer {admin}"})
+    outside = http.post("/v1/admin/models", json={"name": "other", "path": "/etc"},
+                        headers={"Authorization": f"Bearer {admin}"})
+
+    assert refused.status_code == 403
+    assert added.status_code == 201 and added.json()["kind"] == "chat"   # from config.json
+    assert outside.status_code == 403 and "models_dir" in outside.json()["message"]
+    assert [m.id for m in make_client(app, tenant_token).models.list().data] == ["mine"]
+    [event] = [e for e in repo.audit_log() if e.action == "model.add"]
+    assert (event.actor, event.target) == ("ops", "mine")

@@ -19,6 +19,8 @@ from sqlalchemy.exc import IntegrityError
 
 from e31.core.batches import FINAL
 from e31.core.errors import Conflict, NotFound
+from e31.core.records import Actor
+from e31.store import audit
 from e31.store.base import Store
 from e31.store.models import Batch, BatchFile, Job, ServedModel, Tenant
 
@@ -77,8 +79,10 @@ class BatchStore(Store):
 
     # -- models ---------------------------------------------------------------------------
 
-    def add_model(self, record: ModelRecord, *, replace: bool = False) -> ModelRecord:
-        """Register a model by name (`Conflict` when the name is taken, unless `replace`)."""
+    def add_model(self, record: ModelRecord, *, replace: bool = False,
+                  actor: Actor | None = None) -> ModelRecord:
+        """Register a model by name (`Conflict` when the name is taken, unless `replace`),
+        written to the audit log with `actor` (an admin's request) in the same transaction."""
         row = ServedModel(name=record.name, kind=record.kind, path=record.path,
                           gpu_mem_gb=record.gpu_mem_gb, created_at=record.created_at)
         try:
@@ -86,6 +90,10 @@ class BatchStore(Store):
                 if replace:
                     s.execute(delete(ServedModel).where(ServedModel.name == record.name))
                 s.add(row)
+                if actor is not None:
+                    audit.write(s, actor, "model.add", record.name, now=record.created_at,
+                                detail={"kind": record.kind, "path": record.path,
+                                        "gpu_mem_gb": record.gpu_mem_gb, "replace": replace})
         except IntegrityError as exc:
             raise Conflict(f"a model named {record.name!r} is registered already "
                            "(e31 model add --replace replaces it)") from exc
@@ -100,10 +108,12 @@ class BatchStore(Store):
             return {m.name: ModelRecord(m.name, m.kind, m.path, m.gpu_mem_gb, m.created_at)
                     for m in s.scalars(q)}
 
-    def remove_model(self, name: str) -> None:
+    def remove_model(self, name: str, *, now: datetime, actor: Actor | None = None) -> None:
         with self._session(write=True) as s:
             if not s.execute(delete(ServedModel).where(ServedModel.name == name)).rowcount:  # type: ignore[attr-defined]
                 raise NotFound(f"no model named {name!r}")
+            if actor is not None:
+                audit.write(s, actor, "model.remove", name, now=now)
 
     # -- files ----------------------------------------------------------------------------
 

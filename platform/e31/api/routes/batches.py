@@ -8,11 +8,11 @@ models and request counts, and its GPU-seconds.
 # `router` (it carries the pool's windows), which FastAPI must see as an object.
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from e31.api import errors
-from e31.api.auth import Caller
+from e31.api.auth import Caller, actor
 from e31.api.requestlimits import DIGITS
 from e31.api.routes.fields import Name
 from e31.api.routes.files import listing
@@ -113,15 +113,15 @@ def router(settings: Settings, svc: BatchService, models: ModelService) -> APIRo
 
     @r.post("/v1/admin/models", status_code=201, tags=["admin"],
             responses=errors.responses(401, 403, 409, 413, 422, 503, openai=True))
-    def add_model(body: NewModel, t: Caller) -> dict[str, Any]:
-        """Register a model by name (admins)."""
+    def add_model(body: NewModel, t: Caller, request: Request) -> dict[str, Any]:
+        """Register a model by name (admins; written to the audit log)."""
         return models.add(t, body.name, body.path, kind=body.kind, gpu_mem_gb=body.gpu_mem_gb,
-                          replace=body.replace).to_dict()
+                          replace=body.replace, actor=actor(request, t)).to_dict()
 
     @r.delete("/v1/admin/models/{name}", status_code=204, tags=["admin"],
               responses=errors.responses(401, 403, 404, 422, 503, openai=True))
-    def remove_model(name: str, t: Caller) -> Response:
-        models.remove(t, name)
+    def remove_model(name: str, t: Caller, request: Request) -> Response:
+        models.remove(t, name, actor=actor(request, t))
         return Response(status_code=204)
 
     return r

@@ -22,7 +22,7 @@ from e31.core.bundles import file_input_path
 from e31.core.clock import utcnow
 from e31.core.errors import SpecConflict, SpecError, SpecForbidden
 from e31.core.names import check_name
-from e31.core.records import TenantRecord
+from e31.core.records import Actor, TenantRecord
 from e31.edge.settings import Settings
 from e31.store import Repo
 from e31.store.batches import ModelRecord
@@ -40,7 +40,8 @@ class ModelService:
         self._repo = repo
 
     def add(self, caller: TenantRecord, name: str, path: str, *, kind: str | None,
-            gpu_mem_gb: float | None, replace: bool = False) -> ModelRecord:
+            gpu_mem_gb: float | None, replace: bool = False,
+            actor: Actor | None = None) -> ModelRecord:
         """Register `name` for the model at `path` (admins only)."""
         admin_only(caller)
         try:
@@ -54,7 +55,7 @@ class ModelService:
                                         f"{', '.join(MODEL_KINDS)} (none could be read from "
                                         "its directory)")
         record = self._repo.add_model(ModelRecord(name, kind, url, gpu_mem_gb, utcnow()),
-                                      replace=replace)
+                                      replace=replace, actor=actor)
         log.info("model_added model=%s kind=%s path=%s by=%s", name, kind, url, caller.name)
         return record
 
@@ -80,9 +81,9 @@ class ModelService:
     def list(self) -> list[ModelRecord]:
         return list(self._repo.models().values())
 
-    def remove(self, caller: TenantRecord, name: str) -> None:
+    def remove(self, caller: TenantRecord, name: str, *, actor: Actor | None = None) -> None:
         admin_only(caller)
-        self._repo.remove_model(name)
+        self._repo.remove_model(name, now=utcnow(), actor=actor)
         log.info("model_removed model=%s by=%s", name, caller.name)
 
 
