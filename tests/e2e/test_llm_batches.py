@@ -218,3 +218,20 @@ def test_the_batch_commands_show_cancel_and_download_a_batch(stack: Stack, tmp_p
     rows = (tmp_path / "out" / f"{batch_id}_output.jsonl").read_text().splitlines()
     assert sorted(json.loads(r)["custom_id"] for r in rows) == [f"row-{i}" for i in range(1, 5)]
     assert "completed" in cancelled.stdout     # an ended batch stays as it ended
+
+
+def test_an_operator_adds_a_model_by_name_and_a_batch_uses_it(stack: Stack, client: Any) -> None:
+    # Given the built-in chat model's directory, registered again under another name
+    directory = stack.home / "models" / "e31-tiny-chat"
+    added = stack.e31("model", "add", "chat-copy", "--path", str(directory), "--replace")
+    listed = stack.e31("model", "list")
+
+    # When a batch names it
+    batch = submit(client, [chat(0, model="chat-copy")])
+    ended = wait_until(client, batch.id, lambda b: b.status in FINAL)
+
+    # Then it ran on it
+    assert added.returncode == 0 and "model chat-copy (chat)" in added.stdout, added.stderr
+    assert "chat-copy" in listed.stdout and "e31-tiny-embed" in listed.stdout
+    assert ended.status == "completed"
+    assert rows(client, ended.output_file_id)[0]["response"]["body"]["model"] == "chat-copy"
