@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 
 from e31_worker.workloads import llm, llm_hf
 from e31_worker.workloads.tinymodels import CONTEXT_TOKENS, build
+from tests.docblocks import doc, output_matches, python_shown_output
 from tests.unit.workload_context import make_ctx, one_torch_thread  # noqa: F401 (autouse)
 
 pytestmark = pytest.mark.torch
@@ -241,3 +242,18 @@ def test_a_stopped_attempt_resumes_after_its_last_commit_and_each_request_is_wri
                                           for r in out["results"])
     assert json.loads((tmp_path / "job" / "progress.json").read_text()) == {
         "done": 20, "total": 20}
+
+
+def test_the_example_of_docs_workloads_runs_and_prints_what_the_page_shows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Given the Python block of "The llm workload" in docs/workloads.md
+    [block] = [b for b in doc("docs/workloads.md").blocks
+               if b.lang == "python" and "workloads import llm" in b.text]
+
+    # When it runs in an empty directory
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block.text, block.where, "exec"), {"__name__": "__docs__"})
+
+    # Then it prints what the page shows
+    assert output_matches(python_shown_output(block), capsys.readouterr().out)
