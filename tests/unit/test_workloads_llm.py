@@ -115,6 +115,7 @@ def test_temperature_zero_and_a_seed_give_the_same_completions_on_every_run(
     assert texts(first) == texts(second)
     got = texts(first)
     assert len(got["seeded-n2"]) == 2 and len(got["greedy-n2"]) == 2
+    assert got["seeded-n2"][0] != got["seeded-n2"][1] != got["greedy"][0]  # they do sample
     assert got["greedy-n2"][0] == got["greedy-n2"][1] == got["greedy"][0]
     assert [c["index"] for c in body(first["results"][2])["choices"]] == [0, 1]
     assert body(first["results"][2])["usage"]["completion_tokens"] == sum(

@@ -8,7 +8,8 @@ write by hand. Otherwise a logits processor (`RowSampler`) gives each row its ow
 temperature, top_p, seed (a `torch.Generator` per seeded row, so that its draws do not
 depend on its neighbours') and `max_tokens` (it forces the end-of-turn token when a row has
 had its tokens), and turns its choice into the only finite score, which greedy decoding then
-takes. Stop strings are applied to the decoded text afterwards.
+takes. A row with stop strings ends when the tail of its text holds one (`StopStrings`), and
+the completion is cut before it.
 
 Embeddings: rows sorted by length, right-padded (positions start at 0 for every row), the
 last hidden state mean-pooled over the attention mask and L2-normalised.
@@ -119,12 +120,17 @@ class HFBackend:
             processors = LogitsProcessorList([RowSampler(
                 [row.sampling for row in batch], [row.choice for row in batch],
                 prompt_width=width, eos_id=self._eos[0], device=self._device)])
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, StoppingCriteriaList
+        stopping = None
+        if any(row.sampling.stop for row in batch):
+            stopping = StoppingCriteriaList([StopStrings(
+                [row.sampling.stop for row in batch], prompt_width=width, decode=self._decode)])
         config = GenerationConfig(max_new_tokens=max(limits), do_sample=False,
                                   pad_token_id=self._pad, eos_token_id=self._eos)
         with torch.inference_mode():
             out = self._model.generate(input_ids=ids, attention_mask=mask,
-                                       generation_config=config, logits_processor=processors)
+                                       generation_config=config, logits_processor=processors,
+                                       stopping_criteria=stopping)
         return [self._choice(tokens, row.sampling)
                 for tokens, row in zip(out[:, width:].tolist(), batch, strict=True)]
 
@@ -176,6 +182,30 @@ def stop_cut(tokens: list[int], text: str, stops: Sequence[str],
         else:
             low = mid + 1
     return text[:min(hits)], low
+
+
+class StopStrings:
+    """A stopping criterion: a row is done once the tail of its text holds one of its stop
+    strings (the tail: enough tokens for the longest, since every token writes a character
+    or more, plus a few for tokens that write none or part of one)."""
+
+    TAIL_SLACK_TOKENS = 4
+
+    def __init__(self, stops: list[tuple[str, ...]], *, prompt_width: int,
+                 decode: Callable[[list[int]], str]) -> None:
+        self._stops = stops
+        self._width = prompt_width
+        self._decode = decode
+        self._tail = max((len(s) for row in stops for s in row), default=0)
+        self._tail += self.TAIL_SLACK_TOKENS
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor,
+                 **kwargs: Any) -> torch.Tensor:
+        start = max(self._width, input_ids.shape[1] - self._tail)
+        tails = input_ids[:, start:].tolist()
+        done = [bool(stops) and any(s in self._decode(tail) for s in stops)
+                for stops, tail in zip(self._stops, tails, strict=True)]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
 def choice_seed(seed: int, choice: int) -> int:
