@@ -7,8 +7,10 @@ import base64
 import json
 import math
 import struct
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -258,3 +260,65 @@ def test_the_example_of_docs_workloads_runs_and_prints_what_the_page_shows(
 
     # Then it prints what the page shows
     assert output_matches(python_shown_output(block), capsys.readouterr().out)
+
+
+class FakeVllm:
+    """Stands in for the `vllm` module (not installed here): an engine that answers each
+    prompt with `n` choices of three tokens, and embeds every input as [3, 4]."""
+
+    def __init__(self, refuses: str) -> None:
+        self.refuses = refuses          # a keyword this "version" does not know
+        self.made: list[dict[str, Any]] = []
+        self.asked: list[tuple[list[int], Any]] = []
+
+    def LLM(self, **kwargs: Any) -> Any:  # vllm's name
+        if self.refuses in kwargs:
+            raise TypeError(f"unexpected keyword argument {self.refuses!r}")
+        self.made.append(kwargs)
+        return self
+
+    @staticmethod
+    def SamplingParams(**kwargs: Any) -> Any:  # vllm's name
+        return SimpleNamespace(**kwargs)
+
+    def generate(self, prompts: list[dict[str, list[int]]], sampling_params: list[Any],
+                 use_tqdm: bool) -> list[Any]:
+        self.asked += [(p["prompt_token_ids"], sp) for p, sp in zip(prompts, sampling_params,
+                                                                     strict=True)]
+        return [SimpleNamespace(outputs=[
+            SimpleNamespace(index=j, text=f"{len(p['prompt_token_ids'])}-{j}",
+                            token_ids=[1, 2, 3], finish_reason="length")
+            for j in reversed(range(sp.n))]) for p, sp in zip(prompts, sampling_params,
+                                                                strict=True)]
+
+    def embed(self, prompts: list[Any], use_tqdm: bool) -> list[Any]:
+        return [SimpleNamespace(outputs=SimpleNamespace(embedding=[3.0, 4.0])) for _ in prompts]
+
+
+def test_the_vllm_backend_hands_each_request_its_own_sampling_and_reads_the_choices_back(
+        tmp_path: Path, models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a stand-in vllm module (this machine has no GPU and no vLLM)
+    fake = FakeVllm(refuses="runner")
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # the backend sets it
+    lines = [chat("hot", temperature=0.5, top_p=0.9, seed=3, n=2, stop="x", max_tokens=5),
+             chat("greedy", temperature=0, n=3)]
+
+    # When the workload runs with backend vllm, for chat and for embeddings
+    result, out = run_file(tmp_path, models, lines, backend="vllm")
+    _, emb = run_file(tmp_path, models, [request_line("e", EMBEDDINGS, input=["a", "b"])],
+                      endpoint=EMBEDDINGS, name="emb", backend="vllm")
+
+    # Then each request got its parameters (a greedy one a single choice, copied n times),
+    # choices come back in index order, and embeddings are normalised
+    hot, greedy = (sp for _, sp in fake.asked)
+    assert (hot.n, hot.temperature, hot.top_p, hot.seed, hot.stop, hot.max_tokens) == (
+        2, 0.5, 0.9, 3, ["x"], 5)
+    assert greedy.n == 1 and greedy.max_tokens == 16
+    texts = [[c["message"]["content"] for c in body(r)["choices"]] for r in out["results"]]
+    width = len(fake.asked[0][0])
+    assert texts == [[f"{width}-0", f"{width}-1"], [f"{width}-0"] * 3]
+    assert body(out["results"][1])["usage"]["completion_tokens"] == 9
+    assert result["backend"] == "vllm"
+    assert [d["embedding"] for d in body(emb["results"][0])["data"]] == [[0.6, 0.8]] * 2
+    assert fake.made[-1].get("task") == "embed"  # the older name, after "runner" was refused
