@@ -43,7 +43,8 @@ STACK_TEST_TIMEOUT_S = 400
 # test_runbooks.py): a mark no test runs, or a step a test runs that the page lost, fails.
 RUN_STEPS = {
     "README.md": {"tour-up", "tour", "tour-refused"},
-    "docs/workloads.md": {"inference", "train", "forty-hours", "forty-hours-cli"},
+    "docs/workloads.md": {"inference", "train", "forty-hours", "forty-hours-cli",
+                          "openai-batch", "batch-cli"},   # test_llm_batches.py
     "docs/scheduling.md": {"tenants"},
     "docs/jobs.md": {"dry-run", "refused", "byo", "byo-python", "wait-timeout", "sweeps",
                      "sweep-refused", "idle"},    # idle: test_runbooks.py, with E31JobsIdle

@@ -74,13 +74,16 @@ class BodyLimit:
     """ASGI middleware: refuse a request body of more than `max_bytes` with 413, before or while
     it is read (see the module's docstring)."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int, exempt: tuple[str, ...] = ()) -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, exempt: tuple[str, ...] = (),
+                 only: tuple[str, ...] = ()) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.exempt = exempt    # path prefixes whose routes bound their bodies themselves
+        self.only = only        # if given, the path prefixes it bounds (and no other)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"].startswith(self.exempt):
+        if scope["type"] != "http" or scope["path"].startswith(self.exempt) \
+                or (self.only and not scope["path"].startswith(self.only)):
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)

@@ -1,4 +1,5 @@
-"""`GET /v1/usage`: GPU-seconds per tenant and size class (`e31.api.services.usage`)."""
+"""`GET /v1/usage`: GPU-seconds per tenant and size class, and per batch of requests to a
+language model its requests, tokens in and out and GPU-seconds (`e31.api.services.usage`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def router(svc: UsageService) -> APIRouter:
     def usage(t: Caller, all_tenants: Annotated[QueryBool, Query(
             description="every tenant's usage: an admin's token only (403 otherwise)")] = False,
               ) -> dict[str, Any]:
-        return {"usage": svc.usage(t, all_tenants=all_tenants)}
+        return {"usage": svc.usage(t, all_tenants=all_tenants),
+                "batches": svc.batches(t, all_tenants=all_tenants)}
 
     return r
