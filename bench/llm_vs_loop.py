@@ -2,9 +2,10 @@
 
 Both sides, in the same process and run, on the same device, over the same chat prompts
 (an OpenAI batch file: `--prompts` user messages of `--min-chars` to `--max-chars`
-characters, greedy, `--max-tokens` each), the same model (the built-in tiny chat model, or
-a wider and deeper random one with `--layers` / `--hidden`, built by
-`e31_worker.workloads.tinymodels` so that compute dominates) and the same batch size:
+characters, greedy unless `--temperature`, `--max-tokens` each), the same model (the
+built-in tiny chat model, or a wider and deeper random one with `--layers` / `--hidden`,
+built by `e31_worker.workloads.tinymodels` so that compute dominates) and the same batch
+size:
 
 - `--engine transformers` (CPU): the hand loop reads the file, applies the chat template,
   tokenizes each batch of `--batch-size` prompts in file order with left padding, calls
