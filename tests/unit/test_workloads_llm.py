@@ -133,15 +133,21 @@ def test_a_stop_string_cuts_the_completion_before_it(tmp_path: Path,
     stop = text[5:7]
     at = text.find(stop)
 
-    # When the same request names two characters of it as a stop string (and one never seen)
+    # When the same request names two characters of it as a stop string (and one never seen),
+    # in one batch with the same request without stop strings
     _, cut = run_file(tmp_path, models, [chat("a", temperature=0, max_tokens=20,
-                                              stop=[stop, "\u2603never"])], name="cut")
+                                              stop=[stop, "\u2603never"]),
+                                         chat("b", temperature=0, max_tokens=20)],
+                      name="cut", batch_size=2)
 
-    # Then the completion ends before the first occurrence, counted up to the stop's end
+    # Then the completion ends before the first occurrence, counted up to the stop's end,
+    # and its neighbour runs on to its max_tokens
     choice = body(cut["results"][0])["choices"][0]
     assert choice["message"]["content"] == text[:at]
     assert choice["finish_reason"] == "stop"
     assert body(cut["results"][0])["usage"]["completion_tokens"] == at + len(stop)
+    other = body(cut["results"][1])["choices"][0]
+    assert (other["message"]["content"], other["finish_reason"]) == (text, "length")
 
 
 def test_a_prompt_longer_than_the_context_is_an_error_row_and_the_others_succeed(
