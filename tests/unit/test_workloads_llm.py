@@ -7,8 +7,10 @@ import base64
 import json
 import math
 import struct
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ pytest.importorskip("transformers")
 
 from e31_worker.workloads import llm, llm_hf
 from e31_worker.workloads.tinymodels import CONTEXT_TOKENS, build
+from tests.docblocks import doc, output_matches, python_shown_output
 from tests.unit.workload_context import make_ctx, one_torch_thread  # noqa: F401 (autouse)
 
 pytestmark = pytest.mark.torch
@@ -114,6 +117,7 @@ def test_temperature_zero_and_a_seed_give_the_same_completions_on_every_run(
     assert texts(first) == texts(second)
     got = texts(first)
     assert len(got["seeded-n2"]) == 2 and len(got["greedy-n2"]) == 2
+    assert got["seeded-n2"][0] != got["seeded-n2"][1] != got["greedy"][0]  # they do sample
     assert got["greedy-n2"][0] == got["greedy-n2"][1] == got["greedy"][0]
     assert [c["index"] for c in body(first["results"][2])["choices"]] == [0, 1]
     assert body(first["results"][2])["usage"]["completion_tokens"] == sum(
@@ -129,15 +133,21 @@ def test_a_stop_string_cuts_the_completion_before_it(tmp_path: Path,
     stop = text[5:7]
     at = text.find(stop)
 
-    # When the same request names two characters of it as a stop string (and one never seen)
+    # When the same request names two characters of it as a stop string (and one never seen),
+    # in one batch with the same request without stop strings
     _, cut = run_file(tmp_path, models, [chat("a", temperature=0, max_tokens=20,
-                                              stop=[stop, "\u2603never"])], name="cut")
+                                              stop=[stop, "\u2603never"]),
+                                         chat("b", temperature=0, max_tokens=20)],
+                      name="cut", batch_size=2)
 
-    # Then the completion ends before the first occurrence, counted up to the stop's end
+    # Then the completion ends before the first occurrence, counted up to the stop's end,
+    # and its neighbour runs on to its max_tokens
     choice = body(cut["results"][0])["choices"][0]
     assert choice["message"]["content"] == text[:at]
     assert choice["finish_reason"] == "stop"
     assert body(cut["results"][0])["usage"]["completion_tokens"] == at + len(stop)
+    other = body(cut["results"][1])["choices"][0]
+    assert (other["message"]["content"], other["finish_reason"]) == (text, "length")
 
 
 def test_a_prompt_longer_than_the_context_is_an_error_row_and_the_others_succeed(
@@ -241,3 +251,80 @@ def test_a_stopped_attempt_resumes_after_its_last_commit_and_each_request_is_wri
                                           for r in out["results"])
     assert json.loads((tmp_path / "job" / "progress.json").read_text()) == {
         "done": 20, "total": 20}
+
+
+def test_the_example_of_docs_workloads_runs_and_prints_what_the_page_shows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Given the Python block of "The llm workload" in docs/workloads.md
+    [block] = [b for b in doc("docs/workloads.md").blocks
+               if b.lang == "python" and "workloads import llm" in b.text]
+
+    # When it runs in an empty directory
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block.text, block.where, "exec"), {"__name__": "__docs__"})
+
+    # Then it prints what the page shows
+    assert output_matches(python_shown_output(block), capsys.readouterr().out)
+
+
+class FakeVllm:
+    """Stands in for the `vllm` module (not installed here): an engine that answers each
+    prompt with `n` choices of three tokens, and embeds every input as [3, 4]."""
+
+    def __init__(self, refuses: str) -> None:
+        self.refuses = refuses          # a keyword this "version" does not know
+        self.made: list[dict[str, Any]] = []
+        self.asked: list[tuple[list[int], Any]] = []
+
+    def LLM(self, **kwargs: Any) -> Any:  # vllm's name
+        if self.refuses in kwargs:
+            raise TypeError(f"unexpected keyword argument {self.refuses!r}")
+        self.made.append(kwargs)
+        return self
+
+    @staticmethod
+    def SamplingParams(**kwargs: Any) -> Any:  # vllm's name
+        return SimpleNamespace(**kwargs)
+
+    def generate(self, prompts: list[dict[str, list[int]]], sampling_params: list[Any],
+                 use_tqdm: bool) -> list[Any]:
+        self.asked += [(p["prompt_token_ids"], sp) for p, sp in zip(prompts, sampling_params,
+                                                                     strict=True)]
+        return [SimpleNamespace(outputs=[
+            SimpleNamespace(index=j, text=f"{len(p['prompt_token_ids'])}-{j}",
+                            token_ids=[1, 2, 3], finish_reason="length")
+            for j in reversed(range(sp.n))]) for p, sp in zip(prompts, sampling_params,
+                                                                strict=True)]
+
+    def embed(self, prompts: list[Any], use_tqdm: bool) -> list[Any]:
+        return [SimpleNamespace(outputs=SimpleNamespace(embedding=[3.0, 4.0])) for _ in prompts]
+
+
+def test_the_vllm_backend_hands_each_request_its_own_sampling_and_reads_the_choices_back(
+        tmp_path: Path, models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a stand-in vllm module (this machine has no GPU and no vLLM)
+    fake = FakeVllm(refuses="runner")
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # the backend sets it
+    lines = [chat("hot", temperature=0.5, top_p=0.9, seed=3, n=2, stop="x", max_tokens=5),
+             chat("greedy", temperature=0, n=3)]
+
+    # When the workload runs with backend vllm, for chat and for embeddings
+    result, out = run_file(tmp_path, models, lines, backend="vllm")
+    _, emb = run_file(tmp_path, models, [request_line("e", EMBEDDINGS, input=["a", "b"])],
+                      endpoint=EMBEDDINGS, name="emb", backend="vllm")
+
+    # Then each request got its parameters (a greedy one a single choice, copied n times),
+    # choices come back in index order, and embeddings are normalised
+    hot, greedy = (sp for _, sp in fake.asked)
+    assert (hot.n, hot.temperature, hot.top_p, hot.seed, hot.stop, hot.max_tokens) == (
+        2, 0.5, 0.9, 3, ["x"], 5)
+    assert greedy.n == 1 and greedy.max_tokens == 16
+    texts = [[c["message"]["content"] for c in body(r)["choices"]] for r in out["results"]]
+    width = len(fake.asked[0][0])
+    assert texts == [[f"{width}-0", f"{width}-1"], [f"{width}-0"] * 3]
+    assert body(out["results"][1])["usage"]["completion_tokens"] == 9
+    assert result["backend"] == "vllm"
+    assert [d["embedding"] for d in body(emb["results"][0])["data"]] == [[0.6, 0.8]] * 2
+    assert fake.made[-1].get("task") == "embed"  # the older name, after "runner" was refused

@@ -4,11 +4,9 @@ Completions: every (request, prompt, choice) is one row; rows are sorted by (max
 prompt length) and cut into batches of `batch_size`, left-padded, and generated greedily
 under `torch.inference_mode`. When a batch holds only greedy rows with one `max_tokens`
 (the common case: a file of `temperature: 0` requests), that is all: the same call one would
-write by hand. Otherwise a logits processor (`RowSampler`) gives each row its own
-temperature, top_p, seed (a `torch.Generator` per seeded row, so that its draws do not
-depend on its neighbours') and `max_tokens` (it forces the end-of-turn token when a row has
-had its tokens), and turns its choice into the only finite score, which greedy decoding then
-takes. Stop strings are applied to the decoded text afterwards.
+write by hand. Otherwise a logits processor (`llm_sampling.RowSampler`) gives each row its own
+temperature, top_p, seed, `max_tokens` and stop strings (it ends a row with the end-of-turn
+token), and the completion is cut before its first stop string.
 
 Embeddings: rows sorted by length, right-padded (positions start at 0 for every row), the
 last hidden state mean-pooled over the attention mask and L2-normalised.
@@ -16,8 +14,7 @@ last hidden state mean-pooled over the attention mask and L2-normalised.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +22,7 @@ from typing import Any
 import torch
 
 from e31_worker.workloads.llm_requests import Choice, Request, Sampling
-
-NEG_INF = float("-inf")
+from e31_worker.workloads.llm_sampling import RowSampler, stop_cut
 
 
 @dataclass(frozen=True)
@@ -114,11 +110,13 @@ class HFBackend:
         width = ids.shape[1]
         limits = [row.sampling.max_tokens for row in batch]
         processors = None
-        if any(row.sampling.temperature > 0 for row in batch) or len(set(limits)) > 1:
+        if (len(set(limits)) > 1
+                or any(row.sampling.temperature > 0 or row.sampling.stop for row in batch)):
             from transformers import LogitsProcessorList
             processors = LogitsProcessorList([RowSampler(
                 [row.sampling for row in batch], [row.choice for row in batch],
-                prompt_width=width, eos_id=self._eos[0], device=self._device)])
+                prompt_width=width, eos_id=self._eos[0], device=self._device,
+                decode=self._decode)])
         from transformers import GenerationConfig
         config = GenerationConfig(max_new_tokens=max(limits), do_sample=False,
                                   pad_token_id=self._pad, eos_token_id=self._eos)
@@ -134,7 +132,7 @@ class HFBackend:
         end = next((i for i, t in enumerate(tokens) if t in self._eos), None)
         if end is None:
             tokens, finish = tokens[:limit], "length"
-        else:  # an end of turn at `limit` was forced there by RowSampler
+        else:  # an end of turn at `limit` was forced there by RowSampler (or a stop string)
             tokens, finish = tokens[:end], ("length" if end >= limit else "stop")
         decode = self._decode
         text = decode(tokens)
@@ -158,76 +156,3 @@ class HFBackend:
             ids[i, cols] = torch.tensor(s, dtype=torch.long)
             mask[i, cols] = 1
         return ids.to(self._device), mask.to(self._device)
-
-
-def stop_cut(tokens: list[int], text: str, stops: Sequence[str],
-             decode: Callable[[list[int]], str]) -> tuple[str, int] | None:
-    """(the text before the first stop string, the tokens it took to write that string), or
-    None when no stop string occurs. The count is the shortest prefix of `tokens` whose text
-    holds a stop string (a binary search: holding one only grows with the prefix)."""
-    hits = [at for s in stops if (at := text.find(s)) >= 0]
-    if not hits:
-        return None
-    low, high = 1, len(tokens)
-    while low < high:
-        mid = (low + high) // 2
-        if any(s in decode(tokens[:mid]) for s in stops):
-            high = mid
-        else:
-            low = mid + 1
-    return text[:min(hits)], low
-
-
-def choice_seed(seed: int, choice: int) -> int:
-    """The generator seed of choice `choice` of a request seeded with `seed`."""
-    digest = hashlib.sha256(f"{seed}:{choice}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-class RowSampler:
-    """A logits processor: each row's own sampling and token limit, as a one-hot choice."""
-
-    def __init__(self, samplings: list[Sampling], choices: list[int], *, prompt_width: int,
-                 eos_id: int, device: str) -> None:
-        self._width = prompt_width
-        self._eos = eos_id
-        self._limits = torch.tensor([s.max_tokens for s in samplings], device=device)
-        sampled = [i for i, s in enumerate(samplings) if s.temperature > 0]
-        self._sampled = torch.tensor(sampled, dtype=torch.long, device=device)
-        self._temps = torch.tensor([[samplings[i].temperature] for i in sampled],
-                                   device=device)
-        self._top_p = torch.tensor([[samplings[i].top_p] for i in sampled], device=device)
-        self._nucleus = any(samplings[i].top_p < 1.0 for i in sampled)
-        self._generators: list[torch.Generator | None] = []
-        for i in sampled:
-            seed = samplings[i].seed
-            gen = None
-            if seed is not None:
-                gen = torch.Generator(device=device).manual_seed(choice_seed(seed, choices[i]))
-            self._generators.append(gen)
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if len(self._sampled):
-            scores = self._sample(scores)
-        over = (self._limits <= input_ids.shape[1] - self._width).nonzero().flatten()
-        if len(over):
-            scores[over] = NEG_INF
-            scores[over, self._eos] = 0.0
-        return scores
-
-    def _sample(self, scores: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(scores[self._sampled].float() / self._temps, dim=-1)
-        if self._nucleus:  # keep the most likely tokens until their mass reaches top_p
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            sorted_p = sorted_p.masked_fill(sorted_p.cumsum(-1) - sorted_p > self._top_p, 0.0)
-            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-        picked = torch.empty(len(self._sampled), dtype=torch.long, device=probs.device)
-        free = [k for k, g in enumerate(self._generators) if g is None]
-        if free:
-            picked[free] = torch.multinomial(probs[free], 1).flatten()
-        for k, gen in enumerate(self._generators):
-            if gen is not None:
-                picked[k] = torch.multinomial(probs[k], 1, generator=gen)[0]
-        scores[self._sampled] = NEG_INF
-        scores[self._sampled, picked] = 0.0
-        return scores

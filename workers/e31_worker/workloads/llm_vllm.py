@@ -67,14 +67,24 @@ class VllmBackend:
         params = []
         for req in requests:
             s = req.sampling
-            sp = SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, seed=s.seed,
-                                max_tokens=s.max_tokens, stop=list(s.stop) or None)
+            # Greedy choices are all the same, and older vLLMs refuse n > 1 when greedy
+            # (best_of follows n): one choice, copied n times below.
+            sp = SamplingParams(n=s.n if s.temperature > 0 else 1, temperature=s.temperature,
+                                top_p=s.top_p, seed=s.seed, max_tokens=s.max_tokens,
+                                stop=list(s.stop) or None)
             for ids in req.prompts:
                 prompts.append({"prompt_token_ids": list(ids)})
                 params.append(sp)
         outputs = iter(self._llm.generate(prompts, sampling_params=params, use_tqdm=False))
-        return [[[_choice(o) for o in sorted(next(outputs).outputs, key=lambda o: o.index)]
-                 for _ in req.prompts] for req in requests]
+        answers = []
+        for req in requests:
+            per_prompt = []
+            for _ in req.prompts:
+                choices = [_choice(o) for o in sorted(next(outputs).outputs,
+                                                      key=lambda o: o.index)]
+                per_prompt.append(choices * (req.sampling.n // len(choices)))
+            answers.append(per_prompt)
+        return answers
 
     def embed(self, requests: Sequence[Request]) -> list[list[list[float]]]:
         """For each request, one unit vector per input."""
