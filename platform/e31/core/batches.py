@@ -21,7 +21,6 @@ MODEL_KINDS = ("chat", "embed")
 # Which kind of model an endpoint needs: a chat model completes, an embedding model embeds.
 ENDPOINT_KIND = {"/v1/chat/completions": "chat", "/v1/completions": "chat",
                  "/v1/embeddings": "embed"}
-FILE_PURPOSES = ("batch", "batch_output")
 SHARD_MIN_REQUESTS = 100   # a shard smaller than this costs more to start than it saves
 _WINDOW = re.compile(r"^([1-9][0-9]{0,4})([mhd])$")
 _UNIT_S = {"m": 60, "h": 3600, "d": 86400}
