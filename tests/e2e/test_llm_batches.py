@@ -26,6 +26,7 @@ from tests.e2e.conftest import Stack
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.timeout(420)   # a batch's wait (BATCH_S) and the stack's first start
 
 CHAT = "/v1/chat/completions"
 FINAL = ("completed", "failed", "expired", "cancelled")
