@@ -95,7 +95,8 @@ def status(batch_id: str = IdArg, as_json: bool = JsonOpt) -> None:
 
 
 @app.command("list")
-def list_batches(limit: int = typer.Option(20, "--limit", min=1, max=100),
+def list_batches(limit: int = typer.Option(20, "--limit", min=1, max=100,
+                                          help="the newest this many"),
                  as_json: bool = JsonOpt) -> None:
     """Your batches, newest first."""
     rows = _call(lambda c: c.batches.list(limit=limit))
