@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import NotFound
@@ -79,13 +79,31 @@ class JobStore(Store):
             raise NotFound(f"no job {job_id}")
         return str(state)
 
-    def list_jobs(self, tenant_id: str, *, state: str | None = None,
-                  limit: int = 100) -> list[JobRecord]:
+    def list_jobs(self, tenant_id: str, *, state: str | None = None, limit: int = 100,
+                  name: str | None = None, size_class: str | None = None,
+                  array_id: str | None = None, before: str | None = None) -> list[JobRecord]:
+        """The tenant's jobs, newest first (the index on tenant and submit time), of a state,
+        a size class or an array, whose name contains `name`; `before`: only those listed
+        after that job of the tenant (the next page; an unknown id lists nothing)."""
         with self._session() as s:
             q = select(Job).where(Job.tenant_id == tenant_id)
             if state:
                 q = q.where(Job.state == state)
-            jobs = s.scalars(q.order_by(Job.submitted_at.desc()).limit(limit)).all()
+            if name:
+                q = q.where(Job.name.contains(name, autoescape=True))
+            if size_class:
+                q = q.where(Job.size_class == size_class)
+            if array_id:
+                q = q.where(Job.array_id == array_id)
+            if before:
+                last = s.execute(select(Job.submitted_at, Job.id).where(
+                    Job.tenant_id == tenant_id, Job.id == before)).first()
+                if last is None:
+                    return []
+                q = q.where(or_(Job.submitted_at < last[0],
+                                and_(Job.submitted_at == last[0], Job.id < last[1])))
+            jobs = s.scalars(q.order_by(Job.submitted_at.desc(), Job.id.desc())
+                             .limit(limit)).all()
             names = _tenant_names(s)
             return [_to_record(j, names[j.tenant_id]) for j in jobs]
 

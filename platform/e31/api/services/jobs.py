@@ -203,10 +203,14 @@ class JobService:
             return False
         return True
 
-    def list(self, tenant: TenantRecord, *, state: str | None,
-             limit: int) -> builtins.list[JobRecord]:
+    def list(self, tenant: TenantRecord, *, state: str | None, limit: int,
+             name: str | None = None, size_class: str | None = None,
+             array_id: str | None = None, before: str | None = None) -> builtins.list[JobRecord]:
+        """The tenant's jobs, newest first, filtered as `Repo.list_jobs` says; `before` a job
+        id: the page after it."""
         limit = min(max(limit, 1), LIST_LIMIT_MAX)
-        return self._repo.list_jobs(tenant.id, state=state, limit=limit)
+        return self._repo.list_jobs(tenant.id, state=state, limit=limit, name=name,
+                                    size_class=size_class, array_id=array_id, before=before)
 
     def cancel(self, tenant: TenantRecord, job_id: str) -> JobRecord:
         record = self._repo.request_cancel(tenant.id, job_id, now=utcnow())
