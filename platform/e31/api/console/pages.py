@@ -80,9 +80,11 @@ def router(view: Renderer) -> APIRouter:
         svc = view.services(request).usage
         every = viewer.tenant.admin   # an admin sees every tenant's, as `e31 usage --all`
         rows = svc.usage(viewer.tenant, all_tenants=every)
-        bars = charts.bars([(f"{u['tenant']} · {u['size_class']}", u["gpu_seconds"])
-                            for u in rows])
+        # GPU-seconds; run seconds where no GPU was used (a pool of cpu slots)
+        metric = "gpu_seconds" if any(u["gpu_seconds"] for u in rows) else "run_seconds"
+        bars = charts.bars([(f"{u['tenant']} · {u['size_class']}", u[metric]) for u in rows])
         return view.page(request, "usage.html", viewer, usage=rows, chart=bars,
+                         unit="GPU-s" if metric == "gpu_seconds" else "s run",
                          batches=svc.batches(viewer.tenant, all_tenants=every))
 
     @r.get("/ui/gpus", response_class=HTMLResponse)
