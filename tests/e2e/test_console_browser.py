@@ -32,8 +32,11 @@ WAIT_S = 90
 DRIVERS = ("chromedriver", "chromium-driver")
 DESKTOP = (1280, 800)
 PHONE = (390, 844)
+# the screenshots docs/console.md shows
 DOCS_SHOTS = {"console-jobs.png", "console-jobs-phone.png", "console-job-running.png",
-              "console-array.png", "console-gpus.png"}   # the ones docs/console.md shows
+              "console-array.png", "console-gpus.png", "console-job-gpu.png"}
+SCROLL_TO = "document.getElementById('%s').scrollIntoView({block: 'center'})"
+GPU_LOG = "for i in $(seq 1 120); do echo gpu-line-$i; sleep 0.25; done"
 SLOW_LOG = "for i in $(seq 1 240); do echo console-line-$i; sleep 0.25; done"
 
 
@@ -132,6 +135,9 @@ def test_the_console_shows_a_tenant_its_jobs_live_and_no_one_elses(
                           {"command": ["sh", "-c", "exit 1"]}], name="grid",
                          resources={"gpus": 0}, retries={"max": 0})
     theirs = b.submit(command=["true"], name="b-only", resources={"gpus": 0})
+    # (and a job on a simulated GPU whose log moves, so its GPU reads busy: its chart)
+    on_gpu = a.submit(command=["sh", "-c", GPU_LOG], name="on-a-gpu",
+                      resources={"gpus": 1, "gpu_mem_gb": 20})
     for handle in (failed, ok, grid, theirs):
         wait_for(final(handle), timeout_s=WAIT_S, what="a job or array to end")
     running = a.submit(command=["sh", "-c", SLOW_LOG], name="talks", resources={"gpus": 0})
@@ -159,8 +165,16 @@ def test_the_console_shows_a_tenant_its_jobs_live_and_no_one_elses(
     ui.open(f"/ui/jobs/{running.id}")
     first = ui.until(lambda: ui.text("#log").count("console-line-") or None, "a log line")
     ui.until(lambda: ui.text("#log").count("console-line-") > first + 2, "more log lines")
-    browser.execute_script("document.getElementById('log').scrollIntoView({block: 'center'})")
+    browser.execute_script(SCROLL_TO % "log")
     ui.shot("console-job-running.png")
+
+    # And the GPU job's page draws its GPUs' utilisation and memory over its run
+    def charted() -> bool:
+        ui.open(f"/ui/jobs/{on_gpu.id}")
+        return bool(browser.find_elements("css selector", "#gpu-chart polyline.mem"))
+    ui.until(charted, "the GPU job's chart (two readings, STEP_S apart)")
+    browser.execute_script(SCROLL_TO % "gpu-chart")
+    ui.shot("console-job-gpu.png")
 
     # And the array's page shows its grid, one cell per item coloured by state
     ui.open(f"/ui/arrays/{grid.id}")

@@ -19,6 +19,7 @@ from e31.core.records import Outcome
 from e31.core.states import AttemptReason
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
+from e31.ops import gpuseries
 from e31.store import Repo
 from tests.integration.test_store import publish
 
@@ -227,3 +228,21 @@ def test_the_log_stream_sends_the_log_and_ends_once_the_job_is_final(
     assert "hello from the job" in body and body.rstrip().endswith("event: end\ndata: {}")
     resumed = client.get(f"/ui/jobs/{job_id}/log", headers={"Last-Event-ID": "999999"}).text
     assert "hello from the job" not in resumed and "event: end" in resumed
+
+
+def test_a_jobs_page_draws_its_gpu_series_and_another_tenant_reads_none_of_it(
+        app, redis_client: redis.Redis) -> None:
+    from tests.integration.test_gpu_series import busy
+    app, tokens = app
+    job_id = submit(tokens["a"], app, name="on-gpus")
+    for util in (10.0, 80.0, 95.0):
+        gpuseries.record(redis_client, busy(job_id, util=util))
+    client = signed_in(app, tokens["a"])
+    page = client.get(f"/ui/jobs/{job_id}").text
+    assert 'id="gpu-chart"' in page and 'class="util"' in page and 'class="mem"' in page
+    as_json = TestClient(app).get(f"/v1/jobs/{job_id}/gpu",
+                                  headers={"Authorization": f"Bearer {tokens['a']}"}).json()
+    assert as_json["known"] and [p["util_pct"] for p in as_json["points"]] == [10.0, 80.0, 95.0]
+    other = TestClient(app).get(f"/v1/jobs/{job_id}/gpu",
+                                headers={"Authorization": f"Bearer {tokens['b']}"})
+    assert other.status_code == 404

@@ -56,8 +56,9 @@ def router(view: Renderer) -> APIRouter:
         record = await svc.poll(viewer.tenant, job_id, wait_s=0)
         status = record.to_status()
         outputs = await run_in_threadpool(svc.outputs, viewer.tenant, job_id)
+        series = await run_in_threadpool(svc.gpu_series, viewer.tenant, job_id)
         return view.page(request, "job.html", viewer, job=status, spec=record.spec,
-                         outputs=outputs,
+                         outputs=outputs, gpu=charts.gpu_lines(series["points"]),
                          final=status["state"] in {"succeeded", "failed", "cancelled"})
 
     @r.get("/ui/arrays/{array_id}", response_class=HTMLResponse)

@@ -109,6 +109,12 @@ def _file_routes(r: APIRouter, svc: JobService) -> None:
                                  headers={LOG_SIZE_HEADER: str(chunk.size_bytes),
                                           NEXT_OFFSET_HEADER: str(chunk.next_offset)})
 
+    @r.get("/v1/jobs/{job_id}/gpu", tags=["jobs"], responses=errors.responses(401, 404, 503))
+    def gpu_series(job_id: str, t: Caller) -> dict[str, Any]:
+        """The job's GPUs over its run: per point its time, node, mean utilisation (%) and
+        memory used and total, a point every `step_s`, the newest `max_points` kept."""
+        return svc.gpu_series(t, job_id)
+
     @r.get("/v1/jobs/{job_id}/outputs", tags=["jobs"],
            responses=errors.responses(401, 404, 503))
     def outputs(job_id: str, t: Caller) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from e31.core.states import FINAL_STATES
 from e31.core.tenantlimits import TenantLimits
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
+from e31.ops import gpuseries
 from e31.ops.fanout import MERGE_ENTRYPOINT, is_fanout
 from e31.ops.heartbeat import WorkerInfo
 from e31.scheduling import explain, placement
@@ -228,6 +229,15 @@ class JobService:
         length = max(0, min(bound if limit is None else min(limit, bound), size - offset))
         return LogChunk(size_bytes=size, next_offset=offset + length,
                         body=view.read(offset, length))
+
+    def gpu_series(self, tenant: TenantRecord, job_id: str) -> dict[str, Any]:
+        """The job's GPU memory and utilisation over its run, a point every few heartbeats
+        of its worker (`e31.ops.gpuseries`: bounded, the newest kept); `known` False when
+        Redis could not be read."""
+        record = self._repo.get_job(tenant.id, job_id)   # 404 for another tenant's job
+        points = self._readings.gpu_series(record.id)
+        return {"known": points is not None, "points": points or [],
+                "step_s": gpuseries.STEP_S, "max_points": gpuseries.MAX_POINTS}
 
     def outputs(self, tenant: TenantRecord, job_id: str) -> builtins.list[dict[str, Any]]:
         record = self._repo.get_job(tenant.id, job_id)
