@@ -174,7 +174,10 @@ def test_the_jobs_page_shows_a_failed_job_in_red_with_its_reason_and_filters_by_
     page = client.get("/ui/jobs").text
     row = re.search(rf'<tr class="state-failed" data-job="{failed}">(.*?)</tr>', page, re.S)
     assert row and "error" in row.group(1) and "exit code 3" in row.group(1)
-    assert f'data-job="{queued}"' in page
+    waiting = re.search(rf'<tr class="state-queued" data-job="{queued}">(.*?)</tr>', page, re.S)
+    assert waiting and 'class="why"' in waiting.group(1)   # why it waits, as its status says
+    assert TestClient(app).get(f"/v1/jobs/{queued}", headers={
+        "Authorization": f"Bearer {tokens['a']}"}).json()["pending"]["text"] in waiting.group(1)
     only_failed = client.get("/ui/jobs", params={"state": "failed"}).text
     assert failed in only_failed and queued not in only_failed
     by_name = client.get("/ui/jobs", params={"name": "wai"}).text

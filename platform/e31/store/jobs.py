@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import NotFound
@@ -100,8 +100,9 @@ class JobStore(Store):
                     Job.tenant_id == tenant_id, Job.id == before)).first()
                 if last is None:
                     return []
-                q = q.where(or_(Job.submitted_at < last[0],
-                                and_(Job.submitted_at == last[0], Job.id < last[1])))
+                # the range on the index's column alone, then the tie on the same instant
+                q = q.where(Job.submitted_at <= last[0],
+                            or_(Job.submitted_at < last[0], Job.id < last[1]))
             jobs = s.scalars(q.order_by(Job.submitted_at.desc(), Job.id.desc())
                              .limit(limit)).all()
             names = _tenant_names(s)

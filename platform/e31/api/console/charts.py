@@ -25,7 +25,7 @@ def bars(values: Sequence[tuple[str, float]]) -> dict[str, Any]:
 
 SERIES_WIDTH_PX = 640
 SERIES_HEIGHT_PX = 160
-SERIES_PAD_PX = 30
+SERIES_PAD_PX = 44
 
 
 def gpu_lines(points: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ from e31.api.console.render import Renderer
 from e31.core.states import JobState
 
 PAGE_SIZE = 50
-PENDING_SHOWN = 20   # queued rows of a page that show why they wait (each a status read)
+PENDING_SHOWN = 20   # queued rows of a page that show why they wait (each its position read)
 ARRAY_GRID_MAX = 10_000
 _Text = Annotated[str | None, Query(max_length=200)]
 
@@ -39,10 +39,10 @@ def router(view: Renderer) -> APIRouter:
                          limit=PAGE_SIZE + 1, name=name or None,
                          size_class=size_class or None, array_id=array or None,
                          before=before or None)
-        rows = [j.to_status() for j in found[:PAGE_SIZE]]
-        queued = [row for row in rows if row["state"] == JobState.QUEUED.value]
-        for row in queued[:PENDING_SHOWN]:   # why each waits, as its status says
-            row["pending"] = svc.get(viewer.tenant, row["id"]).pending
+        shown = found[:PAGE_SIZE]
+        queued = [j for j in shown if j.state == JobState.QUEUED.value][:PENDING_SHOWN]
+        why = svc.pending(viewer.tenant, queued) if queued else {}   # as each status says
+        rows = [{**j.to_status(), "pending": why.get(j.id)} for j in shown]
         filters = {"state": state.value if state else "", "name": name or "",
                    "size_class": size_class or "", "array": array or ""}
         return view.page(request, "jobs.html", viewer, jobs=rows, filters=filters,
@@ -92,7 +92,6 @@ def router(view: Renderer) -> APIRouter:
     def gpus(request: Request) -> HTMLResponse:
         viewer = view.sessions.viewer(request)
         top: dict[str, Any] = view.services(request).top.top(viewer.tenant)
-        drained = view.services(request).queue.overview(viewer.tenant)["drained"]
-        return view.page(request, "gpus.html", viewer, top=top, drained=drained)
+        return view.page(request, "gpus.html", viewer, top=top)
 
     return r

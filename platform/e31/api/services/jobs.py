@@ -159,16 +159,23 @@ class JobService:
         record = self._with_fanout_progress(tenant, self._repo.get_job(tenant.id, job_id))
         if record.state != "queued":
             return record
+        return dataclasses.replace(record, pending=self.pending(tenant, [record])[record.id])
+
+    def pending(self, tenant: TenantRecord,
+                records: builtins.list[JobRecord]) -> dict[str, dict[str, Any]]:
+        """Why each of the tenant's queued `records` waits (`explain.pending`, as `get` says
+        it), the pool's view, the tenants' and the workers read once for all of them (a list
+        page's queued rows)."""
         now = utcnow()
-        pos = self._repo.queue_position(tenant.id, job_id)
         readings = self._readings
         tenants = readings.tenant_views(readings.view(now))
         workers = readings.workers()
-        return dataclasses.replace(record, pending=explain.pending(
-            record, pos, readings.queue_load(record.queue, now), tenants, now=now,
-            half_life_s=self._settings.fair_share_half_life_s,
-            owns=lambda other: self._owns(tenant, other), workers=workers,
-            nodes=readings.shapes(workers)))
+        nodes = readings.shapes(workers)
+        return {r.id: explain.pending(
+            r, self._repo.queue_position(tenant.id, r.id), readings.queue_load(r.queue, now),
+            tenants, now=now, half_life_s=self._settings.fair_share_half_life_s,
+            owns=lambda other: self._owns(tenant, other), workers=workers, nodes=nodes)
+            for r in records if r.state == "queued"}
 
     async def poll(self, tenant: TenantRecord, job_id: str, *, wait_s: int) -> JobRecord:
         """`get`, after a long poll of up to `wait_s` for the job to be final (0: at once):
