@@ -249,3 +249,20 @@ def test_a_jobs_page_draws_its_gpu_series_and_another_tenant_reads_none_of_it(
     other = TestClient(app).get(f"/v1/jobs/{job_id}/gpu",
                                 headers={"Authorization": f"Bearer {tokens['b']}"})
     assert other.status_code == 404
+
+
+def test_usage_per_day_counts_todays_ended_jobs_for_their_tenant_only(app, repo: Repo) -> None:
+    app, tokens = app
+    fail(repo, submit(tokens["a"], app, name="ends-today", retries={"max": 0}))
+    today = utcnow().date().isoformat()
+    a = TestClient(app).get("/v1/usage/daily", headers={"Authorization": f"Bearer {tokens['a']}"})
+    assert [(d["day"], d["tenant"], d["jobs"]) for d in a.json()["days"]] == [
+        (today, "team-a", 1)]
+    b = TestClient(app).get("/v1/usage/daily", headers={"Authorization": f"Bearer {tokens['b']}"})
+    assert b.json()["days"] == []
+    assert TestClient(app).get("/v1/usage/daily", params={"all_tenants": "true"}, headers={
+        "Authorization": f"Bearer {tokens['b']}"}).status_code == 403
+    page = signed_in(app, tokens["a"]).get("/ui/usage", params={"days": 28}).text
+    assert 'id="daily-chart"' in page and today in page and "the last 28 days" in page
+    admin = signed_in(app, tokens["root"]).get("/ui/usage").text
+    assert "team-a" in admin

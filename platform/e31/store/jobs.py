@@ -126,6 +126,25 @@ class JobStore(Store):
 
     # -- usage ---------------------------------------------------------------------------
 
+    def usage_by_day(self, tenant_id: str | None, *, since: datetime) -> list[dict[str, Any]]:
+        """Per UTC day, tenant and size class, of the jobs that ended since `since` (the index
+        on the end time): jobs, GPU-seconds and queued seconds; oldest day first."""
+        with self._session() as s:
+            ended: Any = Job.ended_at if s.get_bind().dialect.name == "sqlite" \
+                else func.timezone("UTC", Job.ended_at)
+            day = func.date(ended)
+            q = select(day, Tenant.name, Job.size_class, func.count(), func.sum(Job.gpu_seconds),
+                       func.sum(Job.queued_seconds)).join(Tenant, Tenant.id == Job.tenant_id) \
+                .where(Job.ended_at >= since)
+            if tenant_id is not None:
+                q = q.where(Job.tenant_id == tenant_id)
+            rows = s.execute(q.group_by(day, Tenant.name, Job.size_class)
+                             .order_by(day, Tenant.name, Job.size_class))
+            return [{"day": str(d), "tenant": t, "size_class": c, "jobs": int(n),
+                     "gpu_seconds": round(gpu or 0.0, 3),
+                     "queued_seconds": round(waited or 0.0, 3)}
+                    for d, t, c, n, gpu, waited in rows]
+
     def usage(self, tenant_id: str | None, *, now: datetime) -> list[UsageRow]:
         """Per tenant and size class: jobs by state, billed GPU-seconds, run and queued time."""
         with self._session() as s:

@@ -11,9 +11,10 @@ LABEL_WIDTH_PX = 220
 CHART_WIDTH_PX = 640
 
 
-def bars(values: Sequence[tuple[str, float]]) -> dict[str, Any]:
-    """One bar per (label, value), longest first, scaled to the largest; the chart's size."""
-    rows = sorted(values, key=lambda v: -v[1])
+def bars(values: Sequence[tuple[str, float]], *, longest_first: bool = True) -> dict[str, Any]:
+    """One bar per (label, value), longest first (or in the order given), scaled to the
+    largest; the chart's size."""
+    rows = sorted(values, key=lambda v: -v[1]) if longest_first else list(values)
     top = max((v for _, v in rows), default=0.0) or 1.0
     span = CHART_WIDTH_PX - LABEL_WIDTH_PX - 80
     return {"width": CHART_WIDTH_PX, "height": BAR_HEIGHT_PX * max(len(rows), 1) + 4,

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from e31.api.console import charts
 from e31.api.console.render import Renderer
+from e31.api.services.usage import DAYS_MAX
 from e31.core.states import JobState
 
 PAGE_SIZE = 50
@@ -76,7 +77,8 @@ def router(view: Renderer) -> APIRouter:
         return view.page(request, "queue.html", viewer, queue=overview)
 
     @r.get("/ui/usage", response_class=HTMLResponse)
-    def usage(request: Request) -> HTMLResponse:
+    def usage(request: Request, days: Annotated[int, Query(ge=1, le=DAYS_MAX)] = 7,
+              ) -> HTMLResponse:
         viewer = view.sessions.viewer(request)
         svc = view.services(request).usage
         every = viewer.tenant.admin   # an admin sees every tenant's, as `e31 usage --all`
@@ -84,9 +86,11 @@ def router(view: Renderer) -> APIRouter:
         # GPU-seconds; run seconds where no GPU was used (a pool of cpu slots)
         metric = "gpu_seconds" if any(u["gpu_seconds"] for u in rows) else "run_seconds"
         bars = charts.bars([(f"{u['tenant']} · {u['size_class']}", u[metric]) for u in rows])
+        daily = svc.by_day(viewer.tenant, all_tenants=every, days=days)
         return view.page(request, "usage.html", viewer, usage=rows, chart=bars,
                          unit="GPU-s" if metric == "gpu_seconds" else "s run",
-                         batches=svc.batches(viewer.tenant, all_tenants=every))
+                         batches=svc.batches(viewer.tenant, all_tenants=every),
+                         days=days, daily=daily, daily_chart=_per_day(daily))
 
     @r.get("/ui/gpus", response_class=HTMLResponse)
     def gpus(request: Request) -> HTMLResponse:
@@ -95,3 +99,15 @@ def router(view: Renderer) -> APIRouter:
         return view.page(request, "gpus.html", viewer, top=top)
 
     return r
+
+
+def _per_day(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The daily rows summed per day, as bars in day order: GPU-hours, or the jobs that
+    ended where no GPU was used."""
+    gpu: dict[str, float] = {}
+    jobs: dict[str, float] = {}
+    for row in rows:
+        gpu[row["day"]] = gpu.get(row["day"], 0.0) + row["gpu_seconds"] / 3600
+        jobs[row["day"]] = jobs.get(row["day"], 0.0) + row["jobs"]
+    chosen, unit = (gpu, "GPU-h") if any(gpu.values()) else (jobs, "jobs")
+    return {**charts.bars(sorted(chosen.items()), longest_first=False), "unit": unit}
