@@ -22,7 +22,7 @@ _Text = Annotated[str | None, Query(max_length=200)]
 
 
 def router(view: Renderer) -> APIRouter:
-    """The GET pages of `/ui`."""
+    """The GET pages of `/ui`: jobs, a job and an array here, the pool's in `_pool_views`."""
     r = APIRouter(include_in_schema=False)
 
     @r.get("/ui")
@@ -70,6 +70,13 @@ def router(view: Renderer) -> APIRouter:
                          items=status.get("items", [])[:ARRAY_GRID_MAX],
                          states=[s.value for s in JobState])
 
+    _pool_views(r, view)
+    return r
+
+
+def _pool_views(r: APIRouter, view: Renderer) -> None:
+    """The queue, usage and GPU pages."""
+
     @r.get("/ui/queue", response_class=HTMLResponse)
     def queue(request: Request) -> HTMLResponse:
         viewer = view.sessions.viewer(request)
@@ -97,8 +104,6 @@ def router(view: Renderer) -> APIRouter:
         viewer = view.sessions.viewer(request)
         top: dict[str, Any] = view.services(request).top.top(viewer.tenant)
         return view.page(request, "gpus.html", viewer, top=top)
-
-    return r
 
 
 def _per_day(rows: list[dict[str, Any]]) -> dict[str, Any]:
