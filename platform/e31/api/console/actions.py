@@ -33,10 +33,11 @@ def router(view: Renderer) -> APIRouter:
         token = token.strip()
         try:
             view.services(request).tokens.authenticate(token)
-        except (AuthError, Forbidden) as exc:
+        except Forbidden as exc:   # a disabled tenant's token: only its holder learns it
+            return view.page(request, "login.html", None, status=403, message=str(exc))
+        except AuthError:
             return view.page(request, "login.html", None, status=401,
-                             message=str(exc) if isinstance(exc, Forbidden)
-                             else "That token is not valid (unknown, revoked or expired).")
+                             message="That token is not valid (unknown, revoked or expired).")
         response = RedirectResponse("/ui/jobs", status_code=303)
         view.sessions.sign_in(request, response, token)
         return response
