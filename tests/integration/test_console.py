@@ -266,3 +266,13 @@ def test_usage_per_day_counts_todays_ended_jobs_for_their_tenant_only(app, repo:
     assert 'id="daily-chart"' in page and today in page and "the last 28 days" in page
     admin = signed_in(app, tokens["root"]).get("/ui/usage").text
     assert "team-a" in admin
+
+
+def test_a_page_asked_with_a_bad_query_answers_the_error_page_and_the_api_keeps_its_json(
+        app) -> None:
+    app, tokens = app
+    page = signed_in(app, tokens["a"]).get("/ui/jobs", params={"state": "nonsense"})
+    assert page.status_code == 422 and page.headers["content-type"].startswith("text/html")
+    api = TestClient(app).get("/v1/jobs", params={"state": "nonsense"},
+                              headers={"Authorization": f"Bearer {tokens['a']}"})
+    assert api.status_code == 422 and api.json()["error"] == "spec_invalid"

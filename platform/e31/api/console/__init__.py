@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
@@ -38,17 +39,31 @@ def install(app: FastAPI, settings: Settings) -> None:
     app.include_router(live.router(view))
     app.include_router(pages.router(view))
     app.mount(f"{PREFIX}/static", StaticFiles(directory=HERE / "static"), name="console-static")
-    json_answer = app.exception_handlers[E31Error]
+    app.add_exception_handler(SignedOut, _to_login)
+    for cls, status_of in ((E31Error, _e31_status), (RequestValidationError, _invalid_status)):
+        app.add_exception_handler(cls, _as_page(view, app.exception_handlers[cls], status_of))
 
-    async def _signed_out(request: Request, exc: Exception) -> Response:
-        return RedirectResponse(f"{PREFIX}/login", status_code=303)
 
-    async def _e31(request: Request, exc: Exception) -> Any:
+async def _to_login(request: Request, exc: Exception) -> Response:
+    return RedirectResponse(f"{PREFIX}/login", status_code=303)
+
+
+def _e31_status(exc: Exception) -> int:
+    return next((code for cls, code, _ in errors.STATUS if isinstance(exc, cls)), 500)
+
+
+def _invalid_status(exc: Exception) -> int:
+    return 422
+
+
+def _as_page(view: Renderer, json_answer: Any, status_of: Any) -> Any:
+    """An exception handler that answers a console page's error with the error page, and
+    any other route's with the JSON answer it had."""
+    async def handle(request: Request, exc: Exception) -> Any:
         if not request.url.path.startswith(f"{PREFIX}/"):
             answer = json_answer(request, exc)
             return await answer if inspect.isawaitable(answer) else answer
-        status = next((code for cls, code, _ in errors.STATUS if isinstance(exc, cls)), 500)
-        return view.error(request, status, str(exc))
-
-    app.add_exception_handler(SignedOut, _signed_out)
-    app.add_exception_handler(E31Error, _e31)
+        status = status_of(exc)
+        return view.error(request, status, "That request is not one this page takes."
+                          if status == 422 else str(exc))
+    return handle
