@@ -238,6 +238,16 @@ def test_the_scheduler_cost_counts_a_tick_that_fills_every_idle_worker(tmp_path:
     assert set(row["statements_writes_by_phase"]) == {"submit", "claim", "renew", "record"}, row
 
 
+def test_every_console_page_answers_on_a_store_of_jobs_and_is_timed(tmp_path: Path) -> None:
+    # Given a small store on SQLite, signed in to the console as its tenant
+    figures = run_bench("console_pages.py", tmp_path, timeout_s=120)
+
+    # Then every page answered (the script asserts each 200) and has a time
+    assert figures["store"] == "sqlite" and figures["jobs"] == 2_000, figures
+    assert len(figures["pages"]) == 10, figures
+    assert all(p["median_ms"] > 0 for p in figures["pages"].values()), figures
+
+
 def test_an_array_submission_refuses_unknown_dependencies_and_stores_the_rest(
         tmp_path: Path) -> None:
     # Given arrays of each shape straight into the repository

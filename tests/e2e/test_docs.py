@@ -64,6 +64,7 @@ RUN_STEPS = {
     "docs/runbooks/store-outage.md": {"symptoms", "find", "verify", "embedded"},
     "docs/runbooks/artifact-retention.md": {"gc"},
     "docs/runbooks/rotate-a-token.md": {"rotate"},   # tests/e2e/test_runbook_rotate_token.py
+    "docs/console.md": {"curl"},   # tests/e2e/test_console_browser.py
 }
 
 def _first_line(block: Block) -> str:

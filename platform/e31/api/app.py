@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from e31 import __version__
-from e31.api import errors, schema
+from e31.api import console, errors, schema
 from e31.api.requestlimits import BodyLimit
 from e31.api.routes import (
     arrays,
@@ -84,6 +84,7 @@ def create_app(settings: Settings, *, services: Services | None = None) -> FastA
     app.include_router(metrics.router(settings, services.metrics))   # its own guard
     app.include_router(files.router(services.files))   # bounded by batch_file_max_bytes
     app.include_router(batches.router(settings, services.batches, services.models))
+    console.install(app, settings)   # /ui: pages over the same services (docs/console.md)
     # Added before the header middleware, so it runs inside it: a 413 carries the header too.
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
                        exempt=(bundles.BUNDLES_PATH, files.FILES_PATH))

@@ -29,6 +29,7 @@ from e31.core.states import FINAL_STATES
 from e31.core.tenantlimits import TenantLimits
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
+from e31.ops import gpuseries
 from e31.ops.fanout import MERGE_ENTRYPOINT, is_fanout
 from e31.ops.heartbeat import WorkerInfo
 from e31.scheduling import explain, placement
@@ -158,16 +159,23 @@ class JobService:
         record = self._with_fanout_progress(tenant, self._repo.get_job(tenant.id, job_id))
         if record.state != "queued":
             return record
+        return dataclasses.replace(record, pending=self.pending(tenant, [record])[record.id])
+
+    def pending(self, tenant: TenantRecord,
+                records: builtins.list[JobRecord]) -> dict[str, dict[str, Any]]:
+        """Why each of the tenant's queued `records` waits (`explain.pending`, as `get` says
+        it), the pool's view, the tenants' and the workers read once for all of them (a list
+        page's queued rows)."""
         now = utcnow()
-        pos = self._repo.queue_position(tenant.id, job_id)
         readings = self._readings
         tenants = readings.tenant_views(readings.view(now))
         workers = readings.workers()
-        return dataclasses.replace(record, pending=explain.pending(
-            record, pos, readings.queue_load(record.queue, now), tenants, now=now,
-            half_life_s=self._settings.fair_share_half_life_s,
-            owns=lambda other: self._owns(tenant, other), workers=workers,
-            nodes=readings.shapes(workers)))
+        nodes = readings.shapes(workers)
+        return {r.id: explain.pending(
+            r, self._repo.queue_position(tenant.id, r.id), readings.queue_load(r.queue, now),
+            tenants, now=now, half_life_s=self._settings.fair_share_half_life_s,
+            owns=lambda other: self._owns(tenant, other), workers=workers, nodes=nodes)
+            for r in records if r.state == "queued"}
 
     async def poll(self, tenant: TenantRecord, job_id: str, *, wait_s: int) -> JobRecord:
         """`get`, after a long poll of up to `wait_s` for the job to be final (0: at once):
@@ -203,10 +211,14 @@ class JobService:
             return False
         return True
 
-    def list(self, tenant: TenantRecord, *, state: str | None,
-             limit: int) -> builtins.list[JobRecord]:
+    def list(self, tenant: TenantRecord, *, state: str | None, limit: int,
+             name: str | None = None, size_class: str | None = None,
+             array_id: str | None = None, before: str | None = None) -> builtins.list[JobRecord]:
+        """The tenant's jobs, newest first, filtered as `Repo.list_jobs` says; `before` a job
+        id: the page after it."""
         limit = min(max(limit, 1), LIST_LIMIT_MAX)
-        return self._repo.list_jobs(tenant.id, state=state, limit=limit)
+        return self._repo.list_jobs(tenant.id, state=state, limit=limit, name=name,
+                                    size_class=size_class, array_id=array_id, before=before)
 
     def cancel(self, tenant: TenantRecord, job_id: str) -> JobRecord:
         record = self._repo.request_cancel(tenant.id, job_id, now=utcnow())
@@ -224,6 +236,15 @@ class JobService:
         length = max(0, min(bound if limit is None else min(limit, bound), size - offset))
         return LogChunk(size_bytes=size, next_offset=offset + length,
                         body=view.read(offset, length))
+
+    def gpu_series(self, tenant: TenantRecord, job_id: str) -> dict[str, Any]:
+        """The job's GPU memory and utilisation over its run, a point every few heartbeats
+        of its worker (`e31.ops.gpuseries`: bounded, the newest kept); `known` False when
+        Redis could not be read."""
+        record = self._repo.get_job(tenant.id, job_id)   # 404 for another tenant's job
+        points = self._readings.gpu_series(record.id)
+        return {"known": points is not None, "points": points or [],
+                "step_s": gpuseries.STEP_S, "max_points": gpuseries.MAX_POINTS}
 
     def outputs(self, tenant: TenantRecord, job_id: str) -> builtins.list[dict[str, Any]]:
         record = self._repo.get_job(tenant.id, job_id)
