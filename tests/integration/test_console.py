@@ -276,3 +276,27 @@ def test_a_page_asked_with_a_bad_query_answers_the_error_page_and_the_api_keeps_
     api = TestClient(app).get("/v1/jobs", params={"state": "nonsense"},
                               headers={"Authorization": f"Bearer {tokens['a']}"})
     assert api.status_code == 422 and api.json()["error"] == "spec_invalid"
+
+
+def test_an_admins_jobs_page_lists_every_tenants_jobs_and_a_tenants_only_its_own(app) -> None:
+    # Given a job of each of two tenants
+    app, tokens = app
+    mine, theirs = submit(tokens["a"], app, name="alpha-job"), submit(tokens["b"], app,
+                                                                         name="beta-job")
+
+    # When each tenant and an admin open the jobs page
+    seen = {who: signed_in(app, tokens[who]).get("/ui/jobs").text for who in ("a", "b", "root")}
+
+    # Then a tenant sees its own alone; the admin sees both, with whose each is
+    assert mine in seen["a"] and theirs not in seen["a"]
+    assert theirs in seen["b"] and mine not in seen["b"]
+    assert mine in seen["root"] and theirs in seen["root"]
+    assert "team-a" in seen["root"] and "team-b" in seen["root"]
+    # And the JSON route gives an admin the same, and refuses a tenant
+    api = TestClient(app)
+    every = api.get("/v1/jobs", params={"all_tenants": "true"},
+                    headers={"Authorization": f"Bearer {tokens['root']}"})
+    refused = api.get("/v1/jobs", params={"all_tenants": "true"},
+                      headers={"Authorization": f"Bearer {tokens['a']}"})
+    assert {j["id"] for j in every.json()["jobs"]} == {mine, theirs}
+    assert refused.status_code == 403

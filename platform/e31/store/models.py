@@ -209,6 +209,7 @@ class Job(Base):
         # Whether an array still has live or failed items (dependencies on arrays).
         Index("ix_jobs_array_state", "array_id", "state"),
         Index("ix_jobs_tenant_submitted", "tenant_id", "submitted_at"),
+        Index("ix_jobs_submitted", "submitted_at"),   # an admin's list of every tenant's
         Index("ix_jobs_state_lease", "state", "lease_expires_at"),
         # `e31 gc`: the ended jobs whose artifacts are still kept.
         Index("ix_jobs_ended", "ended_at"),

@@ -36,17 +36,20 @@ def router(view: Renderer) -> APIRouter:
              before: _Text = None) -> HTMLResponse:
         viewer = view.sessions.viewer(request)
         svc = view.services(request).jobs
+        every = viewer.tenant.admin   # an admin sees every tenant's, as ?all_tenants=true
         found = svc.list(viewer.tenant, state=state.value if state else None,
                          limit=PAGE_SIZE + 1, name=name or None,
                          size_class=size_class or None, array_id=array or None,
-                         before=before or None)
+                         before=before or None, all_tenants=every)
         shown = found[:PAGE_SIZE]
-        queued = [j for j in shown if j.state == JobState.QUEUED.value][:PENDING_SHOWN]
+        queued = [j for j in shown if j.state == JobState.QUEUED.value
+                  and j.tenant == viewer.tenant.name][:PENDING_SHOWN]   # its own: its place
         why = svc.pending(viewer.tenant, queued) if queued else {}   # as each status says
         rows = [{**j.to_status(), "pending": why.get(j.id)} for j in shown]
         filters = {"state": state.value if state else "", "name": name or "",
                    "size_class": size_class or "", "array": array or ""}
         return view.page(request, "jobs.html", viewer, jobs=rows, filters=filters,
+                         show_tenant=every,
                          states=[s.value for s in JobState], paged=bool(before),
                          next_before=rows[-1]["id"] if len(found) > PAGE_SIZE else None)
 

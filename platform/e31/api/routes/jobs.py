@@ -70,10 +70,13 @@ def _job_routes(r: APIRouter, svc: JobService) -> None:
                   array: Annotated[str | None, Query(max_length=40)] = None,
                   before: Annotated[str | None, Query(max_length=40, description=(
                       "a job id: the jobs listed after it (the next page)"))] = None,
+                  all_tenants: Annotated[QueryBool, Query(description=(
+                      "every tenant's jobs: an admin's token only (403 otherwise)"))] = False,
                   ) -> dict[str, Any]:
-        """The caller's jobs, newest first."""
+        """The caller's jobs (an admin: every tenant's, with all_tenants), newest first."""
         jobs = svc.list(t, state=state.value if state else None, limit=limit, name=name,
-                        size_class=size_class, array_id=array, before=before)
+                        size_class=size_class, array_id=array, before=before,
+                        all_tenants=all_tenants)
         return {"jobs": [j.to_status() for j in jobs]}
 
     @r.get("/v1/jobs/{job_id}", tags=["jobs"], responses=errors.responses(401, 404, 422, 503))

@@ -21,7 +21,7 @@ from e31.api.services.readings import PoolReadings
 from e31.api.services.submission import Submission
 from e31.api.waits import JobEnds
 from e31.core.clock import utcnow
-from e31.core.errors import NotFound
+from e31.core.errors import Forbidden, NotFound
 from e31.core.records import JobRecord, QueuePosition, TenantRecord, iso
 from e31.core.sizeclasses import Route
 from e31.core.spec import JobSpec
@@ -213,11 +213,15 @@ class JobService:
 
     def list(self, tenant: TenantRecord, *, state: str | None, limit: int,
              name: str | None = None, size_class: str | None = None,
-             array_id: str | None = None, before: str | None = None) -> builtins.list[JobRecord]:
-        """The tenant's jobs, newest first, filtered as `Repo.list_jobs` says; `before` a job
-        id: the page after it."""
+             array_id: str | None = None, before: str | None = None,
+             all_tenants: bool = False) -> builtins.list[JobRecord]:
+        """The tenant's jobs (`all_tenants`: every tenant's, an admin's token only), newest
+        first, filtered as `Repo.list_jobs` says; `before` a job id: the page after it."""
+        if all_tenants and not tenant.admin:
+            raise Forbidden("jobs of all tenants need an admin token")
         limit = min(max(limit, 1), LIST_LIMIT_MAX)
-        return self._repo.list_jobs(tenant.id, state=state, limit=limit, name=name,
+        return self._repo.list_jobs(None if all_tenants else tenant.id, state=state,
+                                    limit=limit, name=name,
                                     size_class=size_class, array_id=array_id, before=before)
 
     def cancel(self, tenant: TenantRecord, job_id: str) -> JobRecord:

@@ -1,4 +1,5 @@
-"""Batches of requests to language models: models, files, batches, jobs.deadline_at
+"""Batches of requests to language models: models, files, batches, jobs.deadline_at; and
+the index of an admin's list of every tenant's jobs
 
 Revision ID: 0013
 Revises: 0012
@@ -17,6 +18,8 @@ depends_on = None
 def upgrade() -> None:
     # Nullable ADD COLUMN: when a job is due (a batch's window); NULL on every older job.
     op.add_column("jobs", sa.Column("deadline_at", UTCDateTime(), nullable=True))
+    # An admin's list of every tenant's jobs, newest first (GET /v1/jobs?all_tenants=true).
+    op.create_index("ix_jobs_submitted", "jobs", ["submitted_at"])
     op.create_table(
         "models",
         sa.Column("name", sa.String(100), primary_key=True),
@@ -67,4 +70,5 @@ def downgrade() -> None:
     op.drop_table("batches")
     op.drop_table("files")
     op.drop_table("models")
+    op.drop_index("ix_jobs_submitted", table_name="jobs")
     op.drop_column("jobs", "deadline_at")
