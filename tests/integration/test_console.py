@@ -300,3 +300,21 @@ def test_an_admins_jobs_page_lists_every_tenants_jobs_and_a_tenants_only_its_own
                       headers={"Authorization": f"Bearer {tokens['a']}"})
     assert {j["id"] for j in every.json()["jobs"]} == {mine, theirs}
     assert refused.status_code == 403
+
+
+def test_an_admin_reads_another_tenants_job_page_without_a_cancel_and_a_tenant_cannot(
+        app) -> None:
+    # Given a running-or-queued job of team-a
+    app, tokens = app
+    job = submit(tokens["a"], app, name="alpha-job")
+
+    # When the admin, team-b and team-a open its page
+    pages = {who: signed_in(app, tokens[who]).get(f"/ui/jobs/{job}") for who in ("root", "b",
+                                                                                   "a")}
+
+    # Then the admin reads it, with no cancel (an admin reads others' jobs, writes its own);
+    # team-b gets the 404 page; its owner reads it with its cancel
+    assert pages["root"].status_code == 200 and "alpha-job" in pages["root"].text
+    assert 'id="cancel"' not in pages["root"].text
+    assert pages["b"].status_code == 404
+    assert pages["a"].status_code == 200 and 'id="cancel"' in pages["a"].text

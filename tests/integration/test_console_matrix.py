@@ -56,6 +56,7 @@ def signed_in(owner: int, other: int, admin: int) -> dict[str, int]:
 
 
 OWNED = signed_in(200, 404, 404)
+READ = signed_in(200, 404, 200)        # an admin reads any tenant's job and array, as the API
 OWNED_POST = signed_in(303, 404, 404)
 PAGE = signed_in(200, 200, 200)
 ROWS: dict[tuple[str, str], tuple[Ask, dict[str, int]]] = {
@@ -67,12 +68,12 @@ ROWS: dict[tuple[str, str], tuple[Ask, dict[str, int]]] = {
         "revoked": 401, "disabled": 403, "none": 401}),
     ("POST", "/ui/logout"): (post("/ui/logout"), dict.fromkeys(BROWSERS, 303)),
     ("GET", "/ui/jobs"): (get("/ui/jobs"), PAGE),
-    ("GET", "/ui/jobs/{job_id}"): (get("/ui/jobs/{job}"), OWNED),
-    ("GET", "/ui/jobs/{job_id}/log"): (get("/ui/jobs/{ended}/log"), OWNED),
+    ("GET", "/ui/jobs/{job_id}"): (get("/ui/jobs/{job}"), READ),
+    ("GET", "/ui/jobs/{job_id}/log"): (get("/ui/jobs/{ended}/log"), READ),
     ("GET", "/ui/jobs/{job_id}/outputs/{path:path}"): (
-        get("/ui/jobs/{job}/outputs/result.txt"), OWNED),
+        get("/ui/jobs/{job}/outputs/result.txt"), READ),
     ("POST", "/ui/jobs/{job_id}/cancel"): (post("/ui/jobs/{job}/cancel"), OWNED_POST),
-    ("GET", "/ui/arrays/{array_id}"): (get("/ui/arrays/{array}"), OWNED),
+    ("GET", "/ui/arrays/{array_id}"): (get("/ui/arrays/{array}"), READ),
     ("POST", "/ui/arrays/{array_id}/retry"): (post("/ui/arrays/{array}/retry"), OWNED_POST),
     ("GET", "/ui/queue"): (get("/ui/queue"), PAGE),
     ("GET", "/ui/usage"): (get("/ui/usage"), PAGE),

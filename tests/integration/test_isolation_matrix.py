@@ -102,25 +102,26 @@ BUNDLE = _bundle()
 REQUESTS = (b'{"custom_id": "a", "url": "/v1/chat/completions", "body": {"model": "tiny", '
             b'"messages": [{"role": "user", "content": "hi"}]}}\n')
 OWNED = tenants(200, 404, 404)           # the owner's object: another's reads as never existed
+READ = tenants(200, 404, 200)            # ... which an admin's token may read (never write)
 ADMIN_ONLY = tenants(403, 403, 200)
 ROWS: dict[tuple[str, str], tuple[Builder, dict[str, int]]] = {
     ("GET", "/v1/health"): (ask("GET", "/v1/health"), everyone(200)),
     ("POST", "/v1/jobs"): (ask("POST", "/v1/jobs", json=CPU_JOB), tenants(201, 201, 201)),
     ("GET", "/v1/jobs"): (ask("GET", "/v1/jobs"), tenants(200, 200, 200)),
-    ("GET", "/v1/jobs/{job_id}"): (ask("GET", "/v1/jobs/{job}"), OWNED),
+    ("GET", "/v1/jobs/{job_id}"): (ask("GET", "/v1/jobs/{job}"), READ),
     ("POST", "/v1/jobs/{job_id}/cancel"): (ask("POST", "/v1/jobs/{job}/cancel"), OWNED),
-    ("GET", "/v1/jobs/{job_id}/logs"): (ask("GET", "/v1/jobs/{job}/logs"), OWNED),
-    ("GET", "/v1/jobs/{job_id}/gpu"): (ask("GET", "/v1/jobs/{job}/gpu"), OWNED),
-    ("GET", "/v1/jobs/{job_id}/outputs"): (ask("GET", "/v1/jobs/{job}/outputs"), OWNED),
+    ("GET", "/v1/jobs/{job_id}/logs"): (ask("GET", "/v1/jobs/{job}/logs"), READ),
+    ("GET", "/v1/jobs/{job_id}/gpu"): (ask("GET", "/v1/jobs/{job}/gpu"), READ),
+    ("GET", "/v1/jobs/{job_id}/outputs"): (ask("GET", "/v1/jobs/{job}/outputs"), READ),
     ("GET", "/v1/jobs/{job_id}/outputs/{path:path}"): (
-        ask("GET", "/v1/jobs/{job}/outputs/result.txt"), OWNED),
+        ask("GET", "/v1/jobs/{job}/outputs/result.txt"), READ),
     ("POST", "/v1/arrays"): (ask("POST", "/v1/arrays", json={"items": [CPU_JOB]}),
                              tenants(201, 201, 201)),
-    ("GET", "/v1/arrays/{array_id}"): (ask("GET", "/v1/arrays/{array}"), OWNED),
+    ("GET", "/v1/arrays/{array_id}"): (ask("GET", "/v1/arrays/{array}"), READ),
     ("POST", "/v1/arrays/{array_id}/cancel"): (ask("POST", "/v1/arrays/{array}/cancel"), OWNED),
     ("POST", "/v1/arrays/{array_id}/retry"): (ask("POST", "/v1/arrays/{array}/retry"), OWNED),
     ("GET", "/v1/arrays/{array_id}/manifest"): (ask("GET", "/v1/arrays/{array}/manifest"),
-                                                 OWNED),
+                                                 READ),
     ("GET", "/v1/queue"): (ask("GET", "/v1/queue"), tenants(200, 200, 200)),
     ("GET", "/v1/usage"): (ask("GET", "/v1/usage?all_tenants=true"), ADMIN_ONLY),
     ("GET", "/v1/usage/daily"): (ask("GET", "/v1/usage/daily?all_tenants=true"), ADMIN_ONLY),

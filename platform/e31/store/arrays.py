@@ -103,6 +103,15 @@ class ArrayStore(Store):
                 deps.links(self.engine.dialect, [(row["id"], wait)
                                                  for row, wait in zip(rows, waits, strict=True)]))
 
+    def array_tenant_id(self, array_id: str) -> str:
+        """The id of the tenant whose array `array_id` is (`NotFound` for none)."""
+        with self._session() as s:
+            found = s.scalar(select(Array.tenant_id).where(Array.id == array_id)) \
+                if ARRAY_ID.fullmatch(array_id) else None
+            if found is None:
+                raise NotFound(f"no array {array_id[:64]!r}")
+            return str(found)
+
     def get_array(self, tenant_id: str, array_id: str, *, items: bool = True) -> ArrayRecord:
         """An array of the tenant: item counts by state, and each item's state when `items`."""
         with self._session() as s:

@@ -68,6 +68,11 @@ class JobStore(Store):
             job = find_job(s, tenant_id, job_id)
             return _job_record(s, job, with_attempts=True)
 
+    def job_tenant_id(self, job_id: str) -> str:
+        """The id of the tenant whose job `job_id` is (`NotFound` for none)."""
+        with self._session() as s:
+            return find_job(s, None, job_id).tenant_id
+
     def job_state(self, tenant_id: str, job_id: str) -> str:
         """A job's state alone, by key (the API's long poll reads it while it waits); NotFound
         for a job that is not the tenant's."""

@@ -114,8 +114,13 @@ class ArrayService:
         """The GPUs the registered nodes have, per size class and host."""
         return self._steps.nodes()
 
+    def reader_of(self, tenant: TenantRecord, array_id: str) -> str:
+        """The tenant id under which `tenant` reads the array: its own; an admin's token reads
+        any tenant's (never a write), as `JobService.reader_of` says of jobs."""
+        return self._repo.array_tenant_id(array_id) if tenant.admin else tenant.id
+
     def get(self, tenant: TenantRecord, array_id: str, *, items: bool = True) -> ArrayRecord:
-        return self._repo.get_array(tenant.id, array_id, items=items)
+        return self._repo.get_array(self.reader_of(tenant, array_id), array_id, items=items)
 
     def cancel(self, tenant: TenantRecord, array_id: str) -> ArrayRecord:
         record = self._repo.cancel_array(tenant.id, array_id, now=utcnow())
@@ -133,7 +138,7 @@ class ArrayService:
         return record
 
     def manifest(self, tenant: TenantRecord, array_id: str) -> ArrayManifest:
-        return self._repo.array_manifest(tenant.id, array_id)
+        return self._repo.array_manifest(self.reader_of(tenant, array_id), array_id)
 
 
 def array_name(name: str | None) -> str:
