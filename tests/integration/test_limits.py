@@ -12,6 +12,7 @@ elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -386,3 +387,48 @@ def test_the_limits_an_attempt_ran_under_are_stored_and_shown_in_its_status(
     [attempt] = repo.get_job(tenant_id, job_id).to_status()["attempts"]
     assert attempt["limits"] == {"pids_max": 128 if cgroups.caps_pids else None,
                                  "mem_gb": 2.0, "disk_gb": 7.5}
+
+
+def test_a_worker_reaps_its_own_stacks_cgroups_never_another_stacks_of_the_same_node_name(
+        ) -> None:
+    # Given two stacks on this host whose workers serve the same node name, each in its place
+    node = f"test-{os.getpid()}@places"
+    mine, theirs = (JobCgroups.for_node(node, place=p) for p in ("aaaa1111", "bbbb2222"))
+    if mine is None or theirs is None:
+        pytest.skip("this machine lets the tests create no memory cgroup (not root, or no "
+                    "memory controller)")
+    live = theirs.create("j-theirs", 1, memory_max_bytes=None)
+    left = mine.create("j-mine", 1, memory_max_bytes=None)
+    assert live is not None and left is not None
+    try:
+        # When one stack's worker starts again and reaps what its predecessor left
+        reaped = mine.reap()
+
+        # Then it removed its own leftover, and the other stack's live attempt is still there
+        assert reaped == 1 and not left.path.exists()
+        assert live.path.is_dir()
+    finally:
+        theirs.reap()
+        for groups in (mine, theirs):
+            with contextlib.suppress(OSError):
+                groups._base.rmdir()
+
+
+def test_without_a_place_of_its_own_a_restarted_worker_reaps_the_other_stacks_live_job(
+        ) -> None:
+    # Given two stacks' workers of the same node name and no place each (as before places)
+    node = f"test-{os.getpid()}@shared"
+    mine, theirs = JobCgroups.for_node(node), JobCgroups.for_node(node)
+    if mine is None or theirs is None:
+        pytest.skip("this machine lets the tests create no memory cgroup (not root, or no "
+                    "memory controller)")
+    live = theirs.create("j-theirs", 1, memory_max_bytes=None)
+    assert live is not None
+
+    # When one starts again and reaps
+    mine.reap()
+
+    # Then the other stack's live attempt was taken too: what the place prevents
+    assert not live.path.exists()
+    with contextlib.suppress(OSError):
+        mine._base.rmdir()

@@ -9,9 +9,13 @@ with EAGAIN inside the job, nothing else on the host notices), and every process
 — including one that left its process group with `setsid` — is found and killed at the end.
 
 Where: v1 has one hierarchy per controller, so an attempt has two directories,
-`<memory>/<worker's memory cgroup>/e31-<node>/<job>-a<n>` and the same under the pids
+`<memory>/<worker's memory cgroup>/e31-<node>-<place>/<job>-a<n>` and the same under the pids
 hierarchy (the worker's pids cgroup); its processes join both (`procs_files`). v2 has one
 directory with `memory` and `pids` enabled in the node directory's `cgroup.subtree_control`.
+`<place>` names where the node's worker keeps its work (a hash of its `work_dir`): a worker
+that starts again reaps what its predecessor left in its own directory, and never the live
+jobs of another stack on the same host whose node has the same name (two `e31 up` on one
+machine both serve `cpu0@<host>`).
 
 Without permission to create cgroups (an unprivileged worker, a cgroup v2 tree without
 delegation) `JobCgroups.create` returns None and jobs run as before, in their process group;
@@ -156,9 +160,9 @@ class JobCgroup:
 class JobCgroups:
     """Creates the job cgroups of one worker node, under a directory named for it."""
 
-    def __init__(self, layout: Layout, node: str) -> None:
+    def __init__(self, layout: Layout, node: str, *, place: str = "") -> None:
         self._layout = layout
-        name = f"e31-{_UNSAFE.sub('_', node)}"
+        name = f"e31-{_UNSAFE.sub('_', node)}" + (f"-{_UNSAFE.sub('_', place)}" if place else "")
         self._base = layout.parent / name
         # Where the attempts' pids cgroups go; None until `for_node` enabled the controller.
         self._pids_base: Path | None = None
@@ -166,15 +170,17 @@ class JobCgroups:
                                 else None)
 
     @classmethod
-    def for_node(cls, node: str, layout: Layout | None = None) -> JobCgroups | None:
+    def for_node(cls, node: str, layout: Layout | None = None, *,
+                 place: str = "") -> JobCgroups | None:
         """The node's cgroups where this process may create them, else None (said once in the
-        log); under `layout`, else this process's own cgroups (`detect`)."""
+        log); under `layout`, else this process's own cgroups (`detect`); `place` tells this
+        node's directory from another stack's node of the same name (the module says how)."""
         layout = layout or detect()
         if layout is None:
             log.info("cgroups_unavailable node=%s: no memory cgroup; jobs run in process groups "
                      "only", node)
             return None
-        groups = cls(layout, node)
+        groups = cls(layout, node, place=place)
         try:
             groups._base.mkdir(exist_ok=True)
             if layout.version == 2:

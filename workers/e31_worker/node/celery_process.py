@@ -14,6 +14,7 @@ leaving a worker that looks alive and serves nothing.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -128,7 +129,10 @@ def _services(args: argparse.Namespace, settings: Settings, identity: WorkerInfo
               groups: GroupRegistry) -> tuple[AttemptServices, Heartbeat, GpuMonitor | None]:
     """The attempts' services, the node's heartbeat and its GPUs' monitor, built from the
     settings."""
-    cgroups = JobCgroups.for_node(identity.node)
+    # The node's cgroup directory is this stack's own (a hash of its work_dir): reaping it at
+    # start never kills the jobs of another stack whose node has the same name.
+    place = hashlib.sha256(str(settings.resolved_work_dir).encode()).hexdigest()[:8]
+    cgroups = JobCgroups.for_node(identity.node, place=place)
     if cgroups is not None:
         cgroups.reap()
     redis_client = wiring.redis_client(settings)
