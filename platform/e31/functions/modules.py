@@ -1,0 +1,142 @@
+"""Which modules a function needs: the caller's own, which travel as its code bundle, and the
+installed ones, whose versions the worker compares with its own.
+
+Starting from the function's module (or `__main__`, a script's or a notebook's), every module
+its namespace holds or takes a name from is followed, and so on from those: a module whose
+file lies outside the interpreter's own directories (the standard library, site-packages) is
+**local**, one of the caller's project, and its file goes into the bundle at the path its
+name gives (`pkg/sub/mod.py`, with the `__init__.py` of each package above it); an installed
+one is named by its distribution (`numpy`), for the version check. `e31` and `e31_worker`
+are the pool's own and never travel.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import site
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+POOL_PACKAGES = frozenset({"e31", "e31_worker"})   # on every worker already, as its own
+SKIPPED_TOP = frozenset({"__main__", "builtins", "__mp_main__"})
+MODULE_FILES_MAX = 2000    # a closure bigger than this is someone's whole tree: refuse it
+
+
+@dataclass(frozen=True)
+class Needs:
+    """The local modules' files (bundle path -> file) and the installed distributions."""
+
+    files: dict[str, Path]
+    distributions: frozenset[str]
+
+
+def needs_of(fn: Any) -> Needs:
+    """What `fn` needs of the caller's modules: see the module's docstring."""
+    start = sys.modules.get(getattr(fn, "__module__", None) or "__main__")
+    installed = _installed_roots()
+    files: dict[str, Path] = {}
+    tops: set[str] = set()
+    seen: set[str] = set()
+    todo = [start] if start is not None else []
+    while todo:
+        module = todo.pop()
+        for name in _referenced(module):
+            if name in seen:
+                continue
+            seen.add(name)
+            found = sys.modules.get(name)
+            top = name.partition(".")[0]
+            path = _file_of(found)
+            if found is None or top in POOL_PACKAGES or top in SKIPPED_TOP:
+                continue
+            if path is None or _beneath(path, installed):
+                tops.add(top)
+                continue
+            files.update(_bundle_paths(name, path))
+            todo.append(found)
+    if start is not None and start.__name__ not in SKIPPED_TOP:
+        path = _file_of(start)
+        if path is not None and not _beneath(path, installed):
+            files.update(_bundle_paths(start.__name__, path))
+    return Needs(files=files, distributions=frozenset(_distributions(tops)))
+
+
+def _referenced(module: ModuleType) -> Iterator[str]:
+    """The names of the modules that `module`'s namespace holds or takes objects from."""
+    for value in list(vars(module).values()):
+        if isinstance(value, ModuleType):
+            yield value.__name__
+            continue
+        owner = getattr(value, "__module__", None)
+        if isinstance(owner, str):
+            yield owner
+
+
+def _file_of(module: ModuleType | None) -> Path | None:
+    file = getattr(module, "__file__", None)
+    return Path(os.path.realpath(file)) if isinstance(file, str) else None
+
+
+def _installed_roots() -> list[str]:
+    """The interpreter's own directories: a module beneath one is installed, not local."""
+    paths = sysconfig.get_paths()
+    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    roots.update(site.getsitepackages())
+    roots.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
+    roots.update({sys.base_prefix, sys.base_exec_prefix})
+    return sorted(os.path.realpath(r) for r in roots if r)
+
+
+def _beneath(path: Path, roots: list[str]) -> bool:
+    text = str(path)
+    return any(text == r or text.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _bundle_paths(name: str, path: Path) -> dict[str, Path]:
+    """Where module `name` (file `path`) lies in the bundle, with its packages' `__init__.py`."""
+    parts = name.split(".")
+    out: dict[str, Path] = {}
+    if path.name.startswith("__init__."):
+        out["/".join(parts) + "/" + path.name] = path
+        parents, directory = parts[:-1], path.parent.parent
+    else:
+        out["/".join([*parts[:-1], path.name])] = path
+        parents, directory = parts[:-1], path.parent
+    for depth in range(len(parents), 0, -1):   # pkg/sub/__init__.py, then pkg/__init__.py
+        init = directory / "__init__.py"
+        if init.is_file():
+            out["/".join(parents[:depth]) + "/__init__.py"] = Path(os.path.realpath(init))
+        directory = directory.parent
+    return out
+
+
+def _distributions(tops: set[str]) -> set[str]:
+    """The installed distributions that provide the top-level modules `tops`."""
+    if not tops:
+        return set()
+    provided = importlib.metadata.packages_distributions()
+    return {dist for top in tops if top not in sys.stdlib_module_names
+            for dist in provided.get(top, [])}
+
+
+def staged(files: dict[str, Path]) -> Path:
+    """A temporary directory holding `files` at their bundle paths, for the bundle packer;
+    the caller removes it (`shutil.rmtree`)."""
+    root = Path(tempfile.mkdtemp(prefix="e31-code-"))
+    try:
+        for rel, source in sorted(files.items()):
+            target = root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return root
