@@ -77,3 +77,12 @@ _._pool
 
 # Tornado: a request handler's hook it calls before a POST (e31.edge.flowerauth.Unauthorized).
 _.check_xsrf_cookie
+
+# @e31.function's public surface (e31.functions.decorator.Function): what users call and read,
+# `f.remote.aio`, `f.starmap`, `f.using(client)`, `f.last_sent`, `f.last_array`.
+_.aio
+_.remote
+_.starmap
+_.using
+_.last_sent
+_.last_array

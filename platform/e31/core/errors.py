@@ -131,13 +131,13 @@ class JobFailed(ClientError):
 
 
 class FunctionError(ClientError):
-    """Raised when a function's call cannot be sent to the pool (an argument that does not
-    pickle, a value on a GPU) or its value cannot be brought back."""
+    """Raised when a function's call cannot be sent to the pool or its value cannot return."""
 
 
 class RemoteError(JobFailed):
-    """Raised when a function's job failed with an exception that could not travel back as
-    itself; its message holds the remote traceback."""
+    """Raised when a function's job failed with an exception that could not travel back.
+
+    Its message holds the remote traceback (`traceback_text`)."""
 
     def __init__(self, status: dict[str, Any], traceback_text: str = "") -> None:
         super().__init__(status)

@@ -30,7 +30,6 @@ EXCEPTION_FILE = "exception.pkl"   # outputs: the exception, cloudpickled, when 
 TRACEBACK_FILE = "traceback.txt"   # outputs: the remote traceback's text
 RESULT_MARK = "e31_function"       # the JSON result's key: what kind of value it is
 PREVIEW_CHARS = 200                # of the value's repr in the JSON result
-ENVELOPE_KEYS = ("facts", "function", "kwargs")
 
 
 def python_version() -> str:

@@ -27,7 +27,6 @@ from typing import Any
 
 POOL_PACKAGES = frozenset({"e31", "e31_worker"})   # on every worker already, as its own
 SKIPPED_TOP = frozenset({"__main__", "builtins", "__mp_main__"})
-MODULE_FILES_MAX = 2000    # a closure bigger than this is someone's whole tree: refuse it
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,8 @@ def needs_of(fn: Any) -> Needs:
                 continue
             files.update(_bundle_paths(name, path))
             todo.append(found)
-    if start is not None and start.__name__ not in SKIPPED_TOP:
+    own = start is None or start.__name__.partition(".")[0] in POOL_PACKAGES | SKIPPED_TOP
+    if start is not None and not own:
         path = _file_of(start)
         if path is not None and not _beneath(path, installed):
             files.update(_bundle_paths(start.__name__, path))
