@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
+from tests.docblocks import doc, run_block
 from tests.e2e.conftest import Stack
 
 STACK_WORKERS = 4   # the stack's simulated GPUs 0 and 1, and its two cpu slots
@@ -43,3 +45,12 @@ def test_importing_e31_app_builds_nothing_until_the_app_is_asked_for() -> None:
     # Then the import succeeds without reading settings or loading Celery
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_the_operations_pages_celery_commands_run_against_the_pool(stack: Stack,
+                                                                   tmp_path: Path) -> None:
+    [block] = doc("docs/operations.md").run_blocks("celery")
+    path = f"{Path(sys.executable).parent}:{stack.env.get('PATH', '')}"   # celery, as installed
+    ran = run_block(block, env=dict(stack.env, PATH=path), cwd=tmp_path)
+    assert ran.returncode == 0, ran.output
+    assert ran.output.count(f"{STACK_WORKERS} nodes online") == 2, ran.output

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.docblocks import doc, output_matches, python_shown_output, run_command
 from tests.e2e.conftest import Stack
 
 HELPER = """
@@ -196,3 +197,19 @@ def test_a_notebook_maps_a_cell_s_function_headless(stack: Stack, tmp_path: Path
     # Then the map's values, the awaited call and the async map are the cells' outputs
     outputs = [c.outputs[-1]["data"]["text/plain"] for c in nb.cells[2:]]
     assert outputs == ["True", "24", "[-1, 0, 3]"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("page", "step"), [("README.md", "functions"),
+                                            ("docs/notebooks.md", "functions-tour"),
+                                            ("docs/notebooks.md", "functions-failed")])
+def test_the_docs_python_blocks_print_what_they_show(stack: Stack, tmp_path: Path, page: str,
+                                                     step: str) -> None:
+    # Given a page's block, run as a reader runs it: a script fed to python
+    [block] = doc(page).run_blocks(step)
+    ran = run_command(f"{sys.executable} - <<'PY'\n{block.text}PY", env=stack.env,
+                      cwd=tmp_path, timeout_s=240)
+    # Then it prints what the page shows
+    assert ran.returncode == 0, f"{block.where}\n{ran.output}"
+    shown = python_shown_output(block)
+    assert output_matches(shown, ran.output), f"{block.where}: {shown}\n{ran.output}"
