@@ -213,3 +213,38 @@ def test_the_docs_python_blocks_print_what_they_show(stack: Stack, tmp_path: Pat
     assert ran.returncode == 0, f"{block.where}\n{ran.output}"
     shown = python_shown_output(block)
     assert output_matches(shown, ran.output), f"{block.where}: {shown}\n{ran.output}"
+
+
+def test_what_cannot_travel_is_refused_at_the_call_before_any_job_is_stored(
+        stack: Stack) -> None:
+    import threading
+    import types
+
+    import e31
+    from e31.core.errors import FunctionError
+    client = stack.client()
+    before = len(client.list(limit=1000))
+    made = types.ModuleType("made_in_memory")
+    made.SCALE = 2   # type: ignore[attr-defined]
+
+    @e31.function(client=client)
+    def scale(x: object) -> object:
+        return x
+
+    @e31.function(client=client)
+    def uses_made(x: int) -> int:
+        return int(made.SCALE) * x
+
+    # When an argument does not pickle, or the function needs a module no worker can import
+    with pytest.raises(FunctionError, match=r"argument 0 \(_thread\.lock\)"):
+        scale.remote(threading.Lock())
+    with pytest.raises(FunctionError, match=r"argument 0 \(_thread\.lock\) of item 1"):
+        scale.map([1, threading.Lock()])
+    sys.modules["made_in_memory"] = made
+    try:
+        with pytest.raises(FunctionError, match="module 'made_in_memory'"):
+            uses_made.remote(3)
+    finally:
+        sys.modules.pop("made_in_memory", None)
+    # Then nothing was stored
+    assert len(client.list(limit=1000)) == before

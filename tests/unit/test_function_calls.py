@@ -24,7 +24,8 @@ class OnGpu:
 
 
 def test_an_argument_that_cannot_be_pickled_is_named_with_its_type() -> None:
-    with pytest.raises(FunctionError, match=r"argument 1 \(_thread\.lock\) cannot be pickled"):
+    with pytest.raises(FunctionError,
+                       match=r"argument 1 \(_thread\.lock\) of item 4 cannot be pickled"):
         calls.call_bytes((1, threading.Lock()), {}, where=" of item 4")
 
 

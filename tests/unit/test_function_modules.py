@@ -46,3 +46,20 @@ def test_the_pools_own_packages_and_the_standard_library_never_travel() -> None:
     from e31.functions import modules
     needs = needs_of(modules.needs_of)
     assert not any(p.startswith(("e31/", "json")) for p in needs.files)
+
+
+def test_a_module_made_in_memory_is_named_as_one_the_worker_cannot_import() -> None:
+    import types
+    made = types.ModuleType("made_here")
+    made.VALUE = 3   # type: ignore[attr-defined]
+    sys.modules["made_here"] = made
+    try:
+        namespace: dict[str, object] = {"made_here": made, "__name__": "made_user"}
+        exec("def use():\n    return made_here.VALUE\n", namespace)
+        user = types.ModuleType("made_user")
+        user.__dict__.update(namespace)
+        sys.modules["made_user"] = user
+        assert needs_of(namespace["use"]).fileless == frozenset({"made_here", "made_user"})
+    finally:
+        sys.modules.pop("made_here", None)
+        sys.modules.pop("made_user", None)

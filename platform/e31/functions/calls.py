@@ -39,12 +39,12 @@ def envelope(fn: Any, shared: Mapping[str, Any], distributions: frozenset[str]) 
 def call_bytes(args: Sequence[Any], kwargs: Mapping[str, Any], *, where: str = "") -> bytes:
     """One item's pickled `(args, kwargs)`; a `FunctionError` naming the argument (and `where`:
     which item of a map) that does not pickle or lives on a GPU."""
-    named = {f"argument {i}": a for i, a in enumerate(args)}
-    named.update({f"argument {k!r}": v for k, v in kwargs.items()})
+    named = {f"argument {i}{where}": a for i, a in enumerate(args)}
+    named.update({f"argument {k!r}{where}": v for k, v in kwargs.items()})
     for label, value in named.items():
         if _is_on_gpu(value):
-            raise FunctionError(f"{label}{where} is a tensor on {value.device}; move it to the "
-                                "CPU (.cpu()) first: a job cannot reach this machine's GPU")
+            raise FunctionError(f"{label} is a tensor on {value.device}; move it to the CPU "
+                                "(.cpu()) first: a job cannot reach this machine's GPU")
     return _dumps((tuple(args), dict(kwargs)), f"the arguments{where}", values=named)
 
 
@@ -68,7 +68,9 @@ def _culprit(values: Mapping[str, Any]) -> str | None:
         try:
             cloudpickle.dumps(value, protocol=PICKLE_PROTOCOL)
         except Exception:  # noqa: BLE001 - as in _dumps
-            return f"{label} ({type(value).__module__}.{type(value).__qualname__})"
+            kind = f"{type(value).__module__}.{type(value).__qualname__}"
+            label, _, where = label.partition(" of ")
+            return f"{label} ({kind})" + (f" of {where}" if where else "")
     return None
 
 

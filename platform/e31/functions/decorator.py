@@ -180,6 +180,12 @@ class Function(Generic[P, R]):
     def _send(self, blobs: list[bytes], shared: Mapping[str, Any]) -> Sending:
         """Pickle the function and send the code and the call, before anything is stored."""
         needs = needs_of(self._fn)
+        if needs.fileless:
+            from e31.core.errors import FunctionError
+            raise FunctionError(f"module {sorted(needs.fileless)[0]!r}, which the function "
+                                "uses, has no file: the worker cannot import it. Put it in a "
+                                "file beside your script, or define what it holds in the "
+                                "function")
         envelope = pickling.envelope(self._fn, shared, needs.distributions)
         sending = Sending()
         if not any(k in self._spec for k in ("code", "workdir")):

@@ -35,30 +35,37 @@ class Needs:
 
     files: dict[str, Path]
     distributions: frozenset[str]
+    fileless: frozenset[str] = frozenset()   # modules made in memory: no worker can import them
 
 
 def needs_of(fn: Any) -> Needs:
-    """What `fn` needs of the caller's modules: see the module's docstring."""
+    """What `fn` needs of the caller's modules: see the module's docstring. The walk starts
+    from the function's module and from what its closure holds."""
     start = sys.modules.get(getattr(fn, "__module__", None) or "__main__")
     installed = _installed_roots()
     files: dict[str, Path] = {}
     tops: set[str] = set()
+    fileless: set[str] = set()
     seen: set[str] = set()
+    names = list(_closure_refs(fn))
     todo = [start] if start is not None else []
-    while todo:
-        module = todo.pop()
-        for name in _referenced(module):
-            if name in seen:
-                continue
-            seen.add(name)
-            found = sys.modules.get(name)
-            top = name.partition(".")[0]
-            path = _file_of(found)
-            if found is None or top in POOL_PACKAGES or top in SKIPPED_TOP:
-                continue
-            if path is None or _beneath(path, installed):
-                tops.add(top)
-                continue
+    while names or todo:
+        if not names:
+            names = list(_referenced(todo.pop()))
+        name = names.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        found = sys.modules.get(name)
+        top = name.partition(".")[0]
+        if found is None or top in POOL_PACKAGES or top in SKIPPED_TOP:
+            continue
+        path = _file_of(found)
+        if path is None and _made_in_memory(found):
+            fileless.add(name)
+        elif path is None or _beneath(path, installed):
+            tops.add(top)
+        else:
             files.update(_bundle_paths(name, path))
             todo.append(found)
     own = start is None or start.__name__.partition(".")[0] in POOL_PACKAGES | SKIPPED_TOP
@@ -66,18 +73,44 @@ def needs_of(fn: Any) -> Needs:
         path = _file_of(start)
         if path is not None and not _beneath(path, installed):
             files.update(_bundle_paths(start.__name__, path))
-    return Needs(files=files, distributions=frozenset(_distributions(tops)))
+    return Needs(files=files, distributions=frozenset(_distributions(tops)),
+                 fileless=frozenset(fileless))
+
+
+def _closure_refs(fn: Any) -> Iterator[str]:
+    """The modules of what `fn`'s closure holds (a module, or an object of one)."""
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:   # an empty cell
+            continue
+        yield from _names_of(value)
+
+
+def _made_in_memory(module: ModuleType) -> bool:
+    """A module with no file that is neither built in, frozen, nor a namespace package: one
+    a program made with `types.ModuleType`, which no other interpreter can import."""
+    name = module.__name__
+    spec = getattr(module, "__spec__", None)
+    return not (name in sys.builtin_module_names or name.partition(".")[0] in
+                sys.stdlib_module_names or hasattr(module, "__path__")
+                or getattr(spec, "origin", None) in ("built-in", "frozen"))
 
 
 def _referenced(module: ModuleType) -> Iterator[str]:
     """The names of the modules that `module`'s namespace holds or takes objects from."""
     for value in list(vars(module).values()):
-        if isinstance(value, ModuleType):
-            yield value.__name__
-            continue
-        owner = getattr(value, "__module__", None)
-        if isinstance(owner, str):
-            yield owner
+        yield from _names_of(value)
+
+
+def _names_of(value: Any) -> Iterator[str]:
+    """The module `value` is, or the one it comes from."""
+    if isinstance(value, ModuleType):
+        yield value.__name__
+        return
+    owner = getattr(value, "__module__", None)
+    if isinstance(owner, str):
+        yield owner
 
 
 def _file_of(module: ModuleType | None) -> Path | None:
