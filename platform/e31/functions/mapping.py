@@ -10,6 +10,7 @@ run the failed items again) or yielded with `return_exceptions=True`.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 
 Order = Literal["input", "completed"]
 POLL_S = 0.3          # the array's counts, while items run
+ITEMS_EVERY_S = 1.0   # the item list (one row per item) at most this often, but at the end:
+                      # a 10,000-item list read every poll would load the API for nothing
 FETCH_THREADS = 8     # values fetched at once: enough to keep up with a pool finishing items
 
 
@@ -41,12 +44,13 @@ def results(array: ArrayHandle, *, order: Order = "input", return_exceptions: bo
     pending = set(range(total))
     ready: dict[int, Any] = {}
     next_index = 0
-    seen_done = -1
+    seen_done, listed_at = -1, 0.0
     handles = array.jobs()
     with _bar(progress, total, array.id) as bar, ThreadPoolExecutor(FETCH_THREADS) as pool:
         for counts in array.watch(timeout_s, poll_s=POLL_S):
-            if counts["done"] > seen_done:
-                seen_done = counts["done"]
+            due = time.monotonic() - listed_at >= ITEMS_EVERY_S or counts["done"] >= total
+            if counts["done"] > seen_done and due:
+                seen_done, listed_at = counts["done"], time.monotonic()
                 ended = [i for i in array.status()["items"]
                          if i["index"] in pending and i["state"] in FINAL_STATES]
                 for index, outcome in pool.map(
