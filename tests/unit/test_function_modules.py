@@ -63,3 +63,16 @@ def test_a_module_made_in_memory_is_named_as_one_the_worker_cannot_import() -> N
     finally:
         sys.modules.pop("made_here", None)
         sys.modules.pop("made_user", None)
+
+
+def test_a_main_function_needs_only_what_it_names_not_all_of_the_notebooks_namespace(
+        project: Path) -> None:
+    # Given a function of __main__ (a script, a notebook) whose namespace holds more than it
+    # uses: pytest, as a notebook holds IPython
+    util = importlib.import_module("proj_util")
+    namespace: dict[str, object] = {"__name__": "__main__", "proj_util": util, "pytest": pytest}
+    exec("def score(x):\n    return [proj_util.double(v) for v in range(x)]\n", namespace)
+    # Then only the module it names travels, and no installed package is asked of the worker
+    needs = needs_of(namespace["score"])
+    assert sorted(needs.files) == ["proj_util.py"]
+    assert needs.distributions == frozenset()

@@ -1,13 +1,13 @@
 """Which modules a function needs: the caller's own, which travel as its code bundle, and the
 installed ones, whose versions the worker compares with its own.
 
-Starting from the function's module (or `__main__`, a script's or a notebook's), every module
-its namespace holds or takes a name from is followed, and so on from those: a module whose
-file lies outside the interpreter's own directories (the standard library, site-packages) is
-**local**, one of the caller's project, and its file goes into the bundle at the path its
-name gives (`pkg/sub/mod.py`, with the `__init__.py` of each package above it); an installed
-one is named by its distribution (`numpy`), for the version check. `e31` and `e31_worker`
-are the pool's own and never travel.
+Starting from what the function uses (its closure's values and the globals its code names)
+and, for a function of an importable module, from that module, every module reached is
+followed, and so on from those: a module whose file lies outside the interpreter's own
+directories (the standard library, site-packages) is **local**, one of the caller's project,
+and its file goes into the bundle at the path its name gives (`pkg/sub/mod.py`, with the
+`__init__.py` of each package above it); an installed one is named by its distribution
+(`numpy`), for the version check. `e31` and `e31_worker` are the pool's own and never travel.
 """
 
 from __future__ import annotations
@@ -40,14 +40,17 @@ class Needs:
 
 def needs_of(fn: Any) -> Needs:
     """What `fn` needs of the caller's modules: see the module's docstring. The walk starts
-    from the function's module and from what its closure holds."""
+    from what the function uses (its closure, and the globals it names) and, unless it is
+    `__main__`'s (which travels by value, with only the globals it names), its module."""
     start = sys.modules.get(getattr(fn, "__module__", None) or "__main__")
+    if start is not None and start.__name__ in SKIPPED_TOP:
+        start = None
     installed = _installed_roots()
     files: dict[str, Path] = {}
     tops: set[str] = set()
     fileless: set[str] = set()
     seen: set[str] = set()
-    names = list(_closure_refs(fn))
+    names = list(_uses(fn, set()))
     todo = [start] if start is not None else []
     while names or todo:
         if not names:
@@ -68,8 +71,7 @@ def needs_of(fn: Any) -> Needs:
         else:
             files.update(_bundle_paths(name, path))
             todo.append(found)
-    own = start is None or start.__name__.partition(".")[0] in POOL_PACKAGES | SKIPPED_TOP
-    if start is not None and not own:
+    if start is not None and start.__name__.partition(".")[0] not in POOL_PACKAGES:
         path = _file_of(start)
         if path is not None and not _beneath(path, installed):
             files.update(_bundle_paths(start.__name__, path))
@@ -77,14 +79,36 @@ def needs_of(fn: Any) -> Needs:
                  fileless=frozenset(fileless))
 
 
-def _closure_refs(fn: Any) -> Iterator[str]:
-    """The modules of what `fn`'s closure holds (a module, or an object of one)."""
+def _uses(fn: Any, visited: set[int]) -> Iterator[str]:
+    """The modules of what `fn` uses: its closure's values and the globals its code names
+    (nested functions' too); a function of the same module among them is followed in turn."""
+    fn = getattr(fn, "__wrapped__", fn)      # a decorated function: the function itself
+    if id(fn) in visited:
+        return
+    visited.add(id(fn))
+    values = []
     for cell in getattr(fn, "__closure__", None) or ():
         try:
-            value = cell.cell_contents
+            values.append(cell.cell_contents)
         except ValueError:   # an empty cell
             continue
+    code, glob = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+    values += [glob[n] for n in _code_names(code) if n in glob]
+    for value in values:
         yield from _names_of(value)
+        inner = getattr(value, "__wrapped__", value)
+        if getattr(inner, "__globals__", None) is glob:
+            yield from _uses(inner, visited)
+
+
+def _code_names(code: Any) -> Iterator[str]:
+    """The global names a code object and the code objects nested in it use."""
+    if code is None:
+        return
+    yield from code.co_names
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            yield from _code_names(const)
 
 
 def _made_in_memory(module: ModuleType) -> bool:
