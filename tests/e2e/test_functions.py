@@ -61,6 +61,10 @@ def table(n):
     return numpy.arange(n, dtype=numpy.float32).reshape(2, -1)
 
 @e31.function()
+def lookup(i, table):
+    return float(table[i])
+
+@e31.function()
 def picky(x):
     if x == 2:
         raise ValueError(f"item {x} is bad")
@@ -73,6 +77,9 @@ if __name__ == "__main__":
     t = table.remote(6)
     out["table"] = [type(t).__module__, t.shape, t.dtype.name, t.tolist()]
     out["submitted"] = scored.submit(3).wait()["state"]
+    table = numpy.arange(1_000_000, dtype=numpy.float64)     # 8 MB, shared by every item
+    out["lookup"] = list(lookup.map([5, 999_999, 7], kwargs={"table": table}))
+    out["lookup_sent"] = [[s.field, s.size_bytes] for s in lookup.last_sent if s.uploaded]
     try:
         picky.remote(2)
     except ValueError as exc:
@@ -143,6 +150,10 @@ def test_remote_brings_back_a_numpy_array_a_dataclass_and_the_exception_an_item_
     assert out["scored"] == ["Scored", 7, 49, True]
     assert out["table"] == ["numpy", [2, 3], "float32", [[0, 1, 2], [3, 4, 5]]]
     assert out["submitted"] == "succeeded"
+    # And a large keyword argument shared by a map's items went up once, not per item
+    assert out["lookup"] == [5.0, 999_999.0, 7.0]
+    [(field, size)] = [s for s in out["lookup_sent"] if s[0] == "call"]
+    assert 8_000_000 < size < 9_000_000
     # And the exception is re-raised as itself with the remote traceback as a note
     message, notes = out["remote_raised"]
     assert message == "item 2 is bad"
