@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
@@ -165,17 +164,27 @@ class Function(Generic[P, R]):
         if not blobs:
             return iter(())
         sending = self._send(blobs, kwargs or {})
-        arrays = []
-        for start in range(0, len(blobs), ARRAY_ITEMS_MAX):
-            items = [self._item(sending, i)
-                     for i in range(start, min(start + ARRAY_ITEMS_MAX, len(blobs)))]
-            arrays.append(self.client.submit_many(items, name=self._spec.get("name"),
-                                                  **self._common(sending)))
-        self.last_array = arrays[-1]
+        starts = range(0, len(blobs), ARRAY_ITEMS_MAX)
+        first = self._submit_array(sending, 0, len(blobs))
         self.last_sent = sending.sent + self.client.last_bundles
-        return itertools.chain.from_iterable(
-            results(a, order=order, return_exceptions=return_exceptions, progress=progress)
-            for a in arrays)
+
+        def chained() -> Iterator[Any]:
+            # Each further array is submitted once the one before has given its values: a
+            # tenant may hold at most tenant_max_queued (10,000) queued jobs at once.
+            for start in starts:
+                array = first if start == 0 else self._submit_array(sending, start, len(blobs))
+                yield from results(array, order=order, return_exceptions=return_exceptions,
+                                   progress=progress)
+
+        return chained()
+
+    def _submit_array(self, sending: Sending, start: int, total: int) -> ArrayHandle:
+        """Items `start` to at most ARRAY_ITEMS_MAX further as one array."""
+        items = [self._item(sending, i) for i in range(start, min(start + ARRAY_ITEMS_MAX,
+                                                                  total))]
+        self.last_array = self.client.submit_many(items, name=self._spec.get("name"),
+                                                  **self._common(sending))
+        return self.last_array
 
     def _send(self, blobs: list[bytes], shared: Mapping[str, Any]) -> Sending:
         """Pickle the function and send the code and the call, before anything is stored."""
