@@ -4,13 +4,15 @@
 #   - a job sees its GPU pinned in CUDA_VISIBLE_DEVICES and runs on ctx.device == "cuda";
 #   - the worker process itself never maps libcuda (CUDA only in the job's child);
 #   - each worker's heartbeat carries its GPU's NVML telemetry (not simulated), and a job
-#     that holds 4 GiB and keeps its GPU busy records that peak and a mean utilisation.
+#     that holds 4 GiB and keeps its GPU busy records that peak and a mean utilisation;
+#   - where vLLM is installed, the llm workload through vLLM against vllm.LLM.generate
+#     directly (bench/llm_vs_loop.py --engine vllm; a few more minutes).
 # Usage: bash bench/gpu_check.sh   (prints a summary; exit 0 when every check holds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv-gpu && . .venv-gpu/bin/activate
 pip install -q torch==2.13.0 || pip install -q torch
-pip install -q -e '.[worker,local]'
+pip install -q -e '.[worker,local,llm]'
 export E31_HOME="$(mktemp -d)/e31" E31_API_PORT=18931 E31_FLOWER_PORT=15931
 export E31_HEARTBEAT_INTERVAL_S=0.5   # GPU readings every half second
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || true
@@ -52,3 +54,5 @@ for key in r.scan_iter(match="e31:worker:*"):
     assert hb["node"].startswith("cpu") or hb.get("gpus_telemetry"), "no GPU telemetry"
 print("GPU path: all checks passed")
 '
+# vLLM brings its own torch build, so it is not installed here by default: pip install -e '.[llm-vllm]'
+if python3 -c 'import vllm' 2>/dev/null; then python3 bench/llm_vs_loop.py --engine vllm --prompts 2048 --max-tokens 64 --layers 8 --hidden 1024 --repeats 1; else echo "llm vs vLLM: skipped, vllm is not installed in .venv-gpu (pip install -e '.[llm-vllm]' to run it)"; fi

@@ -78,6 +78,15 @@ _._pool
 # Tornado: a request handler's hook it calls before a POST (e31.edge.flowerauth.Unauthorized).
 _.check_xsrf_cookie
 
+# A batch's timestamps, read and written by name (e31.core.batches.STAMPED): the batch object
+# (e31.api.routes.batches.batch_object) reads each with getattr, BatchEnds sets each as a
+# column of its status through BatchStore.move_batch(**{f"{status}_at": now}).
+_.in_progress_at
+_.completed_at
+_.failed_at
+_.expired_at
+_.cancelled_at
+
 # @e31.function's public surface (e31.functions.decorator.Function): what users call and read,
 # `f.remote.aio`, `f.starmap`, `f.using(client)`, `f.last_sent`, `f.last_array`.
 _.aio

@@ -180,6 +180,18 @@ def test_batch_inference_against_the_hand_loop_gives_a_ratio(tmp_path: Path) -> 
     assert a_ratio(figures["ratio_workload_over_hand"]), figures
 
 
+def test_the_llm_workload_against_a_hand_generate_loop_gives_a_ratio(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    # Given the same chat requests through a hand-written generate loop and the llm workload
+    figures = run_bench("llm_vs_loop.py", tmp_path, timeout_s=170)
+
+    # Then both wrote the same number of tokens (the script checks) and the ratio is a number
+    assert figures["completion_tokens"] == 8 * 4, figures
+    assert figures["hand_s"] > 0 and figures["workload_s"] > 0, figures
+    assert a_ratio(figures["ratio_workload_over_hand"]), figures
+
+
 def test_a_footage_chunk_reads_its_share_of_the_file_not_a_copy(tmp_path: Path) -> None:
     pytest.importorskip("av")
     # Given a clip decoded chunk by chunk
@@ -224,6 +236,16 @@ def test_the_scheduler_cost_counts_a_tick_that_fills_every_idle_worker(tmp_path:
     assert row["store"] == "sqlite" and row["dispatched_per_tick"] == row["workers"], row
     assert row["sql_statements_per_tick"] > 0 and row["tick_ms"] > 0, row
     assert set(row["statements_writes_by_phase"]) == {"submit", "claim", "renew", "record"}, row
+
+
+def test_every_console_page_answers_on_a_store_of_jobs_and_is_timed(tmp_path: Path) -> None:
+    # Given a small store on SQLite, signed in to the console as its tenant
+    figures = run_bench("console_pages.py", tmp_path, timeout_s=120)
+
+    # Then every page answered (the script asserts each 200) and has a time
+    assert figures["store"] == "sqlite" and figures["jobs"] == 2_000, figures
+    assert len(figures["pages"]) == 10, figures
+    assert all(p["median_ms"] > 0 for p in figures["pages"].values()), figures
 
 
 def test_an_array_submission_refuses_unknown_dependencies_and_stores_the_rest(

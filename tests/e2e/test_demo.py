@@ -23,7 +23,7 @@ pytest.importorskip("av")
 pytestmark = pytest.mark.torch
 
 DEMO_S = 240        # the demo promises 3 minutes on 2 CPU cores, its stack included
-NAMES = ["demo-train", "demo-inference", "demo-footage",
+NAMES = ["demo-train", "demo-inference", "demo-footage", "demo-prompts",
          "demo-sweep[0]", "demo-sweep[1]", "demo-sweep[2]", "demo-sweep[3]"]
 JOB_FIELDS = {"name", "kind", "id", "state", "size_class", "queued_s", "run_s", "gpu_seconds",
               "result", "summary", "outputs"}
@@ -69,8 +69,13 @@ def assert_every_job_succeeded_with_its_outputs(summary: dict[str, Any]) -> None
     assert jobs["demo-train"]["result"]["val_accuracy"] > 0.8
     assert jobs["demo-inference"]["result"]["succeeded"] == 360
     assert jobs["demo-footage"]["result"]["class_counts"] == {"red": 20, "green": 20, "blue": 20}
+    prompts = jobs["demo-prompts"]["result"]
+    assert (prompts["requests"], prompts["completed"], prompts["failed"]) == (12, 12, 0)
+    assert prompts["tokens_in"] > 0 and prompts["tokens_out"] > 0
+    answers = (Path(jobs["demo-prompts"]["outputs"]) / f"{jobs['demo-prompts']['id']}_output.jsonl")
+    assert len(answers.read_text().splitlines()) == 12
     best = summary["sweep"]["best"]
-    assert best["val_accuracy"] == max(jobs[n]["result"]["val_accuracy"] for n in NAMES[3:])
+    assert best["val_accuracy"] == max(jobs[n]["result"]["val_accuracy"] for n in NAMES[4:])
 
 
 @pytest.mark.timeout(DEMO_S + 60)

@@ -45,7 +45,8 @@ RUN_STEPS = {
     "README.md": {"tour-up", "tour", "tour-refused",
                   "functions"},                    # functions: test_functions.py
     "docs/notebooks.md": {"functions-tour", "functions-failed"},   # test_functions.py
-    "docs/workloads.md": {"inference", "train", "forty-hours", "forty-hours-cli"},
+    "docs/workloads.md": {"inference", "train", "forty-hours", "forty-hours-cli",
+                          "openai-batch", "batch-cli"},   # test_llm_batches.py
     "docs/scheduling.md": {"tenants"},
     "docs/jobs.md": {"dry-run", "refused", "byo", "byo-python", "wait-timeout", "sweeps",
                      "sweep-refused", "idle"},    # idle: test_runbooks.py, with E31JobsIdle
@@ -66,6 +67,7 @@ RUN_STEPS = {
     "docs/runbooks/store-outage.md": {"symptoms", "find", "verify", "embedded"},
     "docs/runbooks/artifact-retention.md": {"gc"},
     "docs/runbooks/rotate-a-token.md": {"rotate"},   # tests/e2e/test_runbook_rotate_token.py
+    "docs/console.md": {"curl"},   # tests/e2e/test_console_browser.py
 }
 
 def _first_line(block: Block) -> str:

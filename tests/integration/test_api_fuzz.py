@@ -29,7 +29,7 @@ import redis
 from cryptography.fernet import Fernet
 
 from e31.api import create_app
-from e31.api.errors import STATUS
+from e31.api.errors import STATUS, openai_path
 from e31.api.services import Services
 from e31.core.clock import utcnow
 from e31.core.resources import MAX_DISK_GB
@@ -198,9 +198,11 @@ def test_the_document_says_every_refusal_with_one_body_and_only_json_schema(
                       artifacts=ArtifactStore(f"file://{tmp_path / 'artifacts'}"))
     doc = create_app(settings, services=service).openapi()
 
-    # Then every operation but health documents 401 and 503, each error answer is ErrorBody,
-    error_ref = "#/components/schemas/ErrorBody"
+    # Then every operation but health documents 401 and 503, each error answer is ErrorBody
+    # (OpenAIErrorBody on the OpenAI-compatible routes, whose client reads OpenAI's shape),
     for path, methods in doc["paths"].items():
+        error_ref = ("#/components/schemas/OpenAIErrorBody" if openai_path(path)
+                     else "#/components/schemas/ErrorBody")
         for method, op in methods.items():
             codes = set(op["responses"])
             if path != "/v1/health":

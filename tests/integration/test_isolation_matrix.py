@@ -38,6 +38,7 @@ from e31.core.clock import utcnow
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
 from e31.store import Repo
+from e31.store.batches import ModelRecord
 from e31.store.models import ApiKey
 
 # The owner last: see the module's docstring.
@@ -98,27 +99,32 @@ def _bundle() -> bytes:
 
 
 BUNDLE = _bundle()
+REQUESTS = (b'{"custom_id": "a", "url": "/v1/chat/completions", "body": {"model": "tiny", '
+            b'"messages": [{"role": "user", "content": "hi"}]}}\n')
 OWNED = tenants(200, 404, 404)           # the owner's object: another's reads as never existed
+READ = tenants(200, 404, 200)            # ... which an admin's token may read (never write)
 ADMIN_ONLY = tenants(403, 403, 200)
 ROWS: dict[tuple[str, str], tuple[Builder, dict[str, int]]] = {
     ("GET", "/v1/health"): (ask("GET", "/v1/health"), everyone(200)),
     ("POST", "/v1/jobs"): (ask("POST", "/v1/jobs", json=CPU_JOB), tenants(201, 201, 201)),
     ("GET", "/v1/jobs"): (ask("GET", "/v1/jobs"), tenants(200, 200, 200)),
-    ("GET", "/v1/jobs/{job_id}"): (ask("GET", "/v1/jobs/{job}"), OWNED),
+    ("GET", "/v1/jobs/{job_id}"): (ask("GET", "/v1/jobs/{job}"), READ),
     ("POST", "/v1/jobs/{job_id}/cancel"): (ask("POST", "/v1/jobs/{job}/cancel"), OWNED),
-    ("GET", "/v1/jobs/{job_id}/logs"): (ask("GET", "/v1/jobs/{job}/logs"), OWNED),
-    ("GET", "/v1/jobs/{job_id}/outputs"): (ask("GET", "/v1/jobs/{job}/outputs"), OWNED),
+    ("GET", "/v1/jobs/{job_id}/logs"): (ask("GET", "/v1/jobs/{job}/logs"), READ),
+    ("GET", "/v1/jobs/{job_id}/gpu"): (ask("GET", "/v1/jobs/{job}/gpu"), READ),
+    ("GET", "/v1/jobs/{job_id}/outputs"): (ask("GET", "/v1/jobs/{job}/outputs"), READ),
     ("GET", "/v1/jobs/{job_id}/outputs/{path:path}"): (
-        ask("GET", "/v1/jobs/{job}/outputs/result.txt"), OWNED),
+        ask("GET", "/v1/jobs/{job}/outputs/result.txt"), READ),
     ("POST", "/v1/arrays"): (ask("POST", "/v1/arrays", json={"items": [CPU_JOB]}),
                              tenants(201, 201, 201)),
-    ("GET", "/v1/arrays/{array_id}"): (ask("GET", "/v1/arrays/{array}"), OWNED),
+    ("GET", "/v1/arrays/{array_id}"): (ask("GET", "/v1/arrays/{array}"), READ),
     ("POST", "/v1/arrays/{array_id}/cancel"): (ask("POST", "/v1/arrays/{array}/cancel"), OWNED),
     ("POST", "/v1/arrays/{array_id}/retry"): (ask("POST", "/v1/arrays/{array}/retry"), OWNED),
     ("GET", "/v1/arrays/{array_id}/manifest"): (ask("GET", "/v1/arrays/{array}/manifest"),
-                                                 OWNED),
+                                                 READ),
     ("GET", "/v1/queue"): (ask("GET", "/v1/queue"), tenants(200, 200, 200)),
     ("GET", "/v1/usage"): (ask("GET", "/v1/usage?all_tenants=true"), ADMIN_ONLY),
+    ("GET", "/v1/usage/daily"): (ask("GET", "/v1/usage/daily?all_tenants=true"), ADMIN_ONLY),
     ("GET", "/v1/top"): (ask("GET", "/v1/top"), tenants(200, 200, 200)),
     ("HEAD", "/v1/bundles/{digest}"): (ask("HEAD", "/v1/bundles/{digest}"), OWNED),
     ("PUT", "/v1/bundles/{digest}"): (ask("PUT", "/v1/bundles/{digest}", content=BUNDLE),
@@ -145,6 +151,25 @@ ROWS: dict[tuple[str, str], tuple[Builder, dict[str, int]]] = {
     ("DELETE", "/v1/secrets/{name}"): (ask("DELETE", "/v1/secrets/OWNERS_ONLY"), OWNED),
     # Guarded by its own token, which no tenant's opens.
     ("GET", "/metrics"): (ask("GET", "/metrics"), everyone(401)),
+    # OpenAI's Files and Batches: each tenant's own, as jobs are; models registered by admins.
+    ("POST", "/v1/files"): (ask("POST", "/v1/files", data={"purpose": "batch"},
+                                files={"file": ("r.jsonl", REQUESTS)}), tenants(200, 200, 200)),
+    ("GET", "/v1/files"): (ask("GET", "/v1/files"), tenants(200, 200, 200)),
+    ("GET", "/v1/files/{file_id}"): (ask("GET", "/v1/files/{file}"), OWNED),
+    ("GET", "/v1/files/{file_id}/content"): (ask("GET", "/v1/files/{file}/content"), OWNED),
+    ("DELETE", "/v1/files/{file_id}"): (ask("DELETE", "/v1/files/{spare_file}"), OWNED),
+    ("POST", "/v1/batches"): (ask("POST", "/v1/batches", json={
+        "input_file_id": "{file}", "endpoint": "/v1/chat/completions",
+        "completion_window": "24h"}), OWNED),   # another's file reads as never existed
+    ("GET", "/v1/batches"): (ask("GET", "/v1/batches"), tenants(200, 200, 200)),
+    ("GET", "/v1/batches/{batch_id}"): (ask("GET", "/v1/batches/{batch}"), OWNED),
+    ("POST", "/v1/batches/{batch_id}/cancel"): (ask("POST", "/v1/batches/{batch}/cancel"),
+                                                OWNED),
+    ("GET", "/v1/models"): (ask("GET", "/v1/models"), tenants(200, 200, 200)),
+    ("POST", "/v1/admin/models"): (ask("POST", "/v1/admin/models", json={
+        "name": "m-{who}", "path": "{model_dir}"}), tenants(403, 403, 201)),
+    ("DELETE", "/v1/admin/models/{name}"): (ask("DELETE", "/v1/admin/models/doomed"),
+                                            tenants(403, 403, 204)),
 }
 
 
@@ -159,6 +184,12 @@ def api_routes(app: FastAPI) -> Iterator[tuple[str, str]]:
     for route in walk(list(app.routes)):
         for method in sorted(route.methods):
             yield method, route.path
+
+
+def bearer_routes(app: FastAPI) -> set[tuple[str, str]]:
+    """The routes a bearer token opens: all but the console's (`/ui`, signed in by a cookie;
+    its own matrix is tests/integration/test_console_matrix.py)."""
+    return {(m, p) for m, p in api_routes(app) if p != "/ui" and not p.startswith("/ui/")}
 
 
 @pytest.fixture
@@ -194,16 +225,28 @@ def world(repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path)
     for name in ("HF_TOKEN", "OWNERS_ONLY"):
         assert http.put(f"/v1/secrets/{name}", json={"value": "s3cret"},
                         headers=mine).status_code == 201
+    file, spare = (http.post("/v1/files", data={"purpose": "batch"}, headers=mine,
+                             files={"file": ("r.jsonl", REQUESTS)}).json()["id"]
+                   for _ in range(2))
+    model_dir = tmp_path / "models" / "tiny"
+    model_dir.mkdir(parents=True)
+    (model_dir / "e31_model.json").write_text('{"kind": "chat"}')
+    for name in ("tiny", "doomed"):
+        repo.add_model(ModelRecord(name, "chat", f"file://{model_dir}", None, now))
+    batch = http.post("/v1/batches", headers=mine, json={
+        "input_file_id": file, "endpoint": "/v1/chat/completions",
+        "completion_window": "24h"}).json()["id"]
     tokens = {"owner": owner_token, "other": other_token, "admin": admin_token,
               "revoked": revoked, "expired": expired, "disabled": frozen_token}
     headers = {who: {"Authorization": f"Bearer {t}"} for who, t in tokens.items()}
     return World(http=http, repo=repo, headers={**headers, "none": {}},
-                 ids={"job": job, "array": array, "digest": digest})
+                 ids={"job": job, "array": array, "digest": digest, "file": file,
+                      "spare_file": spare, "batch": batch, "model_dir": str(model_dir)})
 
 
 def test_every_route_has_a_row_of_expected_statuses(tmp_path: Path) -> None:
     # Given the app's route table (no store is asked: the service is a stand-in)
-    routes = set(api_routes(create_app(Settings(home=tmp_path), services=MagicMock())))
+    routes = bearer_routes(create_app(Settings(home=tmp_path), services=MagicMock()))
 
     # Then every route has a row, and every row a route (no stale row hides a renamed one)
     missing = sorted(routes - set(ROWS))

@@ -52,7 +52,8 @@ def test_a_job_the_pool_failed_is_counted_by_its_reason_and_a_users_failure_is_n
         update={"input_allowed_networks": LOOPBACK, "infra_retries": 2}))
     before = samples(reg)
     assert {failed_by_pool(before, r) for r in POOL_FAILURES} == {0.0}
-    assert set(POOL_FAILURES) == {"lost", "setup_transient", "upload_failed", "worker_crashed"}
+    assert set(POOL_FAILURES) == {"lost", "setup_transient", "upload_failed", "worker_crashed",
+                                  "gpu_fault"}
 
     # When a job's input server answers 503 for longer than that, and another job's code
     # exits 3 with no retries

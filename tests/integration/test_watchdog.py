@@ -184,9 +184,9 @@ def test_an_xid_error_takes_its_worker_out_of_service_with_the_reason_shown(
         # When its GPU reports XID 79 (fallen off the bus)
         gpu.xids.append(79)
 
-        # Then the node drains itself, once, and the store says why
+        # Then the node drains itself, once, for its GPU's error, and the store says why
         wait_for(lambda: beat.drain_requested.is_set(), timeout_s=WAIT_S, what="the drain")
-        assert drains == [True]
+        assert drains == [True] and beat.gpu_fault.is_set()
         [drained] = repo.drained_nodes()
         assert (drained.node, drained.reason) == (node, "GPU error: XID 79 on GPU 0")
     finally:
@@ -237,3 +237,48 @@ def test_a_heartbeat_that_meets_an_unexpected_error_beats_on_once_it_clears(
         assert beat._thread is not None and beat._thread.is_alive()
     finally:
         beat.stop()
+
+
+def test_a_job_on_a_gpu_that_reports_an_xid_runs_again_without_spending_a_retry(
+        repo: Repo, redis_client: redis.Redis, tmp_path: Path) -> None:
+    # Given a job with no retry of its own running on a worker's simulated GPU
+    tenant_id, job_id = submit(repo, command=["sleep", "60"], retries={"max": 0})
+    svc = on_gpu(services(repo, redis_client, tmp_path,
+                          ArtifactStore(f"file://{tmp_path / 'a'}")))
+    worker = threading.Thread(target=run, args=(svc, job_id, repo))
+    worker.start()
+    try:
+        wait_for(lambda: repo.get_job(tenant_id, job_id).state == "running", timeout_s=WAIT_S,
+                 what="the job to run")
+
+        # When its node drains for the GPU's error, as its heartbeat does on an XID
+        svc.gpu_fault.set()
+        svc.draining.set()
+    finally:
+        worker.join(timeout=WAIT_S)
+
+    # Then its attempt ended gpu_fault, the pool's: with retries.max 0 the job is queued
+    # again (an ending of the user's would have failed it)
+    record = repo.get_job(tenant_id, job_id)
+    assert record.state == "queued"
+    assert [a.reason for a in record.attempts] == ["gpu_fault"]
+
+
+def test_a_drain_that_is_not_a_gpu_fault_still_ends_drained(
+        repo: Repo, redis_client: redis.Redis, tmp_path: Path) -> None:
+    # Given the same job on the same worker
+    tenant_id, job_id = submit(repo, command=["sleep", "60"], retries={"max": 0})
+    svc = on_gpu(services(repo, redis_client, tmp_path,
+                          ArtifactStore(f"file://{tmp_path / 'a'}")))
+    worker = threading.Thread(target=run, args=(svc, job_id, repo))
+    worker.start()
+    try:
+        wait_for(lambda: repo.get_job(tenant_id, job_id).state == "running", timeout_s=WAIT_S,
+                 what="the job to run")
+        # When an operator drains the node (no GPU error)
+        svc.draining.set()
+    finally:
+        worker.join(timeout=WAIT_S)
+
+    # Then it ended drained, as before: the difference is the GPU's error alone
+    assert [a.reason for a in repo.get_job(tenant_id, job_id).attempts] == ["drained"]

@@ -19,7 +19,7 @@ CLI_DIR = Path(e31.cli.__file__).parent
 # local stack, gc, then the two sub-groups.
 TOP_LEVEL = ["submit", "status", "ls", "logs", "result", "cancel", "wait", "usage", "queue",
              "retry", "top", "demo", "worker", "api", "scheduler", "flower", "up", "down", "gc",
-             "audit", "db", "tenant", "token", "secret"]
+             "audit", "db", "tenant", "token", "secret", "batch", "model"]
 
 
 def test_an_options_help_names_its_environment_variable_in_brackets() -> None:

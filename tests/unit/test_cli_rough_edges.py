@@ -100,3 +100,18 @@ def test_tenant_create_update_list_and_show_each_print_the_limits(tmp_path: Path
     assert updated.strip() == limited
     assert e31("tenant", "list").strip() == limited
     assert e31("tenant", "show", "team-a").strip() == limited
+
+
+def test_a_missing_config_file_is_an_error_for_the_job_commands_too(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Given E31_CONFIG naming a file that is not there (and an API a user could reach)
+    monkeypatch.setenv("E31_CONFIG", str(tmp_path / "nonexistent.toml"))
+    monkeypatch.setenv("E31_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("E31_TOKEN", "e31_x")
+
+    # When a job command runs
+    result = CliRunner().invoke(app, ["ls"])
+
+    # Then it refuses, as the operator commands do: the user's setup to fix (exit 2)
+    assert result.exit_code == 2, result.output
+    assert "E31_CONFIG: no such file" in result.output

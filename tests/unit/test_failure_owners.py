@@ -55,7 +55,7 @@ def test_only_the_users_endings_spend_retries_max(reason: AttemptReason) -> None
 
 
 @pytest.mark.parametrize("reason", [AttemptReason.SETUP_TRANSIENT, AttemptReason.UPLOAD_FAILED,
-                                    AttemptReason.WORKER_CRASHED])
+                                    AttemptReason.WORKER_CRASHED, AttemptReason.GPU_FAULT])
 def test_the_pools_own_faults_are_its_and_capped_by_infra_retries(reason: AttemptReason) -> None:
     assert reason.owner is Owner.POOL
     assert reason.is_retryable and not reason.counts_against_retries

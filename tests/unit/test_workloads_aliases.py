@@ -16,6 +16,7 @@ from e31.core.workloads import WORKLOADS
     ("batch-inference", "e31_worker.workloads.batch_inference:run"),
     ("train", "e31_worker.workloads.training:run"),
     ("footage", "e31_worker.workloads.footage:run"),
+    ("llm", "e31_worker.workloads.llm:run"),
 ])
 def test_each_short_name_stands_for_its_entrypoint(name: str, entrypoint: str) -> None:
     # Given a spec that names a built-in workload by its short name
@@ -24,7 +25,7 @@ def test_each_short_name_stands_for_its_entrypoint(name: str, entrypoint: str) -
 
     # Then it runs that workload's module:function of e31_worker.workloads
     assert spec.entrypoint == entrypoint
-    assert set(WORKLOADS) == {"batch-inference", "train", "footage"}
+    assert set(WORKLOADS) == {"batch-inference", "train", "footage", "llm"}
 
 
 def test_an_unknown_name_is_a_spec_error_that_lists_the_known_ones() -> None:

@@ -10,16 +10,21 @@ numbers are digits only.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 
 from e31 import __version__
-from e31.api import errors, schema
+from e31.api import console, errors, schema
 from e31.api.requestlimits import BodyLimit
 from e31.api.routes import (
     arrays,
+    batches,
     bundles,
+    files,
     health,
     jobs,
     metrics,
@@ -34,6 +39,25 @@ from e31.api.services import Services
 from e31.edge import wiring
 from e31.edge.settings import Settings
 
+FORM_OVERHEAD_BYTES = 64 * 1024   # a multipart form's headers and boundaries around its file
+
+
+def _settling(services: Services) -> Any:
+    """The app's lifespan: the batches' settling loop (`BatchEnds.run`) on a thread of its
+    own while the app serves."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        stop = threading.Event()
+        thread = threading.Thread(target=services.batch_ends.run, args=(stop,),
+                                  name="e31-batch-settle", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+    return lifespan
+
 
 def create_app(settings: Settings, *, services: Services | None = None) -> FastAPI:
     """The API over the store, artifacts and Redis named in `settings` (or over `services`)."""
@@ -41,7 +65,7 @@ def create_app(settings: Settings, *, services: Services | None = None) -> FastA
         services = Services(settings=settings, repo=wiring.repo(settings),
                             artifacts=wiring.artifacts(settings),
                             redis_client=wiring.redis_client(settings))
-    app = FastAPI(title="E31 Batch", version=__version__,
+    app = FastAPI(title="E31 Batch", version=__version__, lifespan=_settling(services),
                   description="Batch GPU jobs on a shared pool. Authenticate with a tenant token.")
     app.state.services = services
     app.state.job_ends = services.job_ends   # the long polls' listener, closed with the app
@@ -58,9 +82,14 @@ def create_app(settings: Settings, *, services: Services | None = None) -> FastA
     app.include_router(tenants.router(settings, services.tenants))   # the admin API
     app.include_router(secrets.router(services.secrets))
     app.include_router(metrics.router(settings, services.metrics))   # its own guard
+    app.include_router(files.router(services.files))   # bounded by batch_file_max_bytes
+    app.include_router(batches.router(settings, services.batches, services.models))
+    console.install(app, settings)   # /ui: pages over the same services (docs/console.md)
     # Added before the header middleware, so it runs inside it: a 413 carries the header too.
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
-                       exempt=(bundles.BUNDLES_PATH,))
+                       exempt=(bundles.BUNDLES_PATH, files.FILES_PATH))
+    app.add_middleware(BodyLimit, max_bytes=settings.batch_file_max_bytes + FORM_OVERHEAD_BYTES,
+                       only=(files.FILES_PATH,))
 
     @app.middleware("http")
     async def _version_header(request: Request, call_next: Any) -> Any:

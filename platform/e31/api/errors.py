@@ -81,13 +81,41 @@ class FieldError(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """What every refusal answers."""
+    """What every refusal answers (but on the OpenAI-compatible routes: `OpenAIErrorBody`)."""
 
     error: ErrorCode = Field(description="a stable code for the kind of refusal")
     message: str = Field(description="what went wrong, for a person")
     errors: list[FieldError] | None = Field(
         default=None, description="each refused field and why (422, 409 and 403 on a spec)")
     limit_bytes: int | None = Field(default=None, description="the limit passed (413)")
+
+
+class OpenAIError(BaseModel):
+    """OpenAI's error object: what its official client reads and shows."""
+
+    message: str
+    type: str = Field(description="the stable code, as ErrorBody's error")
+    param: str | None = Field(description="the first refused field, if any")
+    code: str | None
+
+
+class OpenAIErrorBody(BaseModel):
+    """What a refusal answers on the OpenAI-compatible routes (`OPENAI_PATHS`): OpenAI's
+    `error` object, with the same `message`, `errors` and `limit_bytes` as `ErrorBody`."""
+
+    error: OpenAIError
+    message: str
+    errors: list[FieldError] | None = None
+    limit_bytes: int | None = None
+
+
+# The OpenAI-compatible routes (docs/workloads.md): their refusals are shaped as OpenAI's, so
+# that its client shows the message.
+OPENAI_PATHS = ("/v1/files", "/v1/batches", "/v1/models", "/v1/admin/models")
+
+
+def openai_path(path: str) -> bool:
+    return path.startswith(OPENAI_PATHS)
 
 
 DESCRIPTIONS = {
@@ -107,11 +135,13 @@ DESCRIPTIONS = {
 }
 
 
-def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """The error answers a route can give, for its `responses=` (the OpenAPI document)."""
+def responses(*codes: int, openai: bool = False) -> dict[int | str, dict[str, Any]]:
+    """The error answers a route can give, for its `responses=` (the OpenAPI document);
+    `openai`: shaped as OpenAI's (`OpenAIErrorBody`)."""
     out: dict[int | str, dict[str, Any]] = {}
     for code in codes:
-        out[code] = {"model": ErrorBody, "description": DESCRIPTIONS[code]}
+        out[code] = {"model": OpenAIErrorBody if openai else ErrorBody,
+                     "description": DESCRIPTIONS[code]}
         if code == 401:
             out[code]["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
         if code in (429, 503):
@@ -132,21 +162,34 @@ def _too_large_message(limit_bytes: int) -> str:
     return f"the request body is larger than {limit_bytes} bytes (max_request_bytes)"
 
 
-def too_large(limit_bytes: int) -> JSONResponse:
+def too_large(limit_bytes: int, *, openai: bool = False) -> JSONResponse:
     """The 413 answer to a body over the limit, which it names (`limit_bytes`)."""
-    return JSONResponse({"error": REQUEST_TOO_LARGE, "message": _too_large_message(limit_bytes),
-                         "limit_bytes": limit_bytes}, status_code=413)
+    body: dict[str, Any] = {"error": REQUEST_TOO_LARGE,
+                            "message": _too_large_message(limit_bytes),
+                            "limit_bytes": limit_bytes}
+    return JSONResponse(_openai(body) if openai else body, status_code=413)
 
 
-def _answer(exc: E31Error) -> JSONResponse:
-    """The HTTP answer to `exc`, by `STATUS` (500 for an error no status names)."""
+def _openai(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` (an `ErrorBody`) as an `OpenAIErrorBody`."""
+    fields = body.get("errors") or []
+    return {**body, "error": {"message": body["message"], "type": body["error"],
+                              "param": fields[0]["field"] if fields else None,
+                              "code": body["error"]}}
+
+
+def _answer(exc: E31Error, *, openai: bool = False) -> JSONResponse:
+    """The HTTP answer to `exc`, by `STATUS` (500 for an error no status names); `openai`:
+    shaped as OpenAI's."""
     for cls, status, code in STATUS:
         if isinstance(exc, cls):
-            body: dict[str, object] = {"error": code, "message": exc.message}
+            body: dict[str, Any] = {"error": code, "message": exc.message}
             if isinstance(exc, SpecError):
                 body["errors"] = exc.errors
             if isinstance(exc, TooLarge):
                 body["limit_bytes"] = exc.limit_bytes
+            if openai:
+                body = _openai(body)
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
             if status == 503:
                 headers = {"Retry-After": str(RETRY_AFTER_S)}
@@ -161,22 +204,23 @@ def install(app: FastAPI) -> None:
     a body over the limit with `too_large`."""
 
     @app.exception_handler(E31Error)
-    async def _e31(_: Request, exc: E31Error) -> JSONResponse:
-        return _answer(exc)
+    async def _e31(request: Request, exc: E31Error) -> JSONResponse:
+        return _answer(exc, openai=openai_path(request.url.path))
 
     @app.exception_handler(BodyTooLarge)
-    async def _too_large(_: Request, exc: BodyTooLarge) -> JSONResponse:
-        return too_large(exc.limit_bytes)
+    async def _too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
+        return too_large(exc.limit_bytes, openai=openai_path(request.url.path))
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _answer(SpecError([describe_error({**e, "loc": _field_path(e)})
-                                 for e in exc.errors()]))
+                                 for e in exc.errors()]), openai=openai_path(request.url.path))
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> Response:
         if exc.status_code == 400:      # a body FastAPI could not decode
-            return _answer(SpecError.one("body", UNREADABLE_BODY))
+            return _answer(SpecError.one("body", UNREADABLE_BODY),
+                           openai=openai_path(request.url.path))
         if exc.status_code not in ROUTING:
             return await http_exception_handler(request, exc)
         code, message = ROUTING[exc.status_code]

@@ -25,7 +25,7 @@ from pydantic import BeforeValidator
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from e31.api.errors import BodyTooLarge, too_large
+from e31.api.errors import BodyTooLarge, openai_path, too_large
 from e31.core import keys
 from e31.core.errors import LimitExceeded
 from e31.core.requestlimits import SpecLimits
@@ -74,18 +74,22 @@ class BodyLimit:
     """ASGI middleware: refuse a request body of more than `max_bytes` with 413, before or while
     it is read (see the module's docstring)."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int, exempt: tuple[str, ...] = ()) -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, exempt: tuple[str, ...] = (),
+                 only: tuple[str, ...] = ()) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.exempt = exempt    # path prefixes whose routes bound their bodies themselves
+        self.only = only        # if given, the path prefixes it bounds (and no other)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"].startswith(self.exempt):
+        if scope["type"] != "http" or scope["path"].startswith(self.exempt) \
+                or (self.only and not scope["path"].startswith(self.only)):
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await too_large(self.max_bytes)(scope, receive, send)
+            await too_large(self.max_bytes, openai=openai_path(scope["path"]))(
+                scope, receive, send)
             return
         seen = 0
         started = False
@@ -113,7 +117,8 @@ class BodyLimit:
             # The routes' handler answers it (errors.install); this is for a read elsewhere.
             if started:
                 raise
-            await too_large(self.max_bytes)(scope, receive, send)
+            await too_large(self.max_bytes, openai=openai_path(scope["path"]))(
+                scope, receive, send)
 
 
 def _content_length(scope: Scope) -> int | None:

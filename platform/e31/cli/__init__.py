@@ -2,7 +2,8 @@
 
 Groups: `submit`, `jobs` (status, ls, logs, result, cancel, wait), `queue` (usage, queue),
 `retry`, `top`, `demo`, `ops` (worker, api, scheduler, flower, `db`), `stack` (up, down), `gc`,
-`audit`, `tenants` (`tenant`), `tokens` (`token`) and `secrets` (`secret`);
+`audit`, `tenants` (`tenant`), `tokens` (`token`), `secrets` (`secret`) and `batches` (`batch`,
+`model`);
 the pieces they share are in `common` (the job groups' client among them), which imports none
 of them, and `remote` (what the admin groups share); no group imports another.
 May import: everything; `e31_worker` only lazily, inside the commands that need it.
@@ -20,6 +21,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from e31.cli import (
     audit,
+    batches,
     demo,
     gc,
     jobs,
@@ -61,6 +63,8 @@ def build_app() -> typer.Typer:
     root.add_typer(tenants.app, name="tenant")
     root.add_typer(tokens.app, name="token")
     root.add_typer(secrets.app, name="secret")
+    root.add_typer(batches.app, name="batch")
+    root.add_typer(batches.models_app, name="model")
     return root
 
 

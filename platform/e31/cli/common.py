@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
@@ -126,6 +128,9 @@ def api_client(url: str | None = None, token: str | None = None) -> Any:
     wrote. None known is the user's setup to fix: exit 2 (making the client sends nothing,
     so that is the only error it raises)."""
     from e31.client import Client
+    config = os.environ.get("E31_CONFIG")
+    if config and not Path(config).expanduser().is_file():   # as every command says it
+        fail(f"E31_CONFIG: no such file {Path(config).expanduser()}", EXIT_INPUT)
     try:
         return Client(url, token) if url or token else Client()
     except ClientError as exc:

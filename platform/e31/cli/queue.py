@@ -19,9 +19,17 @@ app = typer.Typer()
 @app.command()
 def usage(all_tenants: bool = typer.Option(False, "--all-tenants",
                                            help="every tenant (admin token)"),
+          only_batches: bool = typer.Option(False, "--batches", help="only the newest batches "
+                                            "of requests: tokens in and out, GPU-seconds"),
           as_json: bool = JsonOpt) -> None:
-    """Jobs by state, GPU-seconds billed and time queued (never billed), per tenant and class."""
-    rows = call(api_client().usage, all_tenants=all_tenants)
+    """Jobs by state, GPU-seconds billed and time queued (never billed), per tenant and class;
+    then the newest batches' requests, tokens and GPU-seconds."""
+    client = api_client()
+    batches = call(client.batch_usage, all_tenants=all_tenants)
+    if only_batches and as_json:
+        print_json(batches)
+        return
+    rows = [] if only_batches else call(client.usage, all_tenants=all_tenants)
     if as_json:
         print_json(rows)
         return

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from e31.client import bundle
+from e31.client.batches import Batches
 from e31.client.handles import ArrayHandle, JobHandle
 from e31.client.profile import read_profile
 from e31.core.errors import ClientError
@@ -48,6 +49,11 @@ class Client:
                               "E31_TOKEN, or start a local stack with `e31 up`")
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
                                   headers={"Authorization": f"Bearer {token}"})
+
+    @property
+    def batches(self) -> Batches:
+        """Batches of requests to language models (`e31.client.batches`)."""
+        return Batches(self)
 
     def close(self) -> None:
         self._http.close()
@@ -135,6 +141,11 @@ class Client:
     def usage(self, all_tenants: bool = False) -> builtins.list[dict[str, Any]]:
         params = {"all_tenants": "true"} if all_tenants else {}
         return list(self.request("GET", "/v1/usage", params=params).json()["usage"])
+
+    def batch_usage(self, all_tenants: bool = False) -> builtins.list[dict[str, Any]]:
+        """The newest batches' requests, tokens in and out and GPU-seconds."""
+        params = {"all_tenants": "true"} if all_tenants else {}
+        return list(self.request("GET", "/v1/usage", params=params).json().get("batches", []))
 
     def queue(self) -> dict[str, Any]:
         """Per size class: GPUs, busy, queued jobs and running GPUs per tenant, share used

@@ -23,6 +23,9 @@ SUBMIT_RATE_PREFIX = f"{PREFIX}:rate:submit:"
 # hash, with a TTL of a day: worker node -> the shape its last heartbeat seen by an API showed
 # (host, GPUs, queues, when), the registered node shapes (e31.scheduling.placement)
 NODES = f"{PREFIX}:nodes"
+# list per job, with a TTL: its GPUs' readings over its run, a point every few heartbeats of its
+# worker, the newest kept (e31.ops.gpuseries); the console's job page draws it
+GPU_SERIES_PREFIX = f"{PREFIX}:gpuseries:"
 
 
 def worker(node: str) -> str:
@@ -46,3 +49,8 @@ def drain(node: str) -> str:
 def submit_rate(tenant_id: str) -> str:
     """Submit-rate token bucket of one tenant."""
     return f"{SUBMIT_RATE_PREFIX}{tenant_id}"
+
+
+def gpu_series(job_id: str) -> str:
+    """The GPU readings of one job over its run."""
+    return f"{GPU_SERIES_PREFIX}{job_id}"

@@ -321,6 +321,14 @@ class Candidate:
     pending_reason: str | None = None   # as the scheduler last stored it, so that it writes
     pending_detail: str | None = None   # only what changed
     queued_since_s: float | None = None   # since its latest queueing: a preemption's grace
+    deadline_s: float | None = None       # when it is due (a batch's window), if it is
+
+    @property
+    def order(self) -> tuple[float, float, str]:
+        """Its place among its tenant's jobs of its band: the earliest deadline first, then
+        the jobs without one, oldest first."""
+        return (self.deadline_s if self.deadline_s is not None else float("inf"),
+                self.submitted_at_s, self.id)
 
 
 @dataclass(frozen=True)

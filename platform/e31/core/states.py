@@ -73,6 +73,9 @@ class AttemptReason(str, Enum):
     UPLOAD_FAILED = "upload_failed"  # it succeeded, but its outputs or checkpoints could not
     #                           be stored (the artifact store full or unreachable); retried on
     #                           the pool's account (infra_retries)
+    GPU_FAULT = "gpu_fault"   # its GPU reported an error the job's code cannot cause (an XID
+    #                           outside the application's): the node drains, the job runs
+    #                           again elsewhere on the pool's account (infra_retries)
     WORKER_CRASHED = "worker_crashed"  # the worker's own code failed around the job ("worker
     #                           error: ..."): a stage, the supervisor; retried on the pool's
     #                           account (infra_retries)
@@ -148,6 +151,7 @@ REASONS: dict[AttemptReason, ReasonRule] = {
     AttemptReason.SETUP_TRANSIENT: ReasonRule(Owner.POOL, Cap.INFRA_RETRIES),
     AttemptReason.UPLOAD_FAILED: ReasonRule(Owner.POOL, Cap.INFRA_RETRIES),
     AttemptReason.WORKER_CRASHED: ReasonRule(Owner.POOL, Cap.INFRA_RETRIES),
+    AttemptReason.GPU_FAULT: ReasonRule(Owner.POOL, Cap.INFRA_RETRIES),
 }
 
 

@@ -10,5 +10,6 @@ WORKLOADS: dict[str, str] = {
     "batch-inference": "e31_worker.workloads.batch_inference:run",
     "train": "e31_worker.workloads.training:run",
     "footage": "e31_worker.workloads.footage:run",
+    "llm": "e31_worker.workloads.llm:run",
 }
 

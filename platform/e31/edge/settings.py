@@ -187,6 +187,18 @@ class Settings(BaseModel):
     # E31_INPUT_ALLOWED_NETWORKS
     input_allowed_networks: tuple[str, ...] = ()
 
+    # Batches of requests to language models, OpenAI-compatible (docs/workloads.md, "From the
+    # OpenAI Batch API to your own pool"): OpenAI's own limits by default.
+    batch_file_max_bytes: int = Field(default=200 * 1024 ** 2, ge=1024)  # one uploaded file
+    batch_max_requests: int = Field(default=50_000, ge=1)  # the request lines of one batch
+    # The completion windows a batch may ask, comma-separated in E31_BATCH_WINDOWS ("24h" is
+    # OpenAI's; a batch past its window ends `expired`)
+    batch_windows: tuple[str, ...] = ("1h", "24h", "72h")
+    batch_shard_max_requests: int = Field(default=1000, ge=1)  # requests per shard job at most
+    batch_settle_s: float = Field(default=2.0, gt=0)  # how often the API moves batches on
+    models_dir: str = ""            # registered models may live here (file:// inputs may read
+    #                                 it, as an input_file_roots directory); default: home/models
+
     retries: RetryPolicy = RetryPolicy()  # the pool's default; a spec's own fields win
     # What an attempt that ran out of memory (reason oom) leads to when its spec sets no
     # resources.on_oom (docs/scheduling.md, "Out of memory: the next size"): `fail` retries it
@@ -204,7 +216,8 @@ class Settings(BaseModel):
             return tuple(p for p in v.split(os.pathsep) if p)
         return v
 
-    @field_validator("preload", "job_env_passthrough", "input_allowed_networks", mode="before")
+    @field_validator("preload", "job_env_passthrough", "input_allowed_networks", "batch_windows",
+                     mode="before")
     @classmethod
     def _modules_list(cls, v: Any) -> Any:
         """Modules in one variable (`E31_PRELOAD=transformers,mypkg.model`): comma-separated;
@@ -221,6 +234,14 @@ class Settings(BaseModel):
                 ipaddress.ip_network(net, strict=False)
             except ValueError as exc:
                 raise ValueError(f"{net!r} is not a network (CIDR, e.g. 10.0.0.0/8)") from exc
+        return v
+
+    @field_validator("batch_windows")
+    @classmethod
+    def _windows(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from e31.core.batches import window_s
+        for w in v:
+            window_s(w)   # ValueError naming it
         return v
 
     @field_validator("job_env_passthrough")
@@ -264,6 +285,16 @@ class Settings(BaseModel):
     @property
     def resolved_work_dir(self) -> Path:
         return Path(self.work_dir).expanduser() if self.work_dir else self.home / "work"
+
+    @property
+    def resolved_models_dir(self) -> Path:
+        return Path(self.models_dir).expanduser() if self.models_dir else self.home / "models"
+
+    @property
+    def file_roots(self) -> tuple[str, ...]:
+        """The directories a `file://` input may read: `input_file_roots` and the models'
+        directory, whose models every tenant's batches read."""
+        return (*self.input_file_roots, os.path.normpath(str(self.resolved_models_dir)))
 
     @property
     def tenant_limits(self) -> TenantLimits:

@@ -37,6 +37,7 @@ from e31.core.clock import utcnow
 from e31.core.errors import ConfigError, Conflict
 from e31.edge.secrets import generate_key
 from e31.edge.settings import Settings
+from e31.local.models import register_builtin_models
 from e31.local.redisserver import start_redis
 from e31.store import Repo, make_engine
 from e31.store.migrate import upgrade
@@ -94,6 +95,7 @@ class LocalStack:
         upgrade(engine)
         repo = Repo(engine, half_life_s=self.settings.fair_share_half_life_s)
         profile = _ensure_profile(self.settings, repo, redis_url)
+        register_builtin_models(self.settings, repo)
         env = dict(os.environ, E31_HOME=str(home), E31_REDIS_URL=redis_url,
                    E31_DATABASE_URL=self.settings.resolved_database_url,
                    E31_ARTIFACTS_URL=self.settings.resolved_artifacts_url,

@@ -96,7 +96,7 @@ class Decision:
 
 
 # (order key, version, stream)
-_Entry = tuple[tuple[int, float, float, str], int, list[Candidate]]
+_Entry = tuple[tuple[int, float, tuple[float, float, str]], int, list[Candidate]]
 
 
 @dataclass
@@ -147,9 +147,9 @@ class _Tick:
     def _tenant(self, name: str) -> Tenant:
         return self.tenants.get(name) or Tenant(name)
 
-    def key(self, job: Candidate) -> tuple[int, float, float, str]:
+    def key(self, job: Candidate) -> tuple[int, float, tuple[float, float, str]]:
         return (-job.priority, self._tenant(job.tenant_id).key(self.cfg.half_life_s),
-                job.submitted_at_s, job.id)
+                job.order)
 
     def fits_quota(self, job: Candidate) -> bool:
         return self._tenant(job.tenant_id).fits_quota(job.size_class, job.gpus)
@@ -262,7 +262,7 @@ def _serve_level(t: _Tick, level: int, heads: Mapping[str, Sequence[Candidate]],
             if j.id not in t.placed:
                 streams[(j.tenant_id, j.priority)].append(j)
         for stream in streams.values():
-            stream.sort(key=lambda j: (j.submitted_at_s, j.id), reverse=True)  # pop() = oldest
+            stream.sort(key=lambda j: j.order, reverse=True)  # pop() = due first, then oldest
             _push(heap, t, stream)
     full: set[str] = set()
     spill_max_s = t.cfg.spill_max_s if level > 0 else None

@@ -61,19 +61,21 @@ class ArrayStore(Store):
         return JobStore(self._engine)
 
     def insert_array(self, tenant_id: str, name: str, items: Sequence[tuple[JobSpec, Route]], *,
-                     now: datetime, max_queued: int | None = None) -> ArrayRecord:
+                     now: datetime, max_queued: int | None = None,
+                     deadline_at: datetime | None = None) -> ArrayRecord:
         """Store an array and every item as a queued job: one short write transaction of bulk
         inserts. Every item's dependencies are checked in bulk (`deps.check_after`) and the
         rows prepared for the driver (`bulk.prepare`) before it opens; inside, only what can
         have changed meanwhile is read again (`deps.confirm_after`), so the store's write
         lock is held for the inserts and little else (docs/reliability.md). With `max_queued`,
-        refused (`LimitExceeded`) when the items would take the tenant's queued jobs past it."""
+        refused (`LimitExceeded`) when the items would take the tenant's queued jobs past it;
+        `deadline_at` is every item's (a batch's window: the scheduler's order in a band)."""
         array_id = new_array_id()
         after = [spec.after for spec, _ in items]
         fields = [f"items[{i}]." for i in range(len(items))]
         checked = self._check_after(tenant_id, after, fields)
         rows = [{**queued_job(tenant_id, spec, where, now), "array_id": array_id, "array_index": i,
-                 "deps_pending": len(wait)}
+                 "deps_pending": len(wait), "deadline_at": deadline_at}
                 for i, ((spec, where), wait) in enumerate(zip(items, checked, strict=True))]
         jobs, links = self._prepare(rows, checked)
         with self._session(write=True) as s:
@@ -100,6 +102,15 @@ class ArrayStore(Store):
         return (bulk.prepare(self.engine.dialect, Job, rows),
                 deps.links(self.engine.dialect, [(row["id"], wait)
                                                  for row, wait in zip(rows, waits, strict=True)]))
+
+    def array_tenant_id(self, array_id: str) -> str:
+        """The id of the tenant whose array `array_id` is (`NotFound` for none)."""
+        with self._session() as s:
+            found = s.scalar(select(Array.tenant_id).where(Array.id == array_id)) \
+                if ARRAY_ID.fullmatch(array_id) else None
+            if found is None:
+                raise NotFound(f"no array {array_id[:64]!r}")
+            return str(found)
 
     def get_array(self, tenant_id: str, array_id: str, *, items: bool = True) -> ArrayRecord:
         """An array of the tenant: item counts by state, and each item's state when `items`."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import NotFound
@@ -68,6 +68,11 @@ class JobStore(Store):
             job = find_job(s, tenant_id, job_id)
             return _job_record(s, job, with_attempts=True)
 
+    def job_tenant_id(self, job_id: str) -> str:
+        """The id of the tenant whose job `job_id` is (`NotFound` for none)."""
+        with self._session() as s:
+            return find_job(s, None, job_id).tenant_id
+
     def job_state(self, tenant_id: str, job_id: str) -> str:
         """A job's state alone, by key (the API's long poll reads it while it waits); NotFound
         for a job that is not the tenant's."""
@@ -79,13 +84,34 @@ class JobStore(Store):
             raise NotFound(f"no job {job_id}")
         return str(state)
 
-    def list_jobs(self, tenant_id: str, *, state: str | None = None,
-                  limit: int = 100) -> list[JobRecord]:
+    def list_jobs(self, tenant_id: str | None, *, state: str | None = None, limit: int = 100,
+                  name: str | None = None, size_class: str | None = None,
+                  array_id: str | None = None, before: str | None = None) -> list[JobRecord]:
+        """The tenant's jobs, newest first (the index on tenant and submit time), of a state,
+        a size class or an array, whose name contains `name`; `before`: only those listed
+        after that job of the tenant (the next page; an unknown id lists nothing).
+        `tenant_id` None: every tenant's (an admin's view; the index on submit time)."""
+        mine = [] if tenant_id is None else [Job.tenant_id == tenant_id]
         with self._session() as s:
-            q = select(Job).where(Job.tenant_id == tenant_id)
+            q = select(Job).where(*mine)
             if state:
                 q = q.where(Job.state == state)
-            jobs = s.scalars(q.order_by(Job.submitted_at.desc()).limit(limit)).all()
+            if name:
+                q = q.where(Job.name.contains(name, autoescape=True))
+            if size_class:
+                q = q.where(Job.size_class == size_class)
+            if array_id:
+                q = q.where(Job.array_id == array_id)
+            if before:
+                last = s.execute(select(Job.submitted_at, Job.id).where(
+                    *mine, Job.id == before)).first()
+                if last is None:
+                    return []
+                # the range on the index's column alone, then the tie on the same instant
+                q = q.where(Job.submitted_at <= last[0],
+                            or_(Job.submitted_at < last[0], Job.id < last[1]))
+            jobs = s.scalars(q.order_by(Job.submitted_at.desc(), Job.id.desc())
+                             .limit(limit)).all()
             names = _tenant_names(s)
             return [_to_record(j, names[j.tenant_id]) for j in jobs]
 
@@ -106,6 +132,25 @@ class JobStore(Store):
             return _job_record(s, job, with_attempts=True)
 
     # -- usage ---------------------------------------------------------------------------
+
+    def usage_by_day(self, tenant_id: str | None, *, since: datetime) -> list[dict[str, Any]]:
+        """Per UTC day, tenant and size class, of the jobs that ended since `since` (the index
+        on the end time): jobs, GPU-seconds and queued seconds; oldest day first."""
+        with self._session() as s:
+            ended: Any = Job.ended_at if s.get_bind().dialect.name == "sqlite" \
+                else func.timezone("UTC", Job.ended_at)
+            day = func.date(ended)
+            q = select(day, Tenant.name, Job.size_class, func.count(), func.sum(Job.gpu_seconds),
+                       func.sum(Job.queued_seconds)).join(Tenant, Tenant.id == Job.tenant_id) \
+                .where(Job.ended_at >= since)
+            if tenant_id is not None:
+                q = q.where(Job.tenant_id == tenant_id)
+            rows = s.execute(q.group_by(day, Tenant.name, Job.size_class)
+                             .order_by(day, Tenant.name, Job.size_class))
+            return [{"day": str(d), "tenant": t, "size_class": c, "jobs": int(n),
+                     "gpu_seconds": round(gpu or 0.0, 3),
+                     "queued_seconds": round(waited or 0.0, 3)}
+                    for d, t, c, n, gpu, waited in rows]
 
     def usage(self, tenant_id: str | None, *, now: datetime) -> list[UsageRow]:
         """Per tenant and size class: jobs by state, billed GPU-seconds, run and queued time."""

@@ -147,6 +147,9 @@ class Job(Base):
     submitted_at: Mapped[datetime] = mapped_column(UTCDateTime)
     queued_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     not_before: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # When the work is due (a batch's completion window): within a tenant and a priority
+    # band, the scheduler takes the earliest deadline first; NULL: none, after those that have.
+    deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
@@ -206,6 +209,7 @@ class Job(Base):
         # Whether an array still has live or failed items (dependencies on arrays).
         Index("ix_jobs_array_state", "array_id", "state"),
         Index("ix_jobs_tenant_submitted", "tenant_id", "submitted_at"),
+        Index("ix_jobs_submitted", "submitted_at"),   # an admin's list of every tenant's
         Index("ix_jobs_state_lease", "state", "lease_expires_at"),
         # `e31 gc`: the ended jobs whose artifacts are still kept.
         Index("ix_jobs_ended", "ended_at"),
@@ -271,3 +275,70 @@ class Attempt(Base):
 
     # Recent starts per queue: the rate behind a queued job's estimated start.
     __table_args__ = (Index("ix_attempts_started", "started_at"),)
+
+
+class ServedModel(Base):
+    """A language model an operator registered by name (`e31 model add`), which batches'
+    requests name in `body.model`: a Hugging Face-format directory on a file system every
+    worker reads, or in an object store; nothing is downloaded at run time."""
+
+    __tablename__ = "models"
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))         # chat | embed
+    path: Mapped[str] = mapped_column(Text)               # file:///dir or s3://bucket/dir
+    gpu_mem_gb: Mapped[float | None] = mapped_column(Float, nullable=True)  # its size class
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class BatchFile(Base):
+    """A file of the OpenAI Files API: a tenant's upload (`purpose` batch) or a batch's output
+    (`batch_output`), its bytes in the artifact store (`e31.edge.filestore`)."""
+
+    __tablename__ = "files"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    purpose: Mapped[str] = mapped_column(String(16))
+    filename: Mapped[str] = mapped_column(String(255))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (Index("ix_files_tenant_created", "tenant_id", "created_at"),)
+
+
+class Batch(Base):
+    """A batch of the OpenAI Batch API: its input file's requests in shards, each shard a job
+    of the `llm` workload, all of them one array (`array_id`); status, counts and tokens as
+    its jobs move (`e31.api.services.batchends`)."""
+
+    __tablename__ = "batches"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    endpoint: Mapped[str] = mapped_column(String(32))
+    input_file_id: Mapped[str] = mapped_column(String(40))
+    completion_window: Mapped[str] = mapped_column(String(8))
+    meta: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON, nullable=True)
+    status: Mapped[str] = mapped_column(String(16))
+    errors: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    array_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # Per shard (the array's item of the same index): its model and its request count.
+    shards: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    output_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    error_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    request_total: Mapped[int] = mapped_column(Integer, default=0)
+    request_completed: Mapped[int] = mapped_column(Integer, default=0)
+    request_failed: Mapped[int] = mapped_column(Integer, default=0)
+    rejected: Mapped[int] = mapped_column(Integer, default=0)   # lines of unknown models
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    in_progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finalizing_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    __table_args__ = (Index("ix_batches_tenant_created", "tenant_id", "created_at"),
+                      Index("ix_batches_status", "status"))

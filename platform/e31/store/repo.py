@@ -11,6 +11,7 @@ built from an engine (base.py); `Repo` only inherits them, so its methods are th
 - `SchedulingStore` (scheduling.py): the leader's reads and writes, the explanations' reads.
 - `PoolStore` (pool.py): the metrics' and `e31 top`'s reads.
 - `DrainStore` (drains.py): nodes' drain requests.
+- `BatchStore` (batches.py): the OpenAI-compatible files and batches, and the models.
 - `AttemptStore` (attempts.py): the worker's claim, renewal, outcome, checks and notes.
 
 `AttemptStore` comes last: the other nouns' calls it passes on to their stores (an array's
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from e31.store.arrays import ArrayStore
 from e31.store.attempts import AttemptStore
+from e31.store.batches import BatchStore
 from e31.store.drains import DrainStore
 from e31.store.jobs import JOB_ID, JobStore
 from e31.store.pool import PoolStore
@@ -32,7 +34,7 @@ __all__ = ["JOB_ID", "TOKEN_PREFIX", "Repo", "hash_token"]
 
 
 class Repo(JobStore, ArrayStore, TenantStore, SchedulingStore, PoolStore, DrainStore,
-           AttemptStore):
+           BatchStore, AttemptStore):
     """All database access, over one engine: `Repo(engine, half_life_s=...)`, the
     fair-share half-life with which ended attempts bill their tenants (`BillingStore`;
     `e31.edge.wiring.repo` builds a Repo from settings)."""

@@ -6,7 +6,8 @@ and the API (a queued job's position, its queue's load, `e31 queue`'s counts).
 The leader's reads are bounded by the pool and the number of tenants, never by the backlog
 (docs/scheduling.md, "Cost"):
 
-- `heads`: per queue, each tenant's oldest K runnable jobs per priority band. Which
+- `heads`: per queue, each tenant's first K runnable jobs per priority band (earliest
+  deadline, then oldest). Which
   (queue, tenant, band) have work is found by a skip-scan of `ix_jobs_heads` (one index
   seek per step), and each head is one index range read with LIMIT K.
 - `view`: tenants, running jobs (bounded by the workers) and published-unclaimed jobs
@@ -98,16 +99,19 @@ def heads(s: Session, queues: Mapping[str, int], *, now: datetime) -> list[Candi
                 rows = s.execute(
                     select(Job.id, Job.name, Job.size_class, Job.gpus, Job.submitted_at,
                            Job.timeout_s, Job.pending_reason, Job.pending_detail,
-                           Job.queued_since)
+                           Job.queued_since, Job.deadline_at)
                     .where(*_runnable_prefix(queue), Job.tenant_id == tenant_id,
                            Job.priority == band, Job.dispatched_at.is_(None),
                            or_(Job.not_before.is_(None), Job.not_before <= now))
-                    .order_by(Job.submitted_at).limit(k)).all()
+                    # the earliest deadline first, then those without one, oldest first
+                    .order_by(Job.deadline_at.is_(None), Job.deadline_at, Job.submitted_at)
+                    .limit(k)).all()
                 out += [Candidate(id=r[0], tenant_id=tenant_id, queue=queue, size_class=r[2],
                                   gpus=r[3], priority=band, submitted_at_s=r[4].timestamp(),
                                   timeout_s=r[5], name=r[1], pending_reason=r[6],
                                   pending_detail=r[7],
-                                  queued_since_s=r[8].timestamp() if r[8] else None)
+                                  queued_since_s=r[8].timestamp() if r[8] else None,
+                                  deadline_s=r[9].timestamp() if r[9] else None)
                         for r in rows]
     return out
 

@@ -125,8 +125,8 @@ def _stage(svc: AttemptServices, claim: Claim, source: str, target: Path,
         _stage_bundle(svc, claim, source, target)
         return "bundle"
     if scheme == "file":
-        path = file_input_path(source, svc.settings.input_file_roots)
-        roots = svc.settings.input_file_roots
+        path = file_input_path(source, svc.settings.file_roots)
+        roots = svc.settings.file_roots
         if svc.sandbox is not None:
             bound = link_local_file(path, target, roots, protected_paths(svc.settings))
             if bound is not None:

@@ -24,6 +24,11 @@ def stopped_outcome(directive: Directive, *, exit_code: int | None = None) -> Ou
         return Outcome(AttemptReason.CANCELLED, exit_code=exit_code, error="cancelled by its owner")
     if directive is Directive.DRAIN:
         return Outcome(AttemptReason.DRAINED, exit_code=exit_code, error="worker shut down")
+    if directive is Directive.GPU_FAULT:
+        return Outcome(AttemptReason.GPU_FAULT, exit_code=exit_code,
+                       error="its GPU reported an error the job's code cannot cause (an XID); "
+                             "the node is out of service and the job runs again elsewhere, on "
+                             "the pool's account")
     if directive is Directive.PREEMPT:
         return Outcome(AttemptReason.PREEMPTED, exit_code=exit_code,
                        error="preempted for a job of a higher priority band or of a tenant "

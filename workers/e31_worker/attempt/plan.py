@@ -28,6 +28,7 @@ class Directive(str, Enum):
     PREEMPT = "preempt"       # the scheduler gives its GPUs to another job: stop and requeue
     LOST = "lost"             # the lease is gone: stop, record nothing
     IDLE = "idle"             # its watchdog: no sign of work for idle_timeout_s (on_idle: kill)
+    GPU_FAULT = "gpu_fault"   # the node drains for its GPU's error: stop and requeue, the pool's
 
 
 @dataclass(frozen=True)

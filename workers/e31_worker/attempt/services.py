@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import redis
@@ -75,6 +75,9 @@ class AttemptServices:
     # When the worker's heartbeat last reached Redis (time.monotonic()); by default always
     # now: a worker without heartbeats never counts itself unheard (LeaseKeeper).
     last_beat: Callable[[], float] = time.monotonic
+    # Set with `draining` when the node drains for its GPU's error (an XID): the running job
+    # ends `gpu_fault`, the pool's, rather than `drained`.
+    gpu_fault: threading.Event = field(default_factory=threading.Event)
 
     def gpu_ledger(self) -> GpuLedger:
         """A gang worker's host GPU ledger (`e31_worker.attempt.gangs`)."""

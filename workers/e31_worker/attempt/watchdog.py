@@ -104,7 +104,7 @@ class LeaseKeeper:
                           "heartbeat for %.1f s; stopping the job (it is recovered elsewhere)",
                           claim.job_id, claim.attempt, silent_s, unheard_s)
                 return Directive.LOST
-            return Directive.DRAIN if svc.draining.is_set() else Directive.CONTINUE
+            return _drain(svc) if svc.draining.is_set() else Directive.CONTINUE
         if not renewal.ours:
             return Directive.LOST
         self._renewed = time.monotonic()
@@ -115,10 +115,15 @@ class LeaseKeeper:
         if renewal.cancel:
             return Directive.CANCEL
         if svc.draining.is_set():
-            return Directive.DRAIN
+            return _drain(svc)
         if renewal.preempt:
             return Directive.PREEMPT
         return Directive.CONTINUE
+
+
+def _drain(svc: AttemptServices) -> Directive:
+    """The stop of a draining node: its GPU's fault (the pool's `gpu_fault`) or a drain."""
+    return Directive.GPU_FAULT if svc.gpu_fault.is_set() else Directive.DRAIN
 
 
 class SetupStopped(Exception):

@@ -148,6 +148,7 @@ def _services(args: argparse.Namespace, settings: Settings, identity: WorkerInfo
     services = AttemptServices(settings=settings, identity=identity, repo=repo,
                                artifacts=wiring.artifacts(settings), redis=redis_client,
                                groups=groups, cgroups=cgroups, draining=beat.draining,
+                               gpu_fault=beat.gpu_fault,
                                busy=beat.set_busy, last_beat=lambda: beat.last_beat,
                                sandbox=(Sandbox.from_settings(settings)
                                         if settings.isolation == "sandbox" else None),

@@ -26,7 +26,7 @@ import redis
 
 from e31.core import keys
 from e31.core.errors import E31Error, StoreError
-from e31.ops import heartbeat
+from e31.ops import gpuseries, heartbeat
 from e31.ops.heartbeat import WorkerInfo
 from e31_worker.node.telemetry import GpuMonitor, GpuView
 
@@ -51,6 +51,7 @@ class Heartbeat:
                  record_drain: Callable[[str], None] | None = None) -> None:
         self.identity = identity
         self.draining = threading.Event()
+        self.gpu_fault = threading.Event()   # the drain is for a GPU's error (gpu_fault)
         self.drain_requested = threading.Event()
         self._redis = redis_client
         self._interval_s = interval_s
@@ -65,11 +66,13 @@ class Heartbeat:
         # When a beat last reached Redis (time.monotonic()): a worker unheard for as long as
         # it has not renewed its lease stops its job (e31_worker.attempt.watchdog).
         self.last_beat = time.monotonic()
+        self._next_point = float("-inf")   # when the busy job's next GPU point is due
 
     def set_busy(self, job_id: str | None) -> None:
         """Record the job in hand and say so at once (the periodic beat would lag). A
         stopping worker's job handed back ends its beats (`stop`)."""
         self._busy_job = job_id
+        self._next_point = float("-inf")   # a new job's series starts at once
         if job_id is None and self.draining.is_set():
             self._stop.set()
         try:
@@ -88,6 +91,10 @@ class Heartbeat:
             info = info.with_telemetry(self._gpus.current(busy=self._busy_job is not None))
         heartbeat.write(self._redis, info, interval_s=self._interval_s)
         self.last_beat = time.monotonic()
+        if info.busy_job is not None and info.gpus_telemetry \
+                and self.last_beat >= self._next_point:   # the job's GPU series, bounded
+            gpuseries.record(self._redis, info)
+            self._next_point = self.last_beat + gpuseries.STEP_S
 
     def start(self) -> None:
         """Start the heartbeat thread (once the Celery consumer is ready)."""
@@ -166,5 +173,6 @@ class Heartbeat:
                 self._record_drain(reason)
             except (E31Error, redis.RedisError) as exc:
                 log.warning("drain_record_failed node=%s: %s", self.identity.node, exc)
+        self.gpu_fault.set()
         self.drain_requested.set()
         self._on_drain()

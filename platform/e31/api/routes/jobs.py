@@ -63,8 +63,20 @@ def _job_routes(r: APIRouter, svc: JobService) -> None:
     @r.get("/v1/jobs", tags=["jobs"], responses=errors.responses(401, 422, 503))
     def list_jobs(t: Caller, state: JobState | None = None,
                   limit: Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX), DIGITS]
-                  = LIST_LIMIT_DEFAULT) -> dict[str, Any]:
-        jobs = svc.list(t, state=state.value if state else None, limit=limit)
+                  = LIST_LIMIT_DEFAULT,
+                  name: Annotated[str | None, Query(
+                      max_length=200, description="jobs whose name contains this")] = None,
+                  size_class: Annotated[str | None, Query(max_length=32)] = None,
+                  array: Annotated[str | None, Query(max_length=40)] = None,
+                  before: Annotated[str | None, Query(max_length=40, description=(
+                      "a job id: the jobs listed after it (the next page)"))] = None,
+                  all_tenants: Annotated[QueryBool, Query(description=(
+                      "every tenant's jobs: an admin's token only (403 otherwise)"))] = False,
+                  ) -> dict[str, Any]:
+        """The caller's jobs (an admin: every tenant's, with all_tenants), newest first."""
+        jobs = svc.list(t, state=state.value if state else None, limit=limit, name=name,
+                        size_class=size_class, array_id=array, before=before,
+                        all_tenants=all_tenants)
         return {"jobs": [j.to_status() for j in jobs]}
 
     @r.get("/v1/jobs/{job_id}", tags=["jobs"], responses=errors.responses(401, 404, 422, 503))
@@ -99,6 +111,12 @@ def _file_routes(r: APIRouter, svc: JobService) -> None:
         return StreamingResponse(chunk.body, media_type="text/plain; charset=utf-8",
                                  headers={LOG_SIZE_HEADER: str(chunk.size_bytes),
                                           NEXT_OFFSET_HEADER: str(chunk.next_offset)})
+
+    @r.get("/v1/jobs/{job_id}/gpu", tags=["jobs"], responses=errors.responses(401, 404, 503))
+    def gpu_series(job_id: str, t: Caller) -> dict[str, Any]:
+        """The job's GPUs over its run: per point its time, node, mean utilisation (%) and
+        memory used and total, a point every `step_s`, the newest `max_points` kept."""
+        return svc.gpu_series(t, job_id)
 
     @r.get("/v1/jobs/{job_id}/outputs", tags=["jobs"],
            responses=errors.responses(401, 404, 503))

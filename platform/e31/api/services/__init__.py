@@ -7,6 +7,9 @@
 - `tokens` (`TokenService`): who a token names, and a tenant's own tokens;
 - `tenants` (`TenantService`): the admin API, tenants and the audit log;
 - `secrets` (`SecretService`): a tenant's secrets, sealed with the pool's key;
+- `files`, `batches`, `models` (`FileService`, `BatchService`, `ModelService`): OpenAI's Files
+  and Batch APIs as adapters over bundles and arrays, and the models batches name; `batch_ends`
+  (`BatchEnds`) moves batches on as their shards run;
 - `queue`, `usage`, `top`, `metrics`: the shared pool as a tenant, an admin or Prometheus may
   see it.
 
@@ -20,10 +23,14 @@ from __future__ import annotations
 import redis
 
 from e31.api.services.arrays import ArrayService
+from e31.api.services.batchends import BatchEnds
+from e31.api.services.batches import BatchService
 from e31.api.services.bundles import BundleService
 from e31.api.services.fanout import FanoutService
+from e31.api.services.files import FileService
 from e31.api.services.jobs import JobService
 from e31.api.services.metrics import MetricsService
+from e31.api.services.models import ModelService
 from e31.api.services.queue import QueueService
 from e31.api.services.readings import PoolReadings
 from e31.api.services.requirements import RequirementsCheck
@@ -36,6 +43,7 @@ from e31.api.services.usage import UsageService
 from e31.api.waits import JobEnds
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.bundlestore import BundleStore
+from e31.edge.filestore import FileStore
 from e31.edge.settings import Settings
 from e31.store import Repo
 
@@ -67,6 +75,13 @@ class Services:
         self.usage = UsageService(repo=repo)
         self.top = TopService(settings=settings, reads=repo, redis_client=redis_client)
         self.metrics = MetricsService(settings=settings, reads=repo, redis_client=redis_client)
+        self.files = FileService(settings=settings, repo=repo,
+                                 store=FileStore(artifacts.url, artifacts.storage_options))
+        self.batch_ends = BatchEnds(repo=repo, artifacts=artifacts, bundles=store,
+                                    files=self.files, settle_s=settings.batch_settle_s)
+        self.batches = BatchService(settings=settings, repo=repo, files=self.files, bundles=store,
+                                    arrays=self.arrays, ends=self.batch_ends)
+        self.models = ModelService(settings=settings, repo=repo)
 
 
 __all__ = ["Services"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -24,6 +25,7 @@ from e31.core.sizeclasses import Route
 from e31.core.spec import JobSpec, describe_error
 from e31.core.tenantlimits import TenantLimits
 from e31.ops.sweep import MAX_ARRAY_ITEMS, merge_item
+from e31.scheduling import placement
 from e31.store import Repo
 from e31.store.arrays import RetryRecord
 
@@ -41,7 +43,8 @@ class ArrayService:
         self._steps = steps
 
     def submit(self, tenant: TenantRecord, items: Sequence[Any], *, name: str | None = None,
-               defaults: Mapping[str, Any] | None = None, body_bytes: int = 0) -> ArrayRecord:
+               defaults: Mapping[str, Any] | None = None, body_bytes: int = 0,
+               deadline_at: datetime | None = None) -> ArrayRecord:
         """Validate and route every item (`defaults` merged under each), then store them all as
         one array in one transaction and wake the scheduler once. One bad item refuses the
         whole array with a `SpecError` naming it (`items[3].resources.gpus`); nothing is stored.
@@ -52,7 +55,8 @@ class ArrayService:
         on its own, even where every item sets it over. The answer is the strongest refusal of any
         item: an invalid one (422) before a forbidden input (403) before a missing bundle,
         secret or dependency (409). The tenant's limits apply as in `JobService.submit`; an
-        array is one request of its submit rate, and each item one of its queued jobs."""
+        array is one request of its submit rate, and each item one of its queued jobs.
+        `deadline_at`: when every item is due (a batch's window), for the scheduler's order."""
         limits = self._steps.tenant_limits(tenant, body_bytes=body_bytes, rate=True)
         called = array_name(name)
         _check_count(tenant, items, limits)
@@ -60,7 +64,8 @@ class ArrayService:
                                defaults=defaults or {})
         with self._steps.inserting():
             record = self._repo.insert_array(tenant.id, called, admitted, now=utcnow(),
-                                             max_queued=limits.max_queued)
+                                             max_queued=limits.max_queued,
+                                             deadline_at=deadline_at)
         log.info("array_submitted array=%s tenant=%s size=%d", record.id, tenant.name, record.size)
         self._steps.wake(record.id)
         return record
@@ -105,8 +110,17 @@ class ArrayService:
             raise (SpecForbidden if SpecForbidden in kinds else SpecConflict)(errors)
         return admitted
 
+    def nodes(self) -> placement.Shapes | None:
+        """The GPUs the registered nodes have, per size class and host."""
+        return self._steps.nodes()
+
+    def reader_of(self, tenant: TenantRecord, array_id: str) -> str:
+        """The tenant id under which `tenant` reads the array: its own; an admin's token reads
+        any tenant's (never a write), as `JobService.reader_of` says of jobs."""
+        return self._repo.array_tenant_id(array_id) if tenant.admin else tenant.id
+
     def get(self, tenant: TenantRecord, array_id: str, *, items: bool = True) -> ArrayRecord:
-        return self._repo.get_array(tenant.id, array_id, items=items)
+        return self._repo.get_array(self.reader_of(tenant, array_id), array_id, items=items)
 
     def cancel(self, tenant: TenantRecord, array_id: str) -> ArrayRecord:
         record = self._repo.cancel_array(tenant.id, array_id, now=utcnow())
@@ -124,7 +138,7 @@ class ArrayService:
         return record
 
     def manifest(self, tenant: TenantRecord, array_id: str) -> ArrayManifest:
-        return self._repo.array_manifest(tenant.id, array_id)
+        return self._repo.array_manifest(self.reader_of(tenant, array_id), array_id)
 
 
 def array_name(name: str | None) -> str:

@@ -148,7 +148,7 @@ class BundleService:
                     missing.append(field)
             elif scheme == "file":
                 try:
-                    file_input_path(source, self._settings.input_file_roots)
+                    file_input_path(source, self._settings.file_roots)
                 except ValueError as exc:
                     errors.append({"field": field, "reason": str(exc)})
             elif scheme == "s3":   # never the artifact store's objects (e31.edge.s3inputs)

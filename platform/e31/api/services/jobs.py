@@ -21,7 +21,7 @@ from e31.api.services.readings import PoolReadings
 from e31.api.services.submission import Submission
 from e31.api.waits import JobEnds
 from e31.core.clock import utcnow
-from e31.core.errors import NotFound
+from e31.core.errors import Forbidden, NotFound
 from e31.core.records import JobRecord, QueuePosition, TenantRecord, iso
 from e31.core.sizeclasses import Route
 from e31.core.spec import JobSpec
@@ -29,6 +29,7 @@ from e31.core.states import FINAL_STATES
 from e31.core.tenantlimits import TenantLimits
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
+from e31.ops import gpuseries
 from e31.ops.fanout import MERGE_ENTRYPOINT, is_fanout
 from e31.ops.heartbeat import WorkerInfo
 from e31.scheduling import explain, placement
@@ -153,34 +154,53 @@ class JobService:
         return {"could_run_now": False, "where": None,
                 "estimated_start": pending["estimated_start"], "pending": pending}
 
+    def reader_of(self, tenant: TenantRecord, job_id: str) -> str:
+        """The tenant id under which `tenant` reads the job: its own; an admin's token reads
+        any tenant's job (status, log, outputs, GPUs; never a write), as it may make that
+        tenant's token anyway (`POST /v1/tokens?tenant=`). `NotFound` as ever for a job
+        that is not there or, to a tenant, another's."""
+        return self._repo.job_tenant_id(job_id) if tenant.admin else tenant.id
+
     def get(self, tenant: TenantRecord, job_id: str) -> JobRecord:
         """A job; a queued one with its `pending` reason, position and estimated start."""
-        record = self._with_fanout_progress(tenant, self._repo.get_job(tenant.id, job_id))
+        owner = self.reader_of(tenant, job_id)
+        record = self._with_fanout_progress(owner, self._repo.get_job(owner, job_id))
         if record.state != "queued":
             return record
+        why = self.pending(tenant, [record], owner_id=owner)
+        return dataclasses.replace(record, pending=why[record.id])
+
+    def pending(self, tenant: TenantRecord, records: builtins.list[JobRecord], *,
+                owner_id: str | None = None) -> dict[str, dict[str, Any]]:
+        """Why each of the tenant's queued `records` waits (`explain.pending`, as `get` says
+        it), the pool's view, the tenants' and the workers read once for all of them (a list
+        page's queued rows)."""
         now = utcnow()
-        pos = self._repo.queue_position(tenant.id, job_id)
         readings = self._readings
         tenants = readings.tenant_views(readings.view(now))
         workers = readings.workers()
-        return dataclasses.replace(record, pending=explain.pending(
-            record, pos, readings.queue_load(record.queue, now), tenants, now=now,
-            half_life_s=self._settings.fair_share_half_life_s,
-            owns=lambda other: self._owns(tenant, other), workers=workers,
-            nodes=readings.shapes(workers)))
+        nodes = readings.shapes(workers)
+        owner = owner_id or tenant.id
+        return {r.id: explain.pending(
+            r, self._repo.queue_position(owner, r.id), readings.queue_load(r.queue, now),
+            tenants, now=now, half_life_s=self._settings.fair_share_half_life_s,
+            owns=lambda other: self._owns(tenant, other), workers=workers, nodes=nodes)
+            for r in records if r.state == "queued"}
 
     async def poll(self, tenant: TenantRecord, job_id: str, *, wait_s: int) -> JobRecord:
         """`get`, after a long poll of up to `wait_s` for the job to be final (0: at once):
         woken by the worker's announcement (`e31.api.waits`), else a store read."""
         if wait_s:
+            owner = await run_in_threadpool(self.reader_of, tenant, job_id)
+
             async def is_final() -> bool:
-                return await run_in_threadpool(self._repo.job_state, tenant.id,
+                return await run_in_threadpool(self._repo.job_state, owner,
                                                job_id) in FINAL_STATES
 
             await self._ends.wait_until_final(job_id, is_final, wait_s)
         return await run_in_threadpool(self.get, tenant, job_id)
 
-    def _with_fanout_progress(self, tenant: TenantRecord, record: JobRecord) -> JobRecord:
+    def _with_fanout_progress(self, tenant_id: str, record: JobRecord) -> JobRecord:
         """A live fan-out merge job's progress is its array's: frames done of those planned,
         summed over the items (a succeeded item counts whole). So is an ended one's when its
         own last progress was never relayed (a merge that ends within one heartbeat)."""
@@ -192,7 +212,7 @@ class JobService:
         total = (record.spec.get("params") or {}).get("total_frames") or 0
         if not arrays or not total:
             return record
-        done = sum(self._repo.array_progress(tenant.id, a) for a in arrays)
+        done = sum(self._repo.array_progress(tenant_id, a) for a in arrays)
         return dataclasses.replace(record, progress_done=min(done, total), progress_total=total)
 
     def _owns(self, tenant: TenantRecord, job_id: str) -> bool:
@@ -203,10 +223,18 @@ class JobService:
             return False
         return True
 
-    def list(self, tenant: TenantRecord, *, state: str | None,
-             limit: int) -> builtins.list[JobRecord]:
+    def list(self, tenant: TenantRecord, *, state: str | None, limit: int,
+             name: str | None = None, size_class: str | None = None,
+             array_id: str | None = None, before: str | None = None,
+             all_tenants: bool = False) -> builtins.list[JobRecord]:
+        """The tenant's jobs (`all_tenants`: every tenant's, an admin's token only), newest
+        first, filtered as `Repo.list_jobs` says; `before` a job id: the page after it."""
+        if all_tenants and not tenant.admin:
+            raise Forbidden("jobs of all tenants need an admin token")
         limit = min(max(limit, 1), LIST_LIMIT_MAX)
-        return self._repo.list_jobs(tenant.id, state=state, limit=limit)
+        return self._repo.list_jobs(None if all_tenants else tenant.id, state=state,
+                                    limit=limit, name=name,
+                                    size_class=size_class, array_id=array_id, before=before)
 
     def cancel(self, tenant: TenantRecord, job_id: str) -> JobRecord:
         record = self._repo.request_cancel(tenant.id, job_id, now=utcnow())
@@ -217,20 +245,32 @@ class JobService:
              limit: int | None = None) -> LogChunk:
         """At most `log_chunk_max_bytes` (or `limit`, if smaller) of one attempt's log, or of
         every attempt's log with a header each, from `offset`; streamed from the store."""
-        record = self._repo.get_job(tenant.id, job_id)  # 404 for another tenant's job
-        view = self._artifacts.log_view(tenant.id, record.id, attempt)
+        owner = self.reader_of(tenant, job_id)
+        record = self._repo.get_job(owner, job_id)  # 404 for another tenant's job
+        view = self._artifacts.log_view(owner, record.id, attempt)
         size = view.size_bytes
         bound = self._settings.log_chunk_max_bytes
         length = max(0, min(bound if limit is None else min(limit, bound), size - offset))
         return LogChunk(size_bytes=size, next_offset=offset + length,
                         body=view.read(offset, length))
 
+    def gpu_series(self, tenant: TenantRecord, job_id: str) -> dict[str, Any]:
+        """The job's GPU memory and utilisation over its run, a point every few heartbeats
+        of its worker (`e31.ops.gpuseries`: bounded, the newest kept); `known` False when
+        Redis could not be read."""
+        record = self._repo.get_job(self.reader_of(tenant, job_id), job_id)   # 404: another's
+        points = self._readings.gpu_series(record.id)
+        return {"known": points is not None, "points": points or [],
+                "step_s": gpuseries.STEP_S, "max_points": gpuseries.MAX_POINTS}
+
     def outputs(self, tenant: TenantRecord, job_id: str) -> builtins.list[dict[str, Any]]:
-        record = self._repo.get_job(tenant.id, job_id)
-        return self._artifacts.list_outputs(tenant.id, record.id)
+        owner = self.reader_of(tenant, job_id)
+        record = self._repo.get_job(owner, job_id)
+        return self._artifacts.list_outputs(owner, record.id)
 
     def open_output(self, tenant: TenantRecord, job_id: str, path: str) -> IO[bytes]:
-        record = self._repo.get_job(tenant.id, job_id)
-        return self._artifacts.open_output(tenant.id, record.id, path)
+        owner = self.reader_of(tenant, job_id)
+        record = self._repo.get_job(owner, job_id)
+        return self._artifacts.open_output(owner, record.id, path)
 
 

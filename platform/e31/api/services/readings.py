@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
+from typing import Any
 
 import redis
 
@@ -19,6 +20,7 @@ from e31.core.clock import utcnow
 from e31.core.records import QueueLoad, SchedulingView
 from e31.core.sizeclasses import all_queues
 from e31.edge.settings import Settings
+from e31.ops import gpuseries
 from e31.ops.heartbeat import WorkerInfo, expand_gangs, read_workers
 from e31.scheduling import inputs as policy
 from e31.scheduling import placement
@@ -53,6 +55,15 @@ class PoolReadings:
             return expand_gangs(workers) if expand else workers
         except redis.RedisError as exc:
             log.warning("pool_unreadable: %s", exc)
+            return None
+
+    def gpu_series(self, job_id: str) -> list[dict[str, Any]] | None:
+        """A job's GPU readings over its run (`e31.ops.gpuseries`); None when Redis cannot
+        be read."""
+        try:
+            return gpuseries.read(self._redis, job_id)
+        except redis.RedisError as exc:
+            log.warning("gpu_series_unreadable job=%s: %s", job_id, exc)
             return None
 
     def shapes(self, workers: list[WorkerInfo] | None) -> placement.Shapes | None:
