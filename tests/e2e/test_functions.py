@@ -27,7 +27,10 @@ import json, time
 import e31
 from helper import square
 
-@e31.function(timeout_s=120)
+# retries: on this shared test machine about 1 attempt in 500 is killed at its start by a
+# fault of the pool's (docs/performance.md, "A map of tiny Python calls"), which the worker
+# still records as the job's error; a retry keeps the test about the map, not that fault.
+@e31.function(timeout_s=120, retries={"max": 2, "backoff_s": 1})
 def score(x):
     return square(x) + 1
 
@@ -185,7 +188,8 @@ def test_e31_retry_failed_runs_a_failed_map_item_again_and_its_value_can_be_read
 
 NOTEBOOK_CELLS = [
     "import os\nos.environ['E31_URL'] = {url!r}\nos.environ['E31_TOKEN'] = {token!r}",
-    "import e31\nfrom helper import square\n\n@e31.function()\ndef f(x):\n"
+    "import e31\nfrom helper import square\n\n"
+    "@e31.function(retries={{'max': 2, 'backoff_s': 1}})\ndef f(x):\n"
     "    return square(x) - 1",
     "values = list(f.map(range(100)))\nvalues == [x * x - 1 for x in range(100)]",
     "one = await f.remote.aio(5)\none",
