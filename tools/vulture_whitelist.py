@@ -86,3 +86,12 @@ _.completed_at
 _.failed_at
 _.expired_at
 _.cancelled_at
+
+# @e31.function's public surface (e31.functions.decorator.Function): what users call and read,
+# `f.remote.aio`, `f.starmap`, `f.using(client)`, `f.last_sent`, `f.last_array`.
+_.aio
+_.remote
+_.starmap
+_.using
+_.last_sent
+_.last_array

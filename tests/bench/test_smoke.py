@@ -293,3 +293,19 @@ def test_the_node_simulation_keeps_its_placement_invariants(tmp_path: Path) -> N
     assert set(figures["runs"]) == {"flood/pack fair-res preempt",
                                     "flood/spread fair-res preempt", "steady/pack"}
     assert all(r["reservation_violations"] == 0 for r in figures["runs"].values()), figures
+
+
+@pytest.mark.timeout(170)
+def test_a_map_of_tiny_calls_comes_back_in_order_with_its_bundles_uploaded_once(
+        tmp_path: Path) -> None:
+    # Given 20 tiny items mapped by @e31.function on a stack, and as bare Celery tasks
+    figures = run_bench("map_overhead.py", tmp_path, timeout_s=160)
+
+    # Then every value came back in order, each item in one attempt, from one array, and
+    # the map uploaded one bundle of calls (its code went up with the warm-up), not one per item
+    ours = figures["e31_map"]
+    assert ours["values_right_and_in_order"] and ours["succeeded"] == figures["items"], ours
+    assert ours["bundles_uploaded"] == 1, ours
+    bare = figures["bare_celery_noop"]
+    assert bare["runs"] == bare["distinct"] == figures["items"], bare
+    assert a_ratio(figures["ratio_e31_map_over_celery_noop"]), figures

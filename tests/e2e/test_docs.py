@@ -42,14 +42,17 @@ STACK_TEST_TIMEOUT_S = 400
 # Every `e31-test=<step>` mark, by page, and the test that runs it (this file, or
 # test_runbooks.py): a mark no test runs, or a step a test runs that the page lost, fails.
 RUN_STEPS = {
-    "README.md": {"tour-up", "tour", "tour-refused"},
+    "README.md": {"tour-up", "tour", "tour-refused",
+                  "functions"},                    # functions: test_functions.py
+    "docs/notebooks.md": {"functions-tour", "functions-failed"},   # test_functions.py
     "docs/workloads.md": {"inference", "train", "forty-hours", "forty-hours-cli",
                           "openai-batch", "batch-cli"},   # test_llm_batches.py
     "docs/scheduling.md": {"tenants"},
     "docs/jobs.md": {"dry-run", "refused", "byo", "byo-python", "wait-timeout", "sweeps",
                      "sweep-refused", "idle"},    # idle: test_runbooks.py, with E31JobsIdle
     "docs/operations.md": {"heartbeat", "metrics", "top", "promtool", "gc",
-                           "xid"},                   # xid: test_runbooks.py, with XID's drain
+                           "xid",                    # xid: test_runbooks.py, with XID's drain
+                           "celery"},                # celery: test_celery_app.py
     "docs/reliability.md": {"resume"},
     "docs/security.md": {"too-large", "log-chunk", "secrets"},
     "docs/runbooks/drain-a-worker.md": {"drain", "verify", "undrain"},

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from e31.core.errors import ClientError, JobFailed, JobTimeout
+from e31.core.errors import ClientError, FunctionError, JobFailed, JobTimeout, RemoteError
+from e31.core.functioncalls import (
+    EXCEPTION_FILE,
+    RESULT_FILE,
+    RESULT_MARK,
+    TRACEBACK_FILE,
+    is_function_result,
+)
 from e31.core.states import FINAL_STATES
 
 if TYPE_CHECKING:
@@ -104,13 +111,56 @@ class JobHandle:
                 time.sleep(delay if deadline is None else min(delay, deadline - now))
 
     def result(self) -> Any:
-        """The job's JSON result; `JobFailed` if it ended otherwise, `ClientError` if still live."""
+        """The job's JSON result; `JobFailed` if it ended otherwise, `ClientError` if still live.
+        A function job's (`@e31.function`) is its Python value (`value()`)."""
         status = self.status()
         if status["state"] == "succeeded":
+            if is_function_result(status["result"]):
+                return self.value(status)
             return status["result"]
         if status["state"] in FINAL_STATES:
             raise JobFailed(status)
         raise ClientError(f"job {self.id} is {status['state']}; no result yet (use wait())")
+
+    def value(self, status: dict[str, Any] | None = None) -> Any:
+        """A function job's Python value, from its output `result.pkl` (unpickled here, by its
+        owner; the platform never does). A failed one raises the function's own exception with
+        the remote traceback as a note, or `RemoteError` holding it when the exception could
+        not travel; a result over the pool's output limit is a `FunctionError`."""
+        import cloudpickle
+        status = status or self.status()
+        if status["state"] == "succeeded":
+            data = self.output_bytes(RESULT_FILE)
+            if data is None:
+                size = ((status.get("result") or {}).get(RESULT_MARK) or {}).get("bytes")
+                raise FunctionError(f"job {self.id} succeeded but its value ({size} bytes "
+                                    "pickled) was not stored: larger than the pool's output "
+                                    "limit (job_outputs_max_bytes); return less, or write big "
+                                    "data to an output file")
+            return cloudpickle.loads(data)
+        if status["state"] not in FINAL_STATES:
+            raise ClientError(f"job {self.id} is {status['state']}; no value yet (use wait())")
+        text = (self.output_bytes(TRACEBACK_FILE) or b"").decode("utf-8", "replace")
+        pickled = self.output_bytes(EXCEPTION_FILE)
+        if pickled is not None:
+            try:
+                exc = cloudpickle.loads(pickled)
+            except Exception:  # noqa: BLE001 - its class may not load here: say it as text
+                exc = None
+            if isinstance(exc, BaseException):
+                exc.add_note(f"remote traceback (job {self.id}):\n{text.rstrip()}")
+                raise exc
+        raise RemoteError(status, text)
+
+    def output_bytes(self, path: str) -> bytes | None:
+        """One output file's bytes, or None when the job has no such output."""
+        try:
+            with self._client.stream("GET", f"/v1/jobs/{self.id}/outputs/{quote(path)}") as r:
+                return r.read()
+        except ClientError as exc:
+            if exc.status_code == 404:
+                return None
+            raise
 
     def outputs(self) -> list[dict[str, Any]]:
         return list(self._client.request("GET", f"/v1/jobs/{self.id}/outputs").json()["outputs"])

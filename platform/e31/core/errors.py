@@ -130,5 +130,21 @@ class JobFailed(ClientError):
         super().__init__(f"{msg}: {detail}" if detail else msg)
 
 
+class FunctionError(ClientError):
+    """Raised when a function's call cannot be sent to the pool or its value cannot return."""
+
+
+class RemoteError(JobFailed):
+    """Raised when a function's job failed with an exception that could not travel back.
+
+    Its message holds the remote traceback (`traceback_text`)."""
+
+    def __init__(self, status: dict[str, Any], traceback_text: str = "") -> None:
+        super().__init__(status)
+        self.traceback_text = traceback_text
+        if traceback_text:
+            self.args = (f"{self.args[0]}\n\nremote traceback:\n{traceback_text}",)
+
+
 class JobTimeout(ClientError):
     """Raised when waiting for a job took longer than the caller's timeout."""

@@ -1,0 +1,89 @@
+"""How a Python function call travels as a job: the names both sides agree on.
+
+`@e31.function` (`e31.functions`, the caller's side) turns a call into an ordinary job of the
+`function` workload (`e31_worker.workloads.function`, the worker's side): the function is an
+uploaded bundle entry given to the job as the input `e31_function`, the arguments another one
+(`e31_args`, a list of one pickled call per item of a `.map`, the job's `params.item` picking
+its own), and the value comes back as the output file `result.pkl`. The platform reads only
+JSON: the job's result is a preview (`{"e31_function": {"type", "bytes", "preview"}}`), and it
+never unpickles a call or a value. docs/notebooks.md, "How a call travels".
+
+The function's envelope (`function.pkl`) is a plain pickle of builtins (the caller's Python
+and package versions beside the cloudpickled function), so that the worker can compare the
+versions before it unpickles anything of the user's (`mismatches`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+FUNCTION_ENTRYPOINT = "e31_worker.workloads.function:run"
+FUNCTION_INPUT = "e31_function"    # the input holding the envelope: facts, function, shared kwargs
+ARGS_INPUT = "e31_args"            # the input holding the items' pickled (args, kwargs)
+FUNCTION_FILE = "function.pkl"     # the envelope's entry in its bundle
+ARGS_FILE = "args.pkl"             # a list of pickled calls, one per item, in its bundle
+RESULT_FILE = "result.pkl"         # outputs: the value, cloudpickled
+EXCEPTION_FILE = "exception.pkl"   # outputs: the exception, cloudpickled, when it pickles
+TRACEBACK_FILE = "traceback.txt"   # outputs: the remote traceback's text
+RESULT_MARK = "e31_function"       # the JSON result's key: what kind of value it is
+PREVIEW_CHARS = 200                # of the value's repr in the JSON result
+
+
+def python_version() -> str:
+    """This interpreter's `major.minor`: cloudpickled code only loads under the same one."""
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def installed_versions(distributions: Iterable[str]) -> dict[str, str | None]:
+    """The installed version of each distribution named, None for one not installed."""
+    found: dict[str, str | None] = {}
+    for name in distributions:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def facts(distributions: Iterable[str]) -> dict[str, Any]:
+    """What a call needs of the interpreter that runs it: this Python and these packages."""
+    return {"python": python_version(), "packages": installed_versions(sorted(distributions))}
+
+
+def mismatches(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
+    """Each way the caller's `theirs` differs from the worker's `ours`, one sentence each,
+    naming the Python or the package; empty when the call may run here."""
+    found = []
+    if theirs.get("python") != ours.get("python"):
+        found.append(f"Python {theirs.get('python')} on the caller's side, "
+                     f"{ours.get('python')} on the worker")
+    mine = ours.get("packages") or {}
+    for name, version in sorted((theirs.get("packages") or {}).items()):
+        if version is None:
+            continue
+        here = mine.get(name)
+        if here != version:
+            found.append(f"package {name} {version} on the caller's side, "
+                         f"{here or 'not installed'} on the worker")
+    return found
+
+
+def preview(value: Any, size_bytes: int) -> dict[str, Any]:
+    """The JSON result of a function job: the value's type, its pickle's size and a short repr."""
+    kind = type(value)
+    try:
+        text = repr(value)
+    except Exception as exc:  # noqa: BLE001 - a user's __repr__ may raise anything
+        text = f"<repr failed: {type(exc).__name__}>"
+    if len(text) > PREVIEW_CHARS:
+        text = text[:PREVIEW_CHARS - 1] + "…"
+    return {RESULT_MARK: {"type": f"{kind.__module__}.{kind.__qualname__}",
+                          "bytes": size_bytes, "preview": text}}
+
+
+def is_function_result(result: Any) -> bool:
+    """Whether a job's JSON result is a function job's preview (its value is `result.pkl`)."""
+    return isinstance(result, Mapping) and isinstance(result.get(RESULT_MARK), Mapping)
