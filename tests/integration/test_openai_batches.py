@@ -261,3 +261,32 @@ def test_an_admin_registers_a_model_audited_and_a_tenant_may_only_list_it(
     assert [m.id for m in make_client(app, tenant_token).models.list().data] == ["mine"]
     [event] = [e for e in repo.audit_log() if e.action == "model.add"]
     assert (event.actor, event.target) == ("ops", "mine")
+
+
+def test_a_finalising_the_store_fails_is_tried_again_and_the_batch_still_ends(
+        make_app: MakeApp, repo: Repo, tenant_token: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a cancelled batch whose first finalising meets a file store that fails once
+    register_model(repo, tmp_path)
+    app = make_app()
+    client = make_client(app, tenant_token)
+    batch = client.batches.create(input_file_id=upload(client, jsonl([request_line(0)])),
+                                  endpoint=CHAT, completion_window="24h")
+    files = app.state.services.files
+    real, calls = files.add_output, []
+
+    def failing_once(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(files, "add_output", failing_once)
+
+    # When it is cancelled (its first finalising fails) and read again
+    first = client.batches.cancel(batch.id)
+    then = client.batches.retrieve(batch.id)
+
+    # Then the failure left it where it was, and the next settle ended it
+    assert first.status == "cancelling"
+    assert then.status == "cancelled" and then.error_file_id is not None

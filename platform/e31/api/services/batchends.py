@@ -99,6 +99,8 @@ class BatchEnds:
                     self.settle(batch)
             except E31Error as exc:
                 log.warning("batch_settle_failed %s: %s; next time", type(exc).__name__, exc)
+            except Exception:   # this thread must not die alone: logged, tried again
+                log.exception("batch_settle_failed: next time")
 
     def settle(self, batch: Batch) -> Batch:
         """Move `batch` on as far as its shards allow; returns it as it is now."""
@@ -123,7 +125,15 @@ class BatchEnds:
             return self._repo.get_batch(None, batch.id)
         if self._repo.move_batch(batch.id, [status.value], status=BatchStatus.FINALIZING.value,
                                  finalizing_at=now):
-            self._finalize(batch, shards, end=_end(batch, status, shards, now))
+            try:
+                self._finalize(batch, shards, end=_end(batch, status, shards, now))
+            except Exception:   # the store or the artifacts failed: the next settle tries
+                log.exception("batch_finalize_failed batch=%s: tried again at the next settle",
+                              batch.id)
+                back = status if status is not BatchStatus.FINALIZING else (
+                    BatchStatus.CANCELLING if batch.cancelling_at else BatchStatus.IN_PROGRESS)
+                self._repo.move_batch(batch.id, [BatchStatus.FINALIZING.value],
+                                      status=back.value)
         return self._repo.get_batch(None, batch.id)
 
     def _finalize(self, batch: Batch, shards: list[ShardJob], *, end: str) -> None:
