@@ -15,7 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from e31_worker.workloads.tinymodels import CONTEXT_TOKENS, MARKER, build  # noqa: E402
+from e31.core.batches import MODEL_MARKER  # noqa: E402
+from e31_worker.workloads.tinymodels import CONTEXT_TOKENS, build  # noqa: E402
 from tests.unit.workload_context import one_torch_thread  # noqa: E402, F401 (autouse)
 
 pytestmark = pytest.mark.torch
@@ -41,7 +42,7 @@ def test_two_builds_write_the_same_files_quickly(tmp_path: Path) -> None:
         assert "model.safetensors" in first and "tokenizer.json" in first
         size = sum(p.stat().st_size for p in (tmp_path / f"{kind}-1").rglob("*"))
         assert size < 8 * 2**20
-        assert json.loads((tmp_path / f"{kind}-1" / MARKER).read_text()) == {
+        assert json.loads((tmp_path / f"{kind}-1" / MODEL_MARKER).read_text()) == {
             "kind": kind, "context_tokens": CONTEXT_TOKENS}
     assert elapsed_s < 10
 

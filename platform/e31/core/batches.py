@@ -9,6 +9,8 @@ and counts are read from that array's jobs (`e31.api.services.batchends`).
 from __future__ import annotations
 
 import enum
+import hashlib
+import json
 import math
 import re
 import secrets
@@ -22,6 +24,12 @@ MODEL_KINDS = ("chat", "embed")
 ENDPOINT_KIND = {"/v1/chat/completions": "chat", "/v1/completions": "chat",
                  "/v1/embeddings": "embed"}
 SHARD_MIN_REQUESTS = 100   # a shard smaller than this costs more to start than it saves
+# What the API and the `llm` workload share: a model directory's marker (`{"kind",
+# "context_tokens"}`, written last by a build), and where a shard commits its segments under
+# its job's checkpoints (the API finalises a cancelled or expired batch from them).
+MODEL_MARKER = "e31_model.json"
+SHARD_CHECKPOINTS = "llm"
+REQUEST_ID_HEX = 24        # hex digits of a row's id after `batch_req_`
 _WINDOW = re.compile(r"^([1-9][0-9]{0,4})([mhd])$")
 _UNIT_S = {"m": 60, "h": 3600, "d": 86400}
 
@@ -56,6 +64,14 @@ def window_s(window: str) -> int:
         raise ValueError(f"completion window {window!r} is not a number and a unit m, h or d "
                          "(e.g. 24h)")
     return int(m[1]) * _UNIT_S[m[2]]
+
+
+def request_id(batch_id: str, custom_id: object) -> str:
+    """The id of a request's row (`batch_req_…`): the same for the same request of the same
+    batch, whichever process writes it (the workload a result, the API a request that never
+    ran), so a resumed or finalised batch repeats no id."""
+    seed = json.dumps([batch_id, custom_id]).encode()
+    return "batch_req_" + hashlib.sha256(seed).hexdigest()[:REQUEST_ID_HEX]
 
 
 def new_file_id() -> str:

@@ -20,6 +20,7 @@ import sys
 import uuid
 from pathlib import Path
 
+from e31.core.batches import MODEL_MARKER  # written last by a build: a whole model
 from e31.core.clock import utcnow
 from e31.edge.settings import Settings
 from e31.store import Repo
@@ -28,7 +29,6 @@ from e31.store.batches import ModelRecord
 log = logging.getLogger(__name__)
 
 BUILTIN = {"e31-tiny-chat": "chat", "e31-tiny-embed": "embed"}
-MARKER = "e31_model.json"       # written last by the build: its presence means a whole model
 BUILD_TIMEOUT_S = 300.0
 
 
@@ -37,7 +37,7 @@ def register_builtin_models(settings: Settings, repo: Repo) -> list[str]:
     registered = []
     for name, kind in BUILTIN.items():
         directory = settings.resolved_models_dir / name
-        if not (directory / MARKER).is_file() and not _build(directory, kind):
+        if not (directory / MODEL_MARKER).is_file() and not _build(directory, kind):
             continue
         repo.add_model(ModelRecord(name, kind, f"file://{directory}", None, utcnow()),
                        replace=True)
@@ -56,7 +56,7 @@ def cache_dir() -> Path:
 def _build(directory: Path, kind: str) -> bool:
     """Copy the model into `directory` from the cache, building it there first if needed."""
     cached = cache_dir() / directory.name
-    if not (cached / MARKER).is_file() and not _build_into(cached, kind):
+    if not (cached / MODEL_MARKER).is_file() and not _build_into(cached, kind):
         return False
     staging = directory.with_name(f".{directory.name}-{uuid.uuid4().hex[:8]}")
     shutil.copytree(cached, staging)

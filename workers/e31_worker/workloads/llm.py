@@ -24,6 +24,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
 
+from e31.core.batches import MODEL_MARKER, SHARD_CHECKPOINTS
 from e31_worker.child.context import JobContext
 from e31_worker.workloads.llm_requests import (
     EMBEDDINGS,
@@ -36,7 +37,6 @@ from e31_worker.workloads.llm_requests import (
 )
 from e31_worker.workloads.llm_rows import Rows, usage_of
 from e31_worker.workloads.segments import SegmentWriter
-from e31_worker.workloads.tinymodels import MARKER
 
 CHECKPOINT_EVERY_RECORDS = 64   # requests a killed attempt may redo at most, by count ...
 CHECKPOINT_EVERY_S = 10.0       # ... or by time (checked at the end of each window)
@@ -79,7 +79,7 @@ def run(ctx: JobContext, requests: str, model: str, model_name: str, endpoint: s
     engine, window = _backend(backend, ctx.device, model_dir, tokenizer, endpoint,
                               batch_size, context_tokens, checkpoint_every_records)
     total = sum(1 for _ in _lines(src))
-    writer = SegmentWriter(checkpoint_dir=ctx.checkpoint_dir / "llm",
+    writer = SegmentWriter(checkpoint_dir=ctx.checkpoint_dir / SHARD_CHECKPOINTS,
                            scratch_dir=ctx.work_dir / SCRATCH,
                            every_records=checkpoint_every_records, every_s=checkpoint_every_s)
     resumed_from = done = writer.resume()
@@ -121,7 +121,7 @@ def run(ctx: JobContext, requests: str, model: str, model_name: str, endpoint: s
 def context_of(model_dir: Path) -> int:
     """The model's context in tokens: its `e31_model.json`, else its config's
     `max_position_embeddings`."""
-    marker = model_dir / MARKER
+    marker = model_dir / MODEL_MARKER
     if marker.is_file():
         return int(json.loads(marker.read_text())["context_tokens"])
     config = json.loads((model_dir / "config.json").read_text())

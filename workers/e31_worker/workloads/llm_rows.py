@@ -18,6 +18,7 @@ import struct
 import time
 from typing import Any
 
+from e31.core.batches import request_id
 from e31_worker.workloads.llm_requests import (
     CHAT,
     COMPLETIONS,
@@ -26,7 +27,6 @@ from e31_worker.workloads.llm_requests import (
     RequestError,
 )
 
-BATCH_REQ_HEX = 24
 REQUEST_ID_HEX = 32
 
 
@@ -82,14 +82,13 @@ class Rows:
 
     def _ids(self, custom_id: Any) -> dict[str, str]:
         seed = json.dumps([self._batch_id, custom_id]).encode()
-        digest = hashlib.sha256(seed).hexdigest()
-        return {"row": digest[:BATCH_REQ_HEX],
+        return {"row": request_id(self._batch_id, custom_id),
                 "request": hashlib.sha256(b"request:" + seed).hexdigest()[:REQUEST_ID_HEX],
                 "body": hashlib.sha256(b"body:" + seed).hexdigest()[:REQUEST_ID_HEX]}
 
     @staticmethod
     def _row(custom_id: Any, ids: dict[str, str], status_code: int, body: Any) -> str:
-        return json.dumps({"id": f"batch_req_{ids['row']}", "custom_id": custom_id,
+        return json.dumps({"id": ids["row"], "custom_id": custom_id,
                            "response": {"status_code": status_code,
                                         "request_id": ids["request"], "body": body},
                            "error": None}) + "\n"

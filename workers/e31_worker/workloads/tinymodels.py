@@ -23,7 +23,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-MARKER = "e31_model.json"
+from e31.core.batches import MODEL_MARKER
+
 KINDS = ("chat", "embed")
 CONTEXT_TOKENS = 1024     # max_position_embeddings: room for a paragraph, one token a character
 HIDDEN = 128              # a few MB of float32 weights at 2 layers
@@ -65,7 +66,7 @@ def build(directory: Path, kind: str, *, layers: int = LAYERS, hidden: int = HID
     _write_weights(directory / "model.safetensors", kind, config)
     if kind == "embed":
         _write_pooling(directory, hidden)
-    _write_json(directory / MARKER, {"kind": kind, "context_tokens": CONTEXT_TOKENS})
+    _write_json(directory / MODEL_MARKER, {"kind": kind, "context_tokens": CONTEXT_TOKENS})
     return directory
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from e31.api.services.files import FileService
-from e31.core.batches import FINAL, BatchStatus
+from e31.core.batches import FINAL, SHARD_CHECKPOINTS, BatchStatus, request_id
 from e31.core.clock import utcnow
 from e31.core.errors import E31Error
 from e31.core.states import JobState
@@ -48,7 +48,7 @@ from e31.store.models import Batch
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints/llm"   # where an llm shard commits its segments
+CHECKPOINTS = f"checkpoints/{SHARD_CHECKPOINTS}"   # where an llm shard commits its segments
 _SEGMENT = re.compile(r"^(\d{12})-(\d{12})\.results\.jsonl$")
 COPY_CHUNK_BYTES = 1024 * 1024
 FINALIZE_STALE_S = 600.0          # a finalising this old was left by a process that died
@@ -58,13 +58,6 @@ FINAL_JOBS = {s.value for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CA
 NOT_RUN = {"cancelled": ("batch_cancelled", "the batch was cancelled before this request ran"),
            "expired": ("batch_expired", "this request could not be executed before the "
                                         "completion window expired")}
-
-
-def request_id(batch_id: str, custom_id: str) -> str:
-    """The id of a request's line: the same for the same request, whichever process writes
-    it (the workload derives it the same way)."""
-    seed = json.dumps([batch_id, custom_id]).encode()
-    return "batch_req_" + hashlib.sha256(seed).hexdigest()[:24]
 
 
 def rejected_line(batch_id: str, custom_id: str, code: str, message: str) -> bytes:

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from e31.api.services.tenants import admin_only
-from e31.core.batches import MODEL_KINDS
+from e31.core.batches import MODEL_KINDS, MODEL_MARKER
 from e31.core.bundles import file_input_path
 from e31.core.clock import utcnow
 from e31.core.errors import SpecConflict, SpecError, SpecForbidden
@@ -29,7 +29,6 @@ from e31.store.batches import ModelRecord
 
 log = logging.getLogger(__name__)
 
-MARKER = "e31_model.json"
 
 
 class ModelService:
@@ -90,7 +89,7 @@ class ModelService:
 def model_kind(directory: Path) -> str | None:
     """What the model in `directory` is for, as the module says; None when it cannot tell."""
     try:
-        marker = json.loads((directory / MARKER).read_text())
+        marker = json.loads((directory / MODEL_MARKER).read_text())
         if marker.get("kind") in MODEL_KINDS:
             return str(marker["kind"])
     except (OSError, ValueError, AttributeError):
