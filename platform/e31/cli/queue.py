@@ -24,12 +24,12 @@ def usage(all_tenants: bool = typer.Option(False, "--all-tenants",
           as_json: bool = JsonOpt) -> None:
     """Jobs by state, GPU-seconds billed and time queued (never billed), per tenant and class;
     then the newest batches' requests, tokens and GPU-seconds."""
-    client = api_client()
-    batches = call(client.batch_usage, all_tenants=all_tenants)
+    report = call(api_client().usage_report, all_tenants=all_tenants)   # one request
+    batches = report.get("batches", [])
     if only_batches and as_json:
         print_json(batches)
         return
-    rows = [] if only_batches else call(client.usage, all_tenants=all_tenants)
+    rows = [] if only_batches else report["usage"]
     if as_json:
         print_json(rows)
         return

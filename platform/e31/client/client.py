@@ -138,14 +138,15 @@ class Client:
             params["state"] = state
         return list(self.request("GET", "/v1/jobs", params=params).json()["jobs"])
 
-    def usage(self, all_tenants: bool = False) -> builtins.list[dict[str, Any]]:
+    def usage_report(self, all_tenants: bool = False) -> dict[str, Any]:
+        """`GET /v1/usage` whole: `usage` (per tenant and class) and `batches` (the newest
+        batches' requests, tokens in and out and GPU-seconds)."""
         params = {"all_tenants": "true"} if all_tenants else {}
-        return list(self.request("GET", "/v1/usage", params=params).json()["usage"])
+        answer: dict[str, Any] = self.request("GET", "/v1/usage", params=params).json()
+        return answer
 
-    def batch_usage(self, all_tenants: bool = False) -> builtins.list[dict[str, Any]]:
-        """The newest batches' requests, tokens in and out and GPU-seconds."""
-        params = {"all_tenants": "true"} if all_tenants else {}
-        return list(self.request("GET", "/v1/usage", params=params).json().get("batches", []))
+    def usage(self, all_tenants: bool = False) -> builtins.list[dict[str, Any]]:
+        return list(self.usage_report(all_tenants)["usage"])
 
     def queue(self) -> dict[str, Any]:
         """Per size class: GPUs, busy, queued jobs and running GPUs per tenant, share used
