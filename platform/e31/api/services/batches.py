@@ -43,6 +43,7 @@ from e31.core.sizeclasses import route
 from e31.core.spec import MAX_TIMEOUT_S, JobSpec
 from e31.edge.bundlestore import BundleStore
 from e31.edge.settings import Settings
+from e31.scheduling.placement import Shapes
 from e31.store import Repo
 from e31.store.batches import ModelRecord
 from e31.store.models import Batch
@@ -96,10 +97,11 @@ class BatchService:
             log.info("batch_failed_validation batch=%s tenant=%s lines=%d", batch.id,
                      tenant.name, checked.bad_lines)
             return batch
-        kept, rejected = self._known(checked, endpoint, row["id"])
+        models = self._repo.models(sorted({r.model for r in checked.requests}))
+        kept, rejected = _known(checked, models, endpoint, row["id"])
         self._check_quota(tenant, kept)
         self._ends.store_rejected(tenant.id, row["id"], rejected)
-        shards, items = self._shards(tenant, kept, row, endpoint)
+        shards, items = self._shards(tenant, kept, models, row, endpoint)
         array_id = None
         if items:
             array_id = self._arrays.submit(tenant, items, name=row["id"],
@@ -130,40 +132,19 @@ class BatchService:
                            f"(tenant_bundle_gb = {self._settings.tenant_bundle_gb:g})",
                            limit_bytes=quota)
 
-    def _known(self, checked: Checked, endpoint: str,
-               batch_id: str) -> tuple[dict[str, list[Request]], list[bytes]]:
-        """The good lines by model (in the order the models first appear), and the error
-        lines of those naming a model the pool lacks or one of another kind."""
-        models = self._repo.models(sorted({r.model for r in checked.requests}))
-        kind = ENDPOINT_KIND[endpoint]
-        kept: dict[str, list[Request]] = {}
-        rejected: list[bytes] = []
-        for r in checked.requests:
-            m = models.get(r.model)
-            if m is None:
-                rejected.append(rejected_line(batch_id, r.custom_id, "model_not_found",
-                                              f"the model {r.model!r} does not exist on this "
-                                              "pool (e31 model list names those it has)"))
-            elif m.kind != kind:
-                rejected.append(rejected_line(batch_id, r.custom_id, "model_not_supported",
-                                              f"the model {r.model!r} is a {m.kind} model; "
-                                              f"{endpoint} needs a {kind} model"))
-            else:
-                kept.setdefault(r.model, []).append(r)
-        return kept, rejected
-
     def _shards(self, tenant: TenantRecord, kept: Mapping[str, list[Request]],
-                row: Mapping[str, Any], endpoint: str
+                models: Mapping[str, ModelRecord], row: Mapping[str, Any], endpoint: str
                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Each shard's note for the batch, and its job spec for the array."""
-        models = self._repo.models(list(kept))
+        nodes = self._arrays.nodes()    # the registered nodes, read once for every model
         timeout_s = min(float(window_s(row["completion_window"])), MAX_TIMEOUT_S)
         notes: list[dict[str, Any]] = []
         items: list[dict[str, Any]] = []
         for name, requests in kept.items():
             model = models[name]
-            resources = self._resources(model)
-            sizes = shard_sizes(len(requests), slots=max(DEFAULT_SLOTS, self._slots(resources)),
+            resources = _resources(model, nodes)
+            sizes = shard_sizes(len(requests),
+                                slots=max(DEFAULT_SLOTS, self._slots(resources, nodes)),
                                 max_requests=self._settings.batch_shard_max_requests)
             start = 0
             for size in sizes:
@@ -175,22 +156,11 @@ class BatchService:
                                          resources, timeout_s))
         return notes, items
 
-    def _resources(self, model: ModelRecord) -> dict[str, Any]:
-        """A shard's resources: one GPU of the class its model needs; a model that states
-        no GPU memory (the built-in tiny ones) runs in the cpu class on a pool whose nodes
-        have no GPU at all, so a laptop's first batch runs."""
-        if model.gpu_mem_gb:
-            return {"gpus": 1, "gpu_mem_gb": model.gpu_mem_gb}
-        nodes = self._arrays.nodes()
-        if nodes is not None and not any(sum(h.values()) for h in nodes.values()):
-            return {"gpus": 0}
-        return {"gpus": 1}
-
-    def _slots(self, resources: Mapping[str, Any]) -> int:
-        """GPUs the registered nodes have for a job of `resources` (the shards to aim at)."""
+    def _slots(self, resources: Mapping[str, Any], nodes: Shapes | None) -> int:
+        """GPUs the registered `nodes` have for a job of `resources` (the shards to aim at)."""
         spec = JobSpec.parse({"command": ["true"], "resources": dict(resources)})
         where = route(spec, self._settings.size_classes)
-        return sum((self._arrays.nodes() or {}).get(where.size_class, {}).values())
+        return sum((nodes or {}).get(where.size_class, {}).values())
 
     def _store_shard(self, tenant_id: str, requests: Sequence[Request]) -> str:
         """A bundle of one entry, the shard's lines; returns its digest."""
@@ -224,6 +194,40 @@ class BatchService:
             self._arrays.cancel(tenant, batch.array_id)
             log.info("batch_cancel_requested batch=%s tenant=%s", batch.id, tenant.name)
         return self.get(tenant, batch_id)
+
+
+def _known(checked: Checked, models: Mapping[str, ModelRecord], endpoint: str,
+           batch_id: str) -> tuple[dict[str, list[Request]], list[bytes]]:
+    """The good lines by model (in the order the models first appear), and the error lines
+    of those naming a model the pool lacks (`models` has the ones it has) or one of another
+    kind."""
+    kind = ENDPOINT_KIND[endpoint]
+    kept: dict[str, list[Request]] = {}
+    rejected: list[bytes] = []
+    for r in checked.requests:
+        m = models.get(r.model)
+        if m is None:
+            rejected.append(rejected_line(batch_id, r.custom_id, "model_not_found",
+                                          f"the model {r.model!r} does not exist on this "
+                                          "pool (e31 model list names those it has)"))
+        elif m.kind != kind:
+            rejected.append(rejected_line(batch_id, r.custom_id, "model_not_supported",
+                                          f"the model {r.model!r} is a {m.kind} model; "
+                                          f"{endpoint} needs a {kind} model"))
+        else:
+            kept.setdefault(r.model, []).append(r)
+    return kept, rejected
+
+
+def _resources(model: ModelRecord, nodes: Shapes | None) -> dict[str, Any]:
+    """A shard's resources: one GPU of the class its model needs; a model that states no
+    GPU memory (the built-in tiny ones) runs in the cpu class on a pool whose `nodes` have no
+    GPU at all, so a laptop's first batch runs."""
+    if model.gpu_mem_gb:
+        return {"gpus": 1, "gpu_mem_gb": model.gpu_mem_gb}
+    if nodes is not None and not any(sum(h.values()) for h in nodes.values()):
+        return {"gpus": 0}
+    return {"gpus": 1}
 
 
 def _shard_spec(batch_id: str, index: int, model: ModelRecord, endpoint: str, digest: str,
