@@ -14,8 +14,7 @@ from typing import Any
 
 import typer
 
-from e31.cli.common import EXIT_INPUT, JsonOpt, api_client, exit_code, fail, out, print_json
-from e31.core.errors import ClientError
+from e31.cli.common import EXIT_INPUT, JsonOpt, api_client, call, fail, out, print_json
 
 app = typer.Typer(help="Batches of requests to language models (OpenAI's Batch API format): "
                        "submit a JSONL file, watch it, download the completions.",
@@ -27,11 +26,8 @@ FINAL_EXIT = {"completed": 0, "failed": 1, "expired": 1, "cancelled": 1}
 
 
 def _call(fn: Callable[..., Any]) -> Any:
-    client = api_client()
-    try:
-        return fn(client)
-    except ClientError as exc:
-        fail(exc.message, exit_code(exc))
+    """`fn(client)` with the CLI's client, its errors as every job command says them."""
+    return call(fn, api_client())
 
 
 def _line(info: dict[str, Any]) -> str:
