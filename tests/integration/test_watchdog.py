@@ -239,9 +239,11 @@ def test_a_heartbeat_that_meets_an_unexpected_error_beats_on_once_it_clears(
         beat.stop()
 
 
-def test_a_job_on_a_gpu_that_reports_an_xid_runs_again_without_spending_a_retry(
-        repo: Repo, redis_client: redis.Redis, tmp_path: Path) -> None:
-    # Given a job with no retry of its own running on a worker's simulated GPU
+def drained_while_running(repo: Repo, redis_client: redis.Redis, tmp_path: Path, *,
+                          gpu_fault: bool) -> tuple[str, str]:
+    """A job with no retry of its own, running on a worker's simulated GPU when the node
+    drains (for its GPU's error, as its heartbeat does on an XID, or not); returns (tenant,
+    job) once its worker has recorded the attempt."""
     tenant_id, job_id = submit(repo, command=["sleep", "60"], retries={"max": 0})
     svc = on_gpu(services(repo, redis_client, tmp_path,
                           ArtifactStore(f"file://{tmp_path / 'a'}")))
@@ -250,12 +252,19 @@ def test_a_job_on_a_gpu_that_reports_an_xid_runs_again_without_spending_a_retry(
     try:
         wait_for(lambda: repo.get_job(tenant_id, job_id).state == "running", timeout_s=WAIT_S,
                  what="the job to run")
-
-        # When its node drains for the GPU's error, as its heartbeat does on an XID
-        svc.gpu_fault.set()
+        if gpu_fault:
+            svc.gpu_fault.set()
         svc.draining.set()
     finally:
         worker.join(timeout=WAIT_S)
+    return tenant_id, job_id
+
+
+def test_a_job_on_a_gpu_that_reports_an_xid_runs_again_without_spending_a_retry(
+        repo: Repo, redis_client: redis.Redis, tmp_path: Path) -> None:
+    # Given a job with no retry of its own running on a worker's simulated GPU, when its
+    # node drains for the GPU's error, as its heartbeat does on an XID
+    tenant_id, job_id = drained_while_running(repo, redis_client, tmp_path, gpu_fault=True)
 
     # Then its attempt ended gpu_fault, the pool's: with retries.max 0 the job is queued
     # again (an ending of the user's would have failed it)
@@ -266,19 +275,8 @@ def test_a_job_on_a_gpu_that_reports_an_xid_runs_again_without_spending_a_retry(
 
 def test_a_drain_that_is_not_a_gpu_fault_still_ends_drained(
         repo: Repo, redis_client: redis.Redis, tmp_path: Path) -> None:
-    # Given the same job on the same worker
-    tenant_id, job_id = submit(repo, command=["sleep", "60"], retries={"max": 0})
-    svc = on_gpu(services(repo, redis_client, tmp_path,
-                          ArtifactStore(f"file://{tmp_path / 'a'}")))
-    worker = threading.Thread(target=run, args=(svc, job_id, repo))
-    worker.start()
-    try:
-        wait_for(lambda: repo.get_job(tenant_id, job_id).state == "running", timeout_s=WAIT_S,
-                 what="the job to run")
-        # When an operator drains the node (no GPU error)
-        svc.draining.set()
-    finally:
-        worker.join(timeout=WAIT_S)
+    # Given the same job on the same worker, when an operator drains the node (no GPU error)
+    tenant_id, job_id = drained_while_running(repo, redis_client, tmp_path, gpu_fault=False)
 
     # Then it ended drained, as before: the difference is the GPU's error alone
     assert [a.reason for a in repo.get_job(tenant_id, job_id).attempts] == ["drained"]
