@@ -37,15 +37,17 @@ def _pid(line: str) -> int:
 
 
 @pytest.fixture
-def longer_lease(tmp_path: Path) -> Iterator[Cluster]:
-    """The two-host cluster with a lease of `RECOVERY_TTL_S`."""
-    with running_cluster(tmp_path, E31_LEASE_TTL_S=str(RECOVERY_TTL_S)) as c:
+def leased(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    """The two-host cluster with a lease of `request.param` seconds (each test names its
+    own, and says why that one)."""
+    with running_cluster(tmp_path, E31_LEASE_TTL_S=str(request.param)) as c:
         yield c
 
 
+@pytest.mark.parametrize("leased", [RECOVERY_TTL_S], indirect=True)
 def test_the_job_of_a_sigkilled_worker_runs_again_within_two_ttls_and_succeeds_once(
-        longer_lease: Cluster) -> None:
-    cluster = longer_lease
+        leased: Cluster) -> None:
+    cluster = leased
     # Given a job running on one of two workers
     job = cluster.client().submit(entrypoint="chaosjobs:marked", resources={"gpus": 1},
                                   params={"trail": str(cluster.trail_dir), "seconds": 4},
@@ -93,16 +95,10 @@ NODE_TTL_S = 10.0
 NODE_RECOVERY_S = 8.0
 
 
-@pytest.fixture
-def default_lease(tmp_path: Path) -> Iterator[Cluster]:
-    """The two-host cluster with the pool's default lease of `NODE_TTL_S`."""
-    with running_cluster(tmp_path, E31_LEASE_TTL_S=str(NODE_TTL_S)) as c:
-        yield c
-
-
+@pytest.mark.parametrize("leased", [NODE_TTL_S], indirect=True)
 def test_the_job_of_a_sigkilled_node_runs_again_elsewhere_in_seconds_and_succeeds_once(
-        default_lease: Cluster) -> None:
-    cluster = default_lease
+        leased: Cluster) -> None:
+    cluster = leased
     # Given a scheduler past its first lease TTL of leading (a leader that just took the lead,
     # on a Redis it sees new, judges no lease and no silence for one TTL, so that workers that
     # could not reach it may renew: under load the node was killed inside that hold and
@@ -196,16 +192,10 @@ def test_a_job_that_kills_every_worker_it_lands_on_fails_as_a_poison_job(
 SETTLE_TTL_S = 15.0
 
 
-@pytest.fixture
-def settle_lease(tmp_path: Path) -> Iterator[Cluster]:
-    """The two-host cluster with a lease of `SETTLE_TTL_S`."""
-    with running_cluster(tmp_path, E31_LEASE_TTL_S=str(SETTLE_TTL_S)) as c:
-        yield c
-
-
+@pytest.mark.parametrize("leased", [SETTLE_TTL_S], indirect=True)
 def test_a_worker_killed_after_its_job_returned_is_settled_by_its_successor_without_a_rerun(
-        settle_lease: Cluster) -> None:
-    cluster = settle_lease
+        leased: Cluster) -> None:
+    cluster = leased
     # Given a job whose code has returned (its result is written) while its worker has not
     # recorded the outcome yet: the worker is frozen before the job may return, so however
     # slow this machine, it can neither store the output nor record the outcome first
