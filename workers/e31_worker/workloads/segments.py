@@ -2,7 +2,8 @@
 
 A segment covers the input records `[start, end)` and is two files,
 `<start>-<end>.errors.jsonl` then `<start>-<end>.results.jsonl` (renamed into place in that
-order, so a results file means its segment is whole). The checkpoint dir belongs to the job
+order, so a results file means its segment is whole: `e31.core.segments`, which the API
+reads them by too). The checkpoint dir belongs to the job
 and comes back at the start of every attempt, so a retried attempt skips the records of the
 segments already there and loses at most the rows since the last commit. `finish` joins the
 segments into `results.jsonl` and `errors.jsonl` in the attempt's output dir: complete, in
@@ -18,20 +19,15 @@ flushes per commit (tens of ms each on a busy disk: docs/performance.md, footage
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-KINDS = ("errors", "results")             # commit order: results last marks a whole segment
-_SEGMENT = re.compile(r"^(\d{12})-(\d{12})\.results\.jsonl$")
+from e31.core.segments import KINDS, WHOLE, segment_name
+
 COPY_CHUNK_BYTES = 1 << 20
-
-
-def _name(start: int, end: int, kind: str) -> str:
-    return f"{start:012d}-{end:012d}.{kind}.jsonl"
 
 
 class SegmentWriter:
@@ -52,10 +48,10 @@ class SegmentWriter:
     def resume(self) -> int:
         """Number of leading input records already committed by earlier attempts."""
         found = sorted((int(m[1]), int(m[2])) for p in self._dir.glob("*.results.jsonl")
-                       if (m := _SEGMENT.match(p.name)))
+                       if (m := WHOLE.match(p.name)))
         done = 0
         for start, end in found:
-            if start != done or not (self._dir / _name(start, end, "errors")).is_file():
+            if start != done or not (self._dir / segment_name(start, end, "errors")).is_file():
                 break  # only an unbroken chain from record 0 counts
             self._segments.append((start, end))
             done = end
@@ -65,7 +61,7 @@ class SegmentWriter:
     def committed(self, kind: str) -> Iterator[bytes]:
         """The rows of `kind` committed so far (after `resume`: by earlier attempts), in order."""
         for start, end in self._segments:
-            with open(self._dir / _name(start, end, kind), "rb") as seg:
+            with open(self._dir / segment_name(start, end, kind), "rb") as seg:
                 yield from seg
 
     def write(self, kind: str, line: str) -> None:
@@ -91,7 +87,7 @@ class SegmentWriter:
         for kind in KINDS:
             f = files[kind]
             f.close()
-            _move(Path(f.name), self._dir / _name(self._start, self._end, kind))
+            _move(Path(f.name), self._dir / segment_name(self._start, self._end, kind))
         self._segments.append((self._start, self._end))
         self._files = {}
         self._start = self._end
@@ -105,7 +101,7 @@ class SegmentWriter:
             rows = 0
             with open(output_dir / f"{kind}.jsonl", "wb") as out:
                 for start, end in self._segments:
-                    with open(self._dir / _name(start, end, kind), "rb") as seg:
+                    with open(self._dir / segment_name(start, end, kind), "rb") as seg:
                         while chunk := seg.read(COPY_CHUNK_BYTES):
                             rows += chunk.count(b"\n")
                             out.write(chunk)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import shutil
 import tarfile
 import tempfile
@@ -39,6 +38,7 @@ from e31.api.services.files import FileService
 from e31.core.batches import FINAL, SHARD_CHECKPOINTS, BatchStatus, request_id
 from e31.core.clock import utcnow
 from e31.core.errors import E31Error
+from e31.core.segments import WHOLE, segment_name
 from e31.core.states import JobState
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.bundlestore import BundleStore
@@ -49,7 +49,6 @@ from e31.store.models import Batch
 log = logging.getLogger(__name__)
 
 CHECKPOINTS = f"checkpoints/{SHARD_CHECKPOINTS}"   # where an llm shard commits its segments
-_SEGMENT = re.compile(r"^(\d{12})-(\d{12})\.results\.jsonl$")
 COPY_CHUNK_BYTES = 1024 * 1024
 FINALIZE_STALE_S = 600.0          # a finalising this old was left by a process that died
 REJECTED = "rejected.jsonl"       # the error lines of unknown models, beside the files
@@ -188,8 +187,10 @@ class BatchEnds:
                     got.append([])
             return got[0], got[1]
         self._artifacts.get_tree(tenant, job, CHECKPOINTS, tmp)
-        whole = sorted(p for p in tmp.glob("*.results.jsonl") if _SEGMENT.match(p.name))
-        return whole, [p.with_name(p.name.replace(".results.", ".errors.")) for p in whole]
+        spans = sorted((int(m[1]), int(m[2])) for p in tmp.glob("*.results.jsonl")
+                       if (m := WHOLE.match(p.name)))
+        return ([tmp / segment_name(a, b, "results") for a, b in spans],
+                [tmp / segment_name(a, b, "errors") for a, b in spans])
 
     def _not_run(self, batch: Batch, note: dict[str, Any], shard: ShardJob, end: str,
                  seen: set[str]) -> Iterator[bytes]:
