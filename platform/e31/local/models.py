@@ -58,11 +58,21 @@ def _build(directory: Path, kind: str) -> bool:
     cached = cache_dir() / directory.name
     if not (cached / MODEL_MARKER).is_file() and not _build_into(cached, kind):
         return False
-    staging = directory.with_name(f".{directory.name}-{uuid.uuid4().hex[:8]}")
+    staging = _staging(directory)
     shutil.copytree(cached, staging)
+    _into_place(staging, directory)
+    return True
+
+
+def _staging(directory: Path) -> Path:
+    """A fresh name beside `directory` to write it under before it is put in place."""
+    return directory.with_name(f".{directory.name}-{uuid.uuid4().hex[:8]}")
+
+
+def _into_place(staging: Path, directory: Path) -> None:
+    """`staging` becomes `directory`: whole, or not there (another stack may write it too)."""
     shutil.rmtree(directory, ignore_errors=True)
     staging.rename(directory)
-    return True
 
 
 def _build_into(directory: Path, kind: str) -> bool:
@@ -70,7 +80,7 @@ def _build_into(directory: Path, kind: str) -> bool:
         log.warning("builtin_model_skipped model=%s: transformers is not installed (install "
                     "e31-batch[llm] for the built-in models)", directory.name)
         return False
-    staging = directory.with_name(f".{directory.name}-{uuid.uuid4().hex[:8]}")
+    staging = _staging(directory)
     staging.parent.mkdir(parents=True, exist_ok=True)
     try:
         done = subprocess.run([sys.executable, "-m", "e31_worker.workloads.tinymodels",
@@ -85,6 +95,5 @@ def _build_into(directory: Path, kind: str) -> bool:
                     "built-in models)", directory.name, why)
         shutil.rmtree(staging, ignore_errors=True)
         return False
-    shutil.rmtree(directory, ignore_errors=True)
-    staging.rename(directory)    # whole, or not there: another stack may build it too
+    _into_place(staging, directory)
     return True

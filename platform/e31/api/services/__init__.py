@@ -78,6 +78,7 @@ class Services:
         self.files = FileService(settings=settings, repo=repo,
                                  store=FileStore(artifacts.url, artifacts.storage_options))
         self.batch_ends = BatchEnds(repo=repo, artifacts=artifacts, bundles=store,
+                                    shard_max_bytes=settings.batch_file_max_bytes,
                                     files=self.files, settle_s=settings.batch_settle_s)
         self.batches = BatchService(settings=settings, repo=repo, files=self.files, bundles=store,
                                     arrays=self.arrays, ends=self.batch_ends)

@@ -26,7 +26,6 @@ import hashlib
 import json
 import logging
 import shutil
-import tarfile
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -41,6 +40,7 @@ from e31.core.errors import E31Error
 from e31.core.segments import WHOLE, segment_name
 from e31.core.states import JobState
 from e31.edge.artifacts import ArtifactStore
+from e31.edge.bundlefiles import read_member
 from e31.edge.bundlestore import BundleStore
 from e31.store import Repo
 from e31.store.batches import ShardJob
@@ -71,12 +71,13 @@ class BatchEnds:
     the bundles (the shards' lines) and the file store."""
 
     def __init__(self, *, repo: Repo, artifacts: ArtifactStore, bundles: BundleStore,
-                 files: FileService, settle_s: float) -> None:
+                 files: FileService, settle_s: float, shard_max_bytes: int) -> None:
         self._repo = repo
         self._artifacts = artifacts
         self._bundles = bundles
         self._files = files
         self._settle_s = settle_s
+        self._shard_max_bytes = shard_max_bytes   # a shard's lines: at most its input file's
 
     def store_rejected(self, tenant_id: str, batch_id: str, lines: list[bytes]) -> None:
         if lines:
@@ -198,7 +199,8 @@ class BatchEnds:
         if end == "completed" or shard.state == JobState.FAILED.value:
             code, message = "shard_failed", (f"the job that ran this request's shard "
                                              f"({shard.id}) failed: {shard.reason or 'error'}")
-        for request in shard_lines(self._bundles, batch.tenant_id, note["bundle"]):
+        for request in shard_lines(self._bundles, batch.tenant_id, note["bundle"],
+                                   max_bytes=self._shard_max_bytes):
             if request["custom_id"] not in seen:
                 yield rejected_line(batch.id, request["custom_id"], code, message)
 
@@ -286,13 +288,10 @@ def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
     yield from rest
 
 
-def shard_lines(bundles: BundleStore, tenant_id: str, digest: str) -> Iterator[dict[str, Any]]:
-    """The requests of a stored shard, as they were given to its job."""
-    with bundles.open(tenant_id, digest) as f, tarfile.open(fileobj=f, mode="r|") as tar:
-        for member in tar:
-            if member.name == SHARD_FILE:
-                extracted = tar.extractfile(member)
-                for line in extracted or ():
-                    if line.strip():
-                        yield json.loads(line)
-                return
+def shard_lines(bundles: BundleStore, tenant_id: str, digest: str, *,
+                max_bytes: int) -> Iterator[dict[str, Any]]:
+    """The requests of a stored shard, as they were given to its job (its bundle's one file,
+    no larger than the batch's input file could be)."""
+    with bundles.open(tenant_id, digest) as f:
+        data = read_member(f, SHARD_FILE, max_bytes=max_bytes)
+    return (json.loads(line) for line in data.splitlines() if line.strip())
