@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from e31.edge.artifacts import ArtifactStore
 from e31.store import Repo
 from e31_worker.attempt import shipping, task
 from e31_worker.attempt.services import AttemptServices
+from tests.conftest import wait_for
 from tests.integration.test_http_inputs import Quiet, Serving, stage, submit
 from tests.integration.test_store import claim, publish
 from tests.integration.test_task import services
@@ -146,6 +148,7 @@ def test_outputs_the_artifact_store_cannot_take_end_upload_failed_without_a_user
         worker: AttemptServices, repo: Repo, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shipping, "UPLOAD_BACKOFF_S", 0.0)
+    worker = with_settings(worker, artifacts_wait_s=0.0)   # the wait is over at once
     # Given a job with no retries that writes an output, and a file artifact store where its
     # outputs cannot be written (a file stands where their directory goes)
     tenant, _ = repo.create_tenant("team-a", now=utcnow())
@@ -173,7 +176,69 @@ def test_outputs_the_artifact_store_cannot_take_end_upload_failed_without_a_user
     assert (blocked / "x.txt").read_text() == "out\n"
 
 
+def test_a_succeeded_job_waits_on_its_worker_for_the_artifact_store_and_succeeds_once(
+        worker: AttemptServices, repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(shipping, "UPLOAD_BACKOFF_S", 0.0)
+    worker = with_settings(worker, artifacts_wait_s=60.0, heartbeat_interval_s=0.2)
+    # Given a job with no retries that writes an output, on an artifact store that cannot
+    # take it (a file stands where its outputs' directory goes)
+    tenant, _ = repo.create_tenant("team-a", now=utcnow())
+    job_id = submit(repo, tenant.id, command=["sh", "-c", "echo out > $E31_OUTPUT_DIR/x.txt"],
+                    retries={"max": 0, "backoff_s": 0})
+    blocked = tmp_path / "a" / tenant.id / job_id / "outputs"
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("not a directory")
+
+    # When a worker runs it, and the store takes writes again while the job waits on the worker
+    runner = threading.Thread(target=task.run_job, args=(worker, job_id, publish(repo, job_id)))
+    runner.start()
+    wait_for(lambda: "artifacts_wait " in caplog.text, what="the job held for the artifact store")
+    assert repo.get_job(None, job_id).state == "running"     # held, its lease renewed
+    blocked.unlink()
+    runner.join(timeout=60)
+
+    # Then its one attempt succeeded with its outputs intact: nothing ran twice, nothing spent
+    record = repo.get_job(None, job_id)
+    assert record.state == "succeeded" and reasons(repo, job_id) == ["succeeded"]
+    assert record.outputs == [{"path": "x.txt", "size": 4}]
+    assert (blocked / "x.txt").read_text() == "out\n"
+    # And the tenant is charged for the bytes once, not once per try
+    assert repo.charge_outputs(tenant.id, [], default_max_bytes=0).used_bytes == 4
+
+
+def test_a_worker_that_drains_stops_waiting_for_the_artifact_store(
+        worker: AttemptServices, repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(shipping, "UPLOAD_BACKOFF_S", 0.0)
+    worker = with_settings(worker, artifacts_wait_s=600.0, heartbeat_interval_s=0.2)
+    # Given a succeeded job waiting on its worker for an artifact store that stays down
+    tenant, _ = repo.create_tenant("team-a", now=utcnow())
+    job_id = submit(repo, tenant.id, command=["sh", "-c", "echo out > $E31_OUTPUT_DIR/x.txt"],
+                    retries={"max": 0, "backoff_s": 0})
+    blocked = tmp_path / "a" / tenant.id / job_id / "outputs"
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("not a directory")
+    runner = threading.Thread(target=task.run_job, args=(worker, job_id, publish(repo, job_id)))
+    runner.start()
+    wait_for(lambda: "artifacts_wait " in caplog.text, what="the job held for the artifact store")
+
+    # When its node drains
+    worker.draining.set()
+    runner.join(timeout=60)
+
+    # Then the wait ends at once: the attempt is the pool's `upload_failed`, the job queued again
+    assert not runner.is_alive()
+    record = repo.get_job(None, job_id)
+    assert record.state == "queued" and reasons(repo, job_id) == ["upload_failed"]
+
+
+def with_settings(svc: AttemptServices, **update: Any) -> AttemptServices:
+    return dataclasses.replace(svc, settings=svc.settings.model_copy(update=update))
+
+
 def test_a_failed_job_whose_upload_failed_too_keeps_its_own_reason(
+
         worker: AttemptServices, repo: Repo, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shipping, "UPLOAD_BACKOFF_S", 0.0)

@@ -83,6 +83,10 @@ class Settings(BaseModel):
     log_max_bytes: int = Field(default=100 * 1024 * 1024, gt=0)  # one attempt's log
     job_log_max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)  # all attempts of a job
     store_retry_max_s: float = Field(default=600.0, ge=0)  # a worker retries store writes this long
+    # A succeeded job whose outputs the artifact store cannot take (full, unreachable) is held
+    # on its worker this long, its outputs kept in its attempt's directory and its lease renewed,
+    # while the upload is tried again each beat; past it the attempt ends `upload_failed`.
+    artifacts_wait_s: float = Field(default=300.0, ge=0)
     # The pool's patience with its own faults (docs/reliability.md, "Whose failure it is"): a
     # job is queued again after an attempt that ended for one (`setup_transient`,
     # `upload_failed`) without spending its retries.max, until it had this many; then it fails,

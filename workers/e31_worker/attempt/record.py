@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 STORE_RETRY_FIRST_S = 0.25  # first wait after a store error; doubled up to the heartbeat
 CLAIM_FILE = "claim.json"   # in the attempt's directory: what a restarted worker needs
+UPLOAD_WAIT_MAX_S = 30.0    # the longest pause between two uploads of an attempt held for
+#                             the artifact store (`wait_for_artifacts`); the lease is renewed
+#                             every beat meanwhile
 
 
 def finish_attempt(svc: AttemptServices, claim: Claim, shipper: Shipper,
@@ -55,6 +58,8 @@ def finish_attempt(svc: AttemptServices, claim: Claim, shipper: Shipper,
                     svc.identity.node)
         return None
     outputs, upload_error = shipper.store_files()
+    if upload_error and result.reason is AttemptReason.SUCCEEDED:
+        outputs, upload_error = wait_for_artifacts(svc, claim, shipper, upload_error, outputs)
     shipper.ship_log()
     if upload_error and result.reason is AttemptReason.SUCCEEDED:
         # The artifact store's fault, not the job's: the pool's (`upload_failed`), retried
@@ -65,6 +70,52 @@ def finish_attempt(svc: AttemptServices, claim: Claim, shipper: Shipper,
     log.info("job_%s job=%s attempt=%d node=%s reason=%s", state or "fenced", claim.job_id,
              claim.attempt, svc.identity.node, result.reason.value)
     return state
+
+
+def wait_for_artifacts(svc: AttemptServices, claim: Claim, shipper: Shipper, error: str,
+                       outputs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """Hold a succeeded attempt whose files the artifact store could not take, for up to
+    `artifacts_wait_s`: its outputs stay in its directory on this worker, its lease is renewed
+    each beat, and the upload is tried again with back-off (from one beat, doubling, at most
+    `UPLOAD_WAIT_MAX_S`). Returns (outputs, None) once the store took them: the job succeeds with
+    no attempt spent. Still failing when the wait is over, or stopped by a cancel, a drain or a
+    lost lease, it returns the last error: the attempt ends `upload_failed`, the pool's."""
+    beat_s = svc.settings.heartbeat_interval_s
+    deadline = time.monotonic() + svc.settings.artifacts_wait_s
+    delay = beat_s
+    next_try = time.monotonic() + delay
+    log.warning("artifacts_wait job=%s attempt=%d wait_s=%.0f: %s", claim.job_id, claim.attempt,
+                svc.settings.artifacts_wait_s, error)
+    while time.monotonic() + min(beat_s, delay) <= deadline:
+        if svc.draining.wait(min(beat_s, max(0.0, next_try - time.monotonic()))):
+            break                      # the node stops: its successor runs the job again
+        if not _holds_lease(svc, claim):
+            break
+        if time.monotonic() < next_try:
+            continue
+        outputs, retried = shipper.store_files(tries=1)
+        if retried is None:
+            log.info("artifacts_back job=%s attempt=%d", claim.job_id, claim.attempt)
+            return outputs, None
+        error = retried
+        delay = min(delay * 2, UPLOAD_WAIT_MAX_S)
+        next_try = time.monotonic() + delay
+    log.warning("artifacts_wait_over job=%s attempt=%d: %s", claim.job_id, claim.attempt, error)
+    return outputs, error
+
+
+def _holds_lease(svc: AttemptServices, claim: Claim) -> bool:
+    """Renew the lease of an attempt held for the artifact store: False when it is not ours any
+    more or its job was cancelled (the wait ends; the fence or the cancel decides). A store
+    that does not answer keeps the wait going: the lease lasts its TTL."""
+    try:
+        renewal = svc.repo.renew(claim.job_id, claim.token, now=utcnow(),
+                                 lease_ttl_s=svc.settings.lease_ttl_s)
+    except StoreError as exc:
+        log.warning("lease_renew_failed job=%s while waiting for the artifact store: %s",
+                    claim.job_id, exc)
+        return True
+    return renewal.ours and not renewal.cancel
 
 
 def still_ours(svc: AttemptServices, claim: Claim) -> bool:

@@ -65,6 +65,7 @@ class Shipper:
         self._log_bytes = -1
         self._checkpoints: dict[str, tuple[int, int]] = {}
         self._thread: threading.Thread | None = None
+        self._refusals_noted = False
 
     def poke(self) -> None:
         """Start a background copy of what changed, unless one is still running."""
@@ -90,13 +91,15 @@ class Shipper:
         return bool(scan_tree(self._plan.output_dir).files) or \
             self._fingerprints() != self._checkpoints
 
-    def store_files(self) -> tuple[list[dict[str, Any]], str | None]:
-        """Upload checkpoints (what changed) and outputs, each retried; returns (outputs, what
-        failed or None). Outputs beyond the job's or the tenant's quota are not stored, and
-        the attempt's log says which and why; the job's outcome stays what it was. Without
-        any output, neither the store's listing nor the tenant's total is read."""
+    def store_files(self, tries: int = UPLOAD_TRIES) -> tuple[list[dict[str, Any]], str | None]:
+        """Upload checkpoints (what changed) and outputs, each tried `tries` times; returns
+        (outputs, what failed or None). Outputs beyond the job's or the tenant's quota are not
+        stored, and the attempt's log says which and why; the job's outcome stays what it was.
+        Without any output, neither the store's listing nor the tenant's total is read."""
         claim, plan = self._claim, self._plan
-        self.note_refused()
+        if not self._refusals_noted:      # a store_files tried again notes them once
+            self.note_refused()
+            self._refusals_noted = True
         outputs: list[dict[str, Any]] = []
         failed: list[str] = []
         try:
@@ -112,15 +115,17 @@ class Shipper:
                 plan.output_dir, claim.tenant_id, claim.job_id, "outputs")))
         for what, upload in steps:
             delay = UPLOAD_BACKOFF_S
-            for attempt in range(1, UPLOAD_TRIES + 1):
+            for attempt in range(1, tries + 1):
                 try:
                     files = upload()
                 except Exception as exc:  # noqa: BLE001 - any fsspec backend's error
                     error = f"{type(exc).__name__}: {exc}"
                     log.warning("upload_failed job=%s what=%s try=%d: %s", claim.job_id, what,
                                 attempt, error)
-                    if attempt == UPLOAD_TRIES:
+                    if attempt == tries:
                         failed.append(f"its {what} could not be stored: {error}")
+                        if what == "outputs":     # give the tenant back what was not stored
+                            self._settle_charge(charged, [])
                     else:
                         time.sleep(delay)
                         delay *= 2
