@@ -306,3 +306,25 @@ def test_the_sandboxed_job_is_still_in_its_memory_cgroup(jail: Jail) -> None:
     # Then its cgroup capped it and the attempt says why
     assert result.reason is AttemptReason.OOM, (result, p.log_path.read_text())
     assert result.exit_code == -9
+
+
+def test_a_child_the_worker_cannot_start_is_the_pools_fault_and_a_missing_program_the_jobs(
+        jail: Jail, tmp_path: Path) -> None:
+    # Given a job whose program is there, on a worker whose bubblewrap is gone since it started
+    ok = jail.plan(command=["true"])
+    jail.sandbox.bwrap = str(tmp_path / "bwrap-gone")
+
+    # When the worker starts its child
+    outcome = jail.run(ok)
+
+    # Then the attempt is the pool's `worker_crashed` (retried on the pool's account), saying so
+    assert outcome.reason is AttemptReason.WORKER_CRASHED
+    assert "could not be started" in (outcome.error or "")
+    assert "could not be started" in ok.log_path.read_text()
+
+    # And a job naming a program that is not there is the job's own error, sandboxed or not
+    missing = jail.plan(command=[str(tmp_path / "no-such-program")])
+    assert jail.run(missing, sandboxed=False).reason is AttemptReason.ERROR
+    jail.sandbox = Sandbox.from_settings(jail.settings)
+    assert jail.run(jail.plan(command=[str(tmp_path / "no-such-program")])).reason \
+        is AttemptReason.ERROR

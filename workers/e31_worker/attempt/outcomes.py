@@ -7,14 +7,36 @@ timeout and the disk limit, it words itself (e31_worker.attempt.supervisor).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import signal
+import subprocess
 from pathlib import Path
 
 from e31.core.records import Outcome
 from e31.core.states import AttemptReason
 from e31_worker.attempt.plan import AttemptPlan, Directive
 from e31_worker.attempt.sandbox import read_job_file
+
+# What exec says of a program the job named that is not there or cannot run: the job's own
+# error. Any other failure to start its child (a fork that fails, a cgroup file that is gone,
+# the sandbox's own program missing, its setup between fork and exec failing) is the worker's.
+USERS_START_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR,
+                                errno.ENAMETOOLONG, errno.ELOOP})
+
+
+def start_failed_outcome(exc: Exception, program: str, *, sandboxed: bool) -> Outcome:
+    """The outcome of a child that could not be started: the user's `error` when the program
+    the job named cannot be run (in a sandbox, bubblewrap reports that as the job's exit
+    instead), else the pool's `worker_crashed` (retried on its account, docs/reliability.md)."""
+    if isinstance(exc, OSError) and not sandboxed and exc.errno in USERS_START_ERRNOS:
+        return Outcome(AttemptReason.ERROR, error=f"cannot start {program}: {exc.strerror}")
+    if isinstance(exc, ValueError) and not isinstance(exc, subprocess.SubprocessError):
+        return Outcome(AttemptReason.ERROR, error=f"cannot start {program}: {exc}")  # a NUL
+    said = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return Outcome(AttemptReason.WORKER_CRASHED,
+                   error=f"worker error: the job's process could not be started: "
+                         f"{type(exc).__name__}: {said}")
 
 
 def stopped_outcome(directive: Directive, *, exit_code: int | None = None) -> Outcome:

@@ -26,7 +26,7 @@ from e31_worker.attempt.attemptlimits import AttemptLimits, DiskWatch, discard_w
 from e31_worker.attempt.cgroups import JobCgroup, JobCgroups
 from e31_worker.attempt.groups import GroupRegistry
 from e31_worker.attempt.logpump import LOG_DRAIN_S, pump_log
-from e31_worker.attempt.outcomes import exited_outcome, stopped_outcome
+from e31_worker.attempt.outcomes import exited_outcome, start_failed_outcome, stopped_outcome
 from e31_worker.attempt.plan import AttemptPlan, Directive, OnLimits, OnStart, Tick
 from e31_worker.attempt.sandbox import AttemptSandbox, exit_code, read_job_file, signal_job
 from e31_worker.attempt.start import Child, ChildStart, killpg
@@ -76,10 +76,12 @@ class Supervisor:
         try:
             proc = self._start.start(argv, self._cgroup, started)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) else str(exc)
-            plan.log_path.write_text(f"e31: cannot start {argv[0]}: {reason}\n")
+            outcome = start_failed_outcome(exc, argv[0], sandboxed=self._sandbox is not None)
+            log.warning("child_not_started job=%s attempt=%d reason=%s: %s", plan.job_id,
+                        plan.attempt, outcome.reason.value, outcome.error)
+            plan.log_path.write_text(f"e31: {outcome.error}\n")
             self._remove_cgroup()
-            return Outcome(AttemptReason.ERROR, error=f"cannot start {argv[0]}: {reason}")
+            return outcome
         stopped_for = self._watch(proc)
         self._start.note_cold(proc, started)
         return self._ended(proc, stopped_for)
