@@ -26,6 +26,7 @@ its recorded limits show `pids_max` null).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -155,6 +156,13 @@ class JobCgroup:
                         log.warning("cgroup_remove_failed path=%s: %s", path, exc)
                         break
                     time.sleep(0.05)
+
+
+def stack_place(work_dir: Path) -> str:
+    """What tells a node's cgroup directory from another stack's node of the same name on the
+    host (two `e31 up` homes both name theirs `cpu0@host`): a hash of the stack's work_dir, so
+    that reaping one never kills the other's jobs."""
+    return hashlib.sha256(str(work_dir).encode()).hexdigest()[:8]
 
 
 class JobCgroups:

@@ -31,6 +31,7 @@ class NodeLock:
 
     def __init__(self, path: Path) -> None:
         self._path = path
+        self._fd: int | None = None
 
     def acquire(self) -> int | None:
         """Take the lock; None when taken, else the pid of the process that holds it."""
@@ -44,8 +45,16 @@ class NodeLock:
             return int(holder) if holder.isdigit() else 0
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
-        # `fd` is never closed: the kernel releases the lock when this process ends.
+        # A worker process never closes `fd`: the kernel releases the lock when it ends.
+        self._fd = fd
         return None
+
+    def release(self) -> None:
+        """Give the lock back (a launcher that held it for a moment, to settle a dead worker
+        process's node: e31_worker.node.release)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class GroupRegistry:

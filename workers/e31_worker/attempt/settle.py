@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from e31.core.records import Claim
 from e31_worker.attempt.code import remove_tree
@@ -36,14 +38,7 @@ def settle_left_attempts(svc: AttemptServices) -> int:
     """Record the finished attempts of this node's dead predecessor, clean up the rest;
     returns how many outcomes were offered to the store. Run before taking work."""
     settled = 0
-    for claim_file in sorted(svc.settings.resolved_work_dir.glob(f"*/attempt-*/{CLAIM_FILE}")):
-        try:
-            data = json.loads(claim_file.read_text())
-        except (OSError, ValueError):
-            continue
-        if data.pop("node", None) != svc.identity.node:
-            continue  # another worker's, alive or not: its own successor settles it
-        root = claim_file.parent
+    for root, data in left_claims(svc.settings.resolved_work_dir, svc.identity.node):
         try:
             settled += _settle(svc, claim_from_file_data(data), root)
         except Exception:  # never keep a worker from starting
@@ -52,6 +47,18 @@ def settle_left_attempts(svc: AttemptServices) -> int:
             remove_tree(root)   # an unpacked bundle is read-only
             _remove_if_empty(root.parent)
     return settled
+
+
+def left_claims(work_dir: Path, node: str) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Each attempt directory of `node` under `work_dir` that still holds its claim, with the
+    claim's data (its "node" taken out); another node's, alive or not, is its own successor's."""
+    for claim_file in sorted(work_dir.glob(f"*/attempt-*/{CLAIM_FILE}")):
+        try:
+            data = json.loads(claim_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.pop("node", None) == node:
+            yield claim_file.parent, data
 
 
 def _settle(svc: AttemptServices, claim: Claim, root: Path) -> int:

@@ -14,7 +14,6 @@ leaving a worker that looks alive and serves nothing.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -31,7 +30,7 @@ from e31.edge.settings import Settings
 from e31.ops.drain import drain_authorized, request_drain
 from e31.ops.heartbeat import WorkerInfo
 from e31_worker.attempt.attemptlimits import default_mem_gb
-from e31_worker.attempt.cgroups import JobCgroups
+from e31_worker.attempt.cgroups import JobCgroups, stack_place
 from e31_worker.attempt.gangs import ledger_for
 from e31_worker.attempt.groups import GroupRegistry, NodeLock
 from e31_worker.attempt.sandbox import Sandbox
@@ -131,8 +130,7 @@ def _services(args: argparse.Namespace, settings: Settings, identity: WorkerInfo
     settings."""
     # The node's cgroup directory is this stack's own (a hash of its work_dir): reaping it at
     # start never kills the jobs of another stack whose node has the same name.
-    place = hashlib.sha256(str(settings.resolved_work_dir).encode()).hexdigest()[:8]
-    cgroups = JobCgroups.for_node(identity.node, place=place)
+    cgroups = JobCgroups.for_node(identity.node, place=stack_place(settings.resolved_work_dir))
     if cgroups is not None:
         cgroups.reap()
     redis_client = wiring.redis_client(settings)

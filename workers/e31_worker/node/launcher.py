@@ -42,6 +42,7 @@ from e31.ops.heartbeat import beat_launcher
 from e31_worker.attempt.start import PR_SET_PDEATHSIG, prctl_function
 from e31_worker.node.celery_process import EXIT_DRAINED
 from e31_worker.node.gpus import Gpu
+from e31_worker.node.release import release_dead_worker
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +221,9 @@ class Launcher:
                 delay = self._restart_delay(proc.returncode, now - started[node], backoff, node)
                 log.warning("worker_died node=%s code=%s; restarting in %.0f s", node,
                             proc.returncode, delay)
+                # Its unfinished job runs again now, not once its successor beats
+                release_dead_worker(self._settings, node, exit_code=proc.returncode,
+                                    redis_client=self._redis)
                 restart_at[node] = now + delay
             if len(drained) == len(self._slots) and not self._keep_drains:
                 log.warning("launcher_drained: every worker of this launcher was drained; exiting")
