@@ -48,8 +48,9 @@ def make_celery(settings: Settings, *, queues: list[str] | None = None) -> Celer
         task_acks_late=True,
         task_reject_on_worker_lost=False,  # the lease and the claim recover, not a redelivery
         worker_prefetch_multiplier=1,
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        # Events cost 4 of 5 Redis PUBLISH per job; only a Flower reads them (settings)
+        worker_send_task_events=settings.celery_events == "always",
+        task_send_sent_event=settings.celery_events == "always",
         worker_hijack_root_logger=False,
         broker_transport_options=broker_transport_options(settings),
         broker_connection_retry_on_startup=True,

@@ -113,6 +113,8 @@ class LocalStack:
                          Child("worker", me + ["worker", "--keep-drains", *self.worker_args])]
         if self.flower:
             self.children.append(Child("flower", me + ["flower"]))
+            # Flower sees every job from the first, its `sent` state too (docs/operations.md)
+            env.setdefault("E31_CELERY_EVENTS", "always")
         api_env = dict(env)
         if not (self.settings.metrics_token or self.settings.metrics_token_file):
             api_env["E31_METRICS_TOKEN_FILE"] = str(metrics_token_path(home))

@@ -180,10 +180,12 @@ def _serve(args: argparse.Namespace, settings: Settings, identity: WorkerInfo,
     signals.worker_ready.connect(_ready, weak=False)
     signals.worker_shutting_down.connect(_shutting_down, weak=False)
     try:
+        # Task events as the app's settings say (`celery_events`): with "flower", none until
+        # a Flower's enable_events; Celery's worker heartbeat keeps the event dispatcher that
+        # it switches on, and Flower's worker list
         app.worker_main(["worker", "--pool", "threads", "--concurrency", "1",
                          "--hostname", args.node, "--queues", ",".join(identity.queues),
-                         "--loglevel", args.loglevel,
-                         "--without-gossip", "--without-mingle", "--task-events"])
+                         "--loglevel", args.loglevel, "--without-gossip", "--without-mingle"])
     finally:
         if services.warm is not None:
             services.warm.close()
