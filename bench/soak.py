@@ -89,11 +89,73 @@ if __name__ == "__main__":
 '''
 
 
+NODE_REBOOT_S = 3.0   # `--kill node`: a killed node's launcher starts again this much later
+
+
 @dataclass(frozen=True)
 class Kill:
     at: float            # time.time() of the SIGKILL
-    pid: int             # the worker process killed
+    pid: int             # the worker process killed (a node: its launcher, its group)
     job: str | None      # the job it was running, when its heartbeat said (E31)
+
+
+class Nodes:
+    """`--kill node`: whole nodes beside the stack's own, each an `e31 worker --cpu-slots 1
+    --hostname soak-nK` launcher in its own session (its worker process and its job's
+    processes with it), SIGKILLed as a group, as a host that loses power, and started again
+    after `NODE_REBOOT_S`, as the host would come back; the job must meanwhile run elsewhere."""
+
+    def __init__(self, home: Path, redis_url: str, settings: dict[str, str]) -> None:
+        self._env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}
+        self._env.update(E31_HOME=str(home), E31_REDIS_URL=redis_url, **settings)
+        self._home = home
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._halt = threading.Event()
+        self._keeper = threading.Thread(target=self._keep, daemon=True)
+
+    def start(self, count: int) -> None:
+        for k in range(count):
+            self._spawn(f"soak-n{k}")
+        self._keeper.start()
+
+    def _spawn(self, host: str) -> None:
+        with open(self._home / f"node-{host}.log", "ab") as out:
+            self._procs[host] = subprocess.Popen(
+                [sys.executable, "-m", "e31.cli", "worker", "--cpu-slots", "1", "--hostname", host],
+                env=self._env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _keep(self) -> None:
+        while not self._halt.wait(NODE_REBOOT_S):
+            for host, proc in list(self._procs.items()):
+                if proc.poll() is not None and not self._halt.is_set():
+                    self._spawn(host)
+
+    def pick(self, r: redis.Redis) -> Callable[[], tuple[int, str | None] | None]:
+        """A live node to kill, a busy one first: (its launcher's pid, its job)."""
+        def choose() -> tuple[int, str | None] | None:
+            live = {h: p for h, p in self._procs.items() if p.poll() is None}
+            if not live:
+                return None
+            busy = {}
+            for host in live:
+                raw = r.get(keys.worker(f"cpu0@{host}"))
+                if raw and (job := json.loads(raw).get("busy_job")):
+                    busy[host] = job
+            host = random.choice(sorted(busy) or sorted(live))
+            return -live[host].pid, busy.get(host)   # a negative pid: the whole group
+        return choose
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._keeper.join()
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self._procs.values():
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 class Killer(threading.Thread):
@@ -114,9 +176,12 @@ class Killer(threading.Thread):
             target = self._pick()
             if target is None:
                 continue
-            try:
-                os.kill(target[0], signal.SIGKILL)
-                self.kills.append(Kill(time.time(), *target))
+            try:   # a negative pid is a whole process group (a node, `--kill node`)
+                if target[0] < 0:
+                    os.killpg(-target[0], signal.SIGKILL)
+                else:
+                    os.kill(target[0], signal.SIGKILL)
+                self.kills.append(Kill(time.time(), abs(target[0]), target[1]))
             except ProcessLookupError:
                 pass
 
@@ -142,12 +207,28 @@ def read_trail(trail: Path) -> dict[str, list[tuple[str, float, int]]]:
     return events
 
 
+def _overlap(path: Path) -> bool:
+    """Whether two of a job's completed runs (by attempt, from its trail file) overlapped in
+    time: one started before another had done."""
+    runs: dict[str, dict[str, float]] = defaultdict(dict)
+    for line in path.read_text().splitlines():
+        kind, ts, attempt, _pid = line.split()
+        runs[attempt][kind] = float(ts)
+    done = sorted((r["start"], r["done"]) for r in runs.values() if {"start", "done"} <= set(r))
+    return any(b[0] < a[1] for a, b in zip(done, done[1:], strict=False))
+
+
 def tally(ids: list[str], trail: Path, kills: list[Kill]) -> dict[str, Any]:
     """Lost, completed more than once, and recovery times (the kill of the worker running
     a job, to that job's next start) from the trail files and the kills."""
     events = read_trail(trail)
     lost = [i for i in ids if not any(k == "done" for k, _, _ in events.get(i, []))]
     twice = [i for i in ids if sum(k == "done" for k, _, _ in events.get(i, [])) > 1]
+    # Two runs of one job at the same time: what fencing must never allow. A job completed
+    # twice one after the other is a node that died after the job's code returned and before
+    # its outcome was stored (with its files: `--kill node`); a worker process's successor
+    # records such an outcome instead (`--kill worker`: none).
+    at_once = [i for i in twice if _overlap(trail / i)]
     recoveries = []
     for i in ids:
         starts = sorted((t, pid) for k, t, pid in events.get(i, []) if k == "start")
@@ -165,6 +246,7 @@ def tally(ids: list[str], trail: Path, kills: list[Kill]) -> dict[str, Any]:
     return {"jobs": len(ids), "kills": len(kills),
             "kills_of_busy_workers": sum(k.job is not None for k in kills),
             "lost": len(lost), "completed_more_than_once": len(twice),
+            "ran_twice_at_once": len(at_once),
             "interrupted_and_rerun": len(recoveries),
             "recovery_s_p50": pct(0.5), "recovery_s_p99": pct(0.99),
             "recovery_s_max": round(recoveries[-1], 2) if recoveries else None}
@@ -205,8 +287,13 @@ def soak_e31(args: argparse.Namespace, url: str, tmp: Path) -> dict[str, Any]:
         chosen = random.choice(busy or beats)
         return chosen["pid"], chosen.get("busy_job")
 
-    with private_stack(tmp / "e31home", ["--cpu-slots", str(args.workers)],
+    nodes = Nodes(tmp / "e31home", url, settings) if args.kill == "node" else None
+    stack_slots = 1 if nodes is not None else args.workers
+    with private_stack(tmp / "e31home", ["--cpu-slots", str(stack_slots)],
                        redis_url=url, settings=settings) as client:
+        if nodes is not None:   # the stack's own node plus workers - 1 that may be killed
+            nodes.start(args.workers - 1)
+            pick = nodes.pick(r)
         specs = [{"entrypoint": "soakjob:run", "resources": {"gpus": 0},
                   "retries": {"max": 0, "max_lost": 10},
                   "params": {"trail": str(trail), "seconds": args.job_s}}] * args.jobs
@@ -223,6 +310,8 @@ def soak_e31(args: argparse.Namespace, url: str, tmp: Path) -> dict[str, Any]:
             time.sleep(1)
         killer.stop()
         elapsed = time.monotonic() - start
+        if nodes is not None:
+            nodes.stop()
     result = tally([h.id for h in handles], trail, killer.kills)
     states = defaultdict(int)
     for st in final.values():
@@ -310,6 +399,9 @@ def main() -> None:
                     help="E31's heartbeat interval (default: the pool's setting)")
     ap.add_argument("--lease-ttl-s", type=float, default=None,
                     help="E31's lease (default: the pool's setting)")
+    ap.add_argument("--kill", choices=["worker", "node"], default="worker",
+                    help="worker: a worker process, its launcher restarting it; node: a whole "
+                         "node (launcher, worker, job), started again after a few seconds")
     ap.add_argument("--seed", type=int, default=31)
     ap.add_argument("--only", choices=["e31", "celery"], default=None)
     args = parse(ap, SMOKE)

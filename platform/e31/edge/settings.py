@@ -81,7 +81,8 @@ class Settings(BaseModel):
     preempt_grace_s: float = Field(default=900.0, gt=0)
     preempt_min_runtime_s: float = Field(default=900.0, ge=0)
 
-    heartbeat_interval_s: float = Field(default=2.0, gt=0)
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)  # also the lease renewal:
+    #   a dead node is judged after max(1.5 beats, 2 s) of silence (docs/reliability.md)
     lease_ttl_s: float = Field(default=10.0, gt=0)
     kill_grace_s: float = Field(default=10.0, ge=0)
     visibility_timeout_s: int = Field(default=86400, gt=0)
