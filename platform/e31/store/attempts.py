@@ -130,6 +130,15 @@ class AttemptStore(BillingStore):
                 return Renewal(False, False, False)
             return Renewal(True, bool(row[0]), row[1] is not None)
 
+    def held_by(self, worker: str) -> list[tuple[str, int]]:
+        """The running jobs whose lease `worker` (a node name) holds, each with its fencing
+        token: what its launcher ends `lost` when that worker process died
+        (e31_worker.node.release). Bounded by the pool, not the backlog."""
+        with self._session() as s:
+            return [(job_id, token) for job_id, token in s.execute(
+                select(Job.id, Job.lease_token).where(
+                    Job.state == JobState.RUNNING.value, Job.lease_owner == worker)).tuples()]
+
     def record_outcome(self, job_id: str, token: int, outcome: Outcome, *,
                        now: datetime, oom: OomRule | None = None,
                        infra_retries: int = INFRA_RETRIES_DEFAULT) -> JobState | None:

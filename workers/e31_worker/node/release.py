@@ -30,7 +30,6 @@ from e31.ops.heartbeat import wake
 from e31_worker.attempt.cgroups import JobCgroups, stack_place
 from e31_worker.attempt.groups import GroupRegistry, NodeLock
 from e31_worker.attempt.outcomes import finished_outcome
-from e31_worker.attempt.record import claim_from_file_data
 from e31_worker.attempt.settle import left_claims
 
 log = logging.getLogger(__name__)
@@ -65,39 +64,47 @@ def release_dead_worker(settings: Settings, node: str, *, exit_code: int | None,
 
 
 def _end_unfinished(settings: Settings, node: str, exit_code: int | None) -> list[str]:
-    """End `lost` the attempts of `node` that had not finished, each with its own token."""
-    unfinished = [(root, claim_from_file_data(data))
-                  for root, data in left_claims(settings.resolved_work_dir, node)
-                  if finished_outcome(root) is None]
-    if not unfinished:
-        return []
+    """End `lost` the running jobs whose lease `node` holds, but for those whose child had
+    finished (their result is in the attempt's directory: the successor records them); a job
+    killed in its setup, before its claim was kept on disk, is among them. Each write carries
+    the job's own token, read with it."""
+    finished = {str(data.get("job_id")) for root, data in
+                left_claims(settings.resolved_work_dir, node) if _finished(root)}
     repo = wiring.attempt_store(settings, node=node)
     released = []
     try:
-        for root, claim in unfinished:
+        held = [(job_id, token) for job_id, token in repo.held_by(node)
+                if job_id not in finished]
+        for job_id, token in held:
             outcome = Outcome(AttemptReason.LOST, error=(
                 f"its worker process {node} died ({_said(exit_code)}); its launcher "
                 "released the job at once"))
             try:
-                state = repo.record_outcome(claim.job_id, claim.token, outcome, now=utcnow(),
+                state = repo.record_outcome(job_id, token, outcome, now=utcnow(),
                                             infra_retries=settings.infra_retries)
             except E31Error as exc:        # the store is down: the lease runs its course
-                log.warning("worker_release_failed job=%s node=%s: %s", claim.job_id, node, exc)
+                log.warning("worker_release_failed job=%s node=%s: %s", job_id, node, exc)
                 continue
-            _note(root, claim.job_id, claim.attempt, node, state.value if state else None)
+            log.warning("worker_released job=%s node=%s state=%s: its worker process died "
+                        "before the job finished", job_id, node,
+                        state.value if state else "fenced")
             if state is not None:
-                released.append(claim.job_id)
+                released.append(job_id)
     finally:
         repo.engine.dispose()
     return released
+
+
+def _finished(root: Path) -> bool:
+    """Whether the attempt in `root` had finished (its child wrote its outcome); one that
+    cannot be read counts as finished, left to the successor, which never runs it twice."""
+    try:
+        return finished_outcome(root) is not None
+    except Exception:  # noqa: BLE001 - a torn or odd file: the successor's settle decides
+        return True
 
 
 def _said(exit_code: int | None) -> str:
     if exit_code is not None and exit_code < 0:
         return f"killed by signal {-exit_code}"
     return f"exit code {exit_code}"
-
-
-def _note(root: Path, job_id: str, attempt: int, node: str, state: str | None) -> None:
-    log.warning("worker_released job=%s attempt=%d node=%s state=%s dir=%s: its worker process "
-                "died before the job finished", job_id, attempt, node, state or "fenced", root)
