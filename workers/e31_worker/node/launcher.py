@@ -151,6 +151,7 @@ class Launcher:
         self._stop = threading.Event()
         self._redis: redis.Redis | None = None
         self._beat_failing = False
+        self._releases: dict[str, threading.Thread] = {}
 
     def _spawn(self, slot: WorkerSlot) -> subprocess.Popen[bytes]:
         # --home and --isolation reach the workers
@@ -204,7 +205,7 @@ class Launcher:
             for slot in self._slots:
                 node = slot.node
                 if node in restart_at:
-                    if now >= restart_at[node]:
+                    if now >= restart_at[node] and not self._releasing(node):
                         del restart_at[node]
                         self._procs[node] = self._spawn(slot)
                         started[node] = now
@@ -221,15 +222,30 @@ class Launcher:
                 delay = self._restart_delay(proc.returncode, now - started[node], backoff, node)
                 log.warning("worker_died node=%s code=%s; restarting in %.0f s", node,
                             proc.returncode, delay)
-                # Its unfinished job runs again now, not once its successor beats
-                release_dead_worker(self._settings, node, exit_code=proc.returncode,
-                                    redis_client=self._redis)
+                # Its unfinished job runs again now, not once its successor beats; in a
+                # thread, so that a slow store delays only this node's restart
+                self._release(node, proc.returncode)
                 restart_at[node] = now + delay
             if len(drained) == len(self._slots) and not self._keep_drains:
                 log.warning("launcher_drained: every worker of this launcher was drained; exiting")
                 break
         self.stop()
         return 0
+
+    def _release(self, node: str, exit_code: int | None) -> None:
+        """Release the jobs of `node`'s dead worker process (e31_worker.node.release)."""
+        thread = threading.Thread(target=release_dead_worker, name=f"release-{node}",
+                                  args=(self._settings, node),
+                                  kwargs={"exit_code": exit_code, "redis_client": self._redis},
+                                  daemon=True)
+        self._releases[node] = thread
+        thread.start()
+
+    def _releasing(self, node: str) -> bool:
+        """Whether `node`'s release still runs: its successor waits, as the release holds
+        the node's lock."""
+        thread = self._releases.get(node)
+        return thread is not None and thread.is_alive()
 
     @staticmethod
     def _restart_delay(code: int, lived_s: float, backoff: dict[str, float], node: str) -> float:
