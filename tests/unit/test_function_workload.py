@@ -9,7 +9,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from e31.core.errors import SetupError
+from e31.core.errors import FunctionError, SetupError
 from e31.core.functioncalls import (
     ARGS_INPUT,
     EXCEPTION_FILE,
@@ -67,3 +67,21 @@ def test_a_package_version_unlike_the_workers_fails_before_the_function_is_unpic
     path.write_bytes(pickle.dumps(env))
     with pytest.raises(SetupError, match="package pytest 0.0.1 on the caller's side"):
         function.run(ctx, item=0)
+
+
+def test_a_value_over_the_pools_outputs_limit_fails_the_item_naming_size_and_limit(
+        tmp_path: Path) -> None:
+    # Given an item whose value pickles to more than the pool's outputs limit
+    ctx = _ctx(tmp_path, lambda n, scale=1: b"x" * n, [((5000,), {})])
+    ctx.outputs_max_bytes = 1000
+
+    # When it runs, Then it fails with the size and the limit, and stores no result
+    with pytest.raises(FunctionError, match=r"bytes pickled, over the pool's outputs limit of "
+                                            r"1000 bytes \(job_outputs_max_bytes\)"):
+        function.run(ctx, item=0)
+    assert not (ctx.output_dir / RESULT_FILE).exists()
+
+    # And without the limit (or under it) the same value is stored
+    ctx.outputs_max_bytes = None
+    function.run(ctx, item=0)
+    assert (ctx.output_dir / RESULT_FILE).exists()

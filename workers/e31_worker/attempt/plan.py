@@ -58,6 +58,9 @@ class AttemptPlan:
     # What it may use of processes, memory and disk (e31_worker.attempt.attemptlimits); a field left
     # None is not applied, but for memory, which then falls back to `resources.mem_gb`.
     limits: AttemptLimits = AttemptLimits()
+    # The most one job's stored outputs may hold (settings `job_outputs_max_bytes`), told to the
+    # job as E31_OUTPUTS_MAX_BYTES: a function job's value over it fails with that reason.
+    outputs_max_bytes: int | None = None
 
     @property
     def python(self) -> str:

@@ -180,6 +180,8 @@ class ChildStart:
             "E31_PROGRESS_PATH": str(plan.progress_path), "PYTHONUNBUFFERED": "1",
             "E31_INPUT_DIR": str(plan.input_dir), "E31_SCRATCH_DIR": str(plan.work_dir),
         })
+        if plan.outputs_max_bytes is not None:
+            env["E31_OUTPUTS_MAX_BYTES"] = str(plan.outputs_max_bytes)
         if plan.spec.code is not None:   # the job's own modules come first
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(plan.code_dir), env.get("PYTHONPATH")) if p)

@@ -172,6 +172,7 @@ def attempt_plan(svc: AttemptServices, claim: Claim, gpus: str | None = None) ->
                        job_log_max_bytes=svc.settings.job_log_max_bytes,
                        log_earlier_bytes=earlier_log_bytes(svc, claim),
                        env_passthrough=svc.settings.job_env_passthrough,
+                       outputs_max_bytes=svc.settings.job_outputs_max_bytes,
                        limits=attempt_limits(svc.settings, claim.spec,
                                              default_mem=svc.default_mem_gb,
                                              network=(svc.sandbox.for_attempt(claim).network

@@ -22,7 +22,8 @@ class JobContext:
 
     def __init__(self, *, job_id: str, attempt: int, params: dict[str, Any], output_dir: Path,
                  checkpoint_dir: Path, work_dir: Path, progress_path: Path | None,
-                 gpus: str, input_dir: Path | None = None) -> None:
+                 gpus: str, input_dir: Path | None = None,
+                 outputs_max_bytes: int | None = None) -> None:
         self.job_id = job_id
         self.attempt = attempt
         self.params = params
@@ -31,6 +32,9 @@ class JobContext:
         self.work_dir = work_dir
         self.input_dir = input_dir if input_dir is not None else work_dir / "inputs"
         self.gpus = gpus
+        # The most the job's stored outputs may hold (the pool's `job_outputs_max_bytes`);
+        # None where the worker did not say
+        self.outputs_max_bytes = outputs_max_bytes
         self.log = logging.getLogger(f"e31.job.{job_id}")
         self._progress_path = progress_path
         self._last_progress = 0.0
@@ -46,7 +50,10 @@ class JobContext:
                    progress_path=(Path(env["E31_PROGRESS_PATH"])
                                   if env.get("E31_PROGRESS_PATH") else None),
                    gpus=env.get("CUDA_VISIBLE_DEVICES", ""),
-                   input_dir=Path(env["E31_INPUT_DIR"]) if env.get("E31_INPUT_DIR") else None)
+                   input_dir=Path(env["E31_INPUT_DIR"]) if env.get("E31_INPUT_DIR") else None,
+                   outputs_max_bytes=(int(env["E31_OUTPUTS_MAX_BYTES"])
+                                      if env.get("E31_OUTPUTS_MAX_BYTES", "").isdigit()
+                                      else None))
 
     @property
     def device(self) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 import cloudpickle
 
-from e31.core.errors import SetupError
+from e31.core.errors import FunctionError, SetupError
 from e31.core.functioncalls import (
     ARGS_INPUT,
     EXCEPTION_FILE,
@@ -52,6 +52,12 @@ def run(ctx: JobContext, item: int = 0) -> dict[str, Any]:
         _write_exception(ctx.output_dir, exc)
         raise
     data = cloudpickle.dumps(value)
+    limit = ctx.outputs_max_bytes
+    if limit is not None and len(data) > limit:
+        raise FunctionError(f"the function's value is {len(data)} bytes pickled, over the "
+                            f"pool's outputs limit of {limit} bytes (job_outputs_max_bytes): "
+                            "return something smaller, or write it to ctx.output_dir in parts "
+                            "(docs/notebooks.md)")
     _write(ctx.output_dir / RESULT_FILE, data)
     return preview(value, len(data))
 
