@@ -64,6 +64,16 @@ def pool_app(redis_url: str, events: str):  # type: ignore[no-untyped-def]
     return app, noop
 
 
+@contextmanager
+def watched_worker(app) -> Iterator[Events]:  # type: ignore[no-untyped-def]
+    """A real worker of `app`, started as the pool's are (threads, Celery's worker heartbeat
+    on), and a receiver of every event on its broker."""
+    with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False,
+                      queues=[QUEUE], loglevel="WARNING", without_heartbeat=False), \
+            Events(app).running() as events:
+        yield events
+
+
 def run_tasks(app, noop, n: int) -> None:  # type: ignore[no-untyped-def]
     """Send n tasks and wait until the worker ran them (its `active` is empty again)."""
     for _ in range(n):
@@ -76,9 +86,7 @@ def run_tasks(app, noop, n: int) -> None:  # type: ignore[no-untyped-def]
 def test_a_worker_sends_no_task_events_until_a_flower_asks_for_them(redis_url: str) -> None:
     # Given the pool's app with the default (events follow Flower) and a real worker
     app, noop = pool_app(redis_url, "flower")
-    with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False,
-                      queues=[QUEUE], loglevel="WARNING", without_heartbeat=False), \
-            Events(app).running() as events:
+    with watched_worker(app) as events:
         # When tasks run with no Flower about
         run_tasks(app, noop, 3)
         # Then no task event was sent: neither the worker's nor the sender's task-sent
@@ -97,9 +105,7 @@ def test_a_worker_sends_no_task_events_until_a_flower_asks_for_them(redis_url: s
 def test_celery_events_always_sends_them_from_the_first_the_senders_too(redis_url: str) -> None:
     # Given the pool's app with celery_events = always (what `e31 up` sets when it runs Flower)
     app, noop = pool_app(redis_url, "always")
-    with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False,
-                      queues=[QUEUE], loglevel="WARNING", without_heartbeat=False), \
-            Events(app).running() as events:
+    with watched_worker(app) as events:
         # When tasks run
         run_tasks(app, noop, 2)
         # Then their events were sent, the sender's task-sent among them

@@ -176,25 +176,33 @@ def test_outputs_the_artifact_store_cannot_take_end_upload_failed_without_a_user
     assert (blocked / "x.txt").read_text() == "out\n"
 
 
-def test_a_succeeded_job_waits_on_its_worker_for_the_artifact_store_and_succeeds_once(
-        worker: AttemptServices, repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(shipping, "UPLOAD_BACKOFF_S", 0.0)
-    worker = with_settings(worker, artifacts_wait_s=60.0, heartbeat_interval_s=0.2)
-    # Given a job with no retries that writes an output, on an artifact store that cannot
-    # take it (a file stands where its outputs' directory goes)
+def held_for_the_store(worker: AttemptServices, repo: Repo, tmp_path: Path,
+                       caplog: pytest.LogCaptureFixture) -> tuple[str, str, Path, threading.Thread]:
+    """A job with no retries that writes an output, on an artifact store that cannot take it
+    (a file stands where its outputs' directory goes), run by `worker` in a thread until the
+    worker holds it for the store; returns (tenant, job, the blocking file, the thread)."""
     tenant, _ = repo.create_tenant("team-a", now=utcnow())
     job_id = submit(repo, tenant.id, command=["sh", "-c", "echo out > $E31_OUTPUT_DIR/x.txt"],
                     retries={"max": 0, "backoff_s": 0})
     blocked = tmp_path / "a" / tenant.id / job_id / "outputs"
     blocked.parent.mkdir(parents=True)
     blocked.write_text("not a directory")
-
-    # When a worker runs it, and the store takes writes again while the job waits on the worker
     runner = threading.Thread(target=task.run_job, args=(worker, job_id, publish(repo, job_id)))
     runner.start()
     wait_for(lambda: "artifacts_wait " in caplog.text, what="the job held for the artifact store")
+    return tenant.id, job_id, blocked, runner
+
+
+def test_a_succeeded_job_waits_on_its_worker_for_the_artifact_store_and_succeeds_once(
+        worker: AttemptServices, repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(shipping, "UPLOAD_BACKOFF_S", 0.0)
+    worker = with_settings(worker, artifacts_wait_s=60.0, heartbeat_interval_s=0.2)
+    # Given a succeeded job held on its worker for an artifact store that cannot take its output
+    tenant_id, job_id, blocked, runner = held_for_the_store(worker, repo, tmp_path, caplog)
     assert repo.get_job(None, job_id).state == "running"     # held, its lease renewed
+
+    # When the store takes writes again while the job waits on the worker
     blocked.unlink()
     runner.join(timeout=60)
 
@@ -204,7 +212,7 @@ def test_a_succeeded_job_waits_on_its_worker_for_the_artifact_store_and_succeeds
     assert record.outputs == [{"path": "x.txt", "size": 4}]
     assert (blocked / "x.txt").read_text() == "out\n"
     # And the tenant is charged for the bytes once, not once per try
-    assert repo.charge_outputs(tenant.id, [], default_max_bytes=0).used_bytes == 4
+    assert repo.charge_outputs(tenant_id, [], default_max_bytes=0).used_bytes == 4
 
 
 def test_a_worker_that_drains_stops_waiting_for_the_artifact_store(
@@ -213,15 +221,7 @@ def test_a_worker_that_drains_stops_waiting_for_the_artifact_store(
     monkeypatch.setattr(shipping, "UPLOAD_BACKOFF_S", 0.0)
     worker = with_settings(worker, artifacts_wait_s=600.0, heartbeat_interval_s=0.2)
     # Given a succeeded job waiting on its worker for an artifact store that stays down
-    tenant, _ = repo.create_tenant("team-a", now=utcnow())
-    job_id = submit(repo, tenant.id, command=["sh", "-c", "echo out > $E31_OUTPUT_DIR/x.txt"],
-                    retries={"max": 0, "backoff_s": 0})
-    blocked = tmp_path / "a" / tenant.id / job_id / "outputs"
-    blocked.parent.mkdir(parents=True)
-    blocked.write_text("not a directory")
-    runner = threading.Thread(target=task.run_job, args=(worker, job_id, publish(repo, job_id)))
-    runner.start()
-    wait_for(lambda: "artifacts_wait " in caplog.text, what="the job held for the artifact store")
+    _, job_id, _, runner = held_for_the_store(worker, repo, tmp_path, caplog)
 
     # When its node drains
     worker.draining.set()
