@@ -4,6 +4,9 @@ artifact store and the suite's redis-server: what a tiny job costs the worker an
 - An attempt that leaves no file asks the artifact store for nothing but its log, and its
   claim and outcome run a bounded number of SQL statements; one that leaves an output still
   lists, uploads and records it.
+- An attempt's start is noted on it in one write (how it started, its limits, its setup's
+  time) when the start is known at once (warm and command jobs; issue 31); a cold entrypoint
+  job's start, known once it ended, in a second.
 - Without the lease check that an attempt with nothing to store now skips, a late outcome is
   still refused by the fence.
 - `GET /v1/jobs/{id}?wait_s=N` answers when the job ends: woken by the worker's announcement,
@@ -12,6 +15,8 @@ artifact store and the suite's redis-server: what a tiny job costs the worker an
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -34,10 +39,12 @@ from e31.core.states import AttemptReason
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
 from e31.store import Repo
+from e31.store.attempts import AttemptFacts
 from e31_worker.attempt import task
 from e31_worker.attempt.record import finish_attempt
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.shipping import Shipper, earlier_log_bytes
+from e31_worker.attempt.warm import WarmStarter, warm_env
 from tests.conftest import wait_for
 from tests.integration.test_store import publish
 from tests.integration.test_task import services, submit
@@ -156,6 +163,44 @@ def test_an_attempt_with_an_output_still_checks_its_lease_and_stores_it(
     assert len(outcome_sql) > OUTCOME_STATEMENTS_MAX
     assert repo.get_job(None, job_id).outputs == [{"path": "answer.txt", "size": 3}]
     assert store.list_outputs(tenant_id, job_id) == [{"path": "answer.txt", "size": 3}]
+
+
+@pytest.mark.parametrize(("fields", "warm", "notes", "start"), [
+    ({"entrypoint": "e31_worker.examples:hello"}, True, 1, "warm"),
+    ({"command": ["true"]}, False, 1, "cold"),
+    ({"entrypoint": "e31_worker.examples:hello"}, False, 2, "cold"),
+], ids=["warm-entrypoint", "command", "cold-entrypoint"])
+def test_an_attempts_start_is_noted_in_one_write_where_it_is_known_at_once(
+        repo: Repo, redis_client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        fields: dict[str, Any], warm: bool, notes: int, start: str) -> None:
+    # Given a job, and a worker with a warm process or without
+    _, job_id = submit(repo, **fields)
+    svc = services(repo, redis_client, tmp_path, ArtifactStore(f"file://{tmp_path / 'a'}"))
+    if warm:
+        svc = dataclasses.replace(svc, warm=WarmStarter(env=warm_env(os.environ)))
+        assert isinstance(svc.warm, WarmStarter)
+        svc.warm.start()
+        assert svc.warm.wait_ready(60), "the warm process did not start"
+    written: list[AttemptFacts] = []
+    note = repo.note_attempt
+    monkeypatch.setattr(repo, "note_attempt", lambda job, n, facts: (written.append(facts),
+                                                                     note(job, n, facts))[1])
+
+    # When the worker runs it
+    try:
+        task.run_job(svc, job_id, publish(repo, job_id))
+    finally:
+        if isinstance(svc.warm, WarmStarter):
+            svc.warm.close()
+
+    # Then it succeeded, and its start, limits and setup time were noted in as many writes
+    # as said: one where the start was known at once
+    [attempt] = repo.get_job(None, job_id).to_status()["attempts"]
+    assert attempt["reason"] == "succeeded", attempt
+    assert len(written) == notes, written
+    assert attempt["start"] == start and attempt["limits"] is not None
+    assert attempt["setup_s"] is not None and attempt["isolation"] == "process"
+    assert written[0].limits is not None and written[0].setup_s is not None
 
 
 def test_without_the_lease_check_a_late_outcome_is_still_refused_by_the_fence(

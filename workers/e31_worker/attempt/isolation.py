@@ -5,12 +5,14 @@ Its before_run makes the child's supervisor (e31_worker.attempt.supervisor) with
 worker has: the sandbox of the job's tenant and network (`Sandbox.for_attempt`; none with
 `--isolation process`), the job cgroups (its memory and process limits), the process groups a
 successor reaps, and the warm processes (`warm`, else every start is cold). The supervisor
-then tells it two things, each noted on the attempt with one `AttemptStore.note_attempt`:
+then tells it two things, noted on the attempt together with one `AttemptStore.note_attempt`
+wherever they can be (`StartNotes`):
 
-- the limits the child runs under, before it starts (`attempts.limits`), with the setup's
-  time (`setup_s`) in the same write when it was not noted yet: one store call before the
-  job runs instead of two;
-- how it started (`isolation`, `start`: warm or cold, `start_ms`).
+- how it started (`isolation`, `start`: warm or cold, `start_ms`): a warm or command job's
+  within its start, a cold entrypoint job's once it ended (from the time its runner noted);
+- the limits the child runs under (`attempts.limits`), as soon as it started, with the
+  setup's time (`setup_s`) when it was not noted yet, and with how it started when that is
+  already known: one store call per attempt start instead of two (issue 31).
 
 A store that fails only costs the note.
 """
@@ -18,6 +20,7 @@ A store that fails only costs the note.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from e31.core.errors import StoreError
 from e31.core.records import Claim
@@ -37,38 +40,52 @@ class IsolationStage(Stage):
 
     def before_run(self, attempt: Attempt) -> None:
         svc, claim = attempt.svc, attempt.claim
+        notes = StartNotes(svc.repo, claim, svc.isolation)
         attempt.child = Supervisor(
             attempt.plan, tick=attempt.tick, groups=svc.groups, cgroups=svc.cgroups,
             sandbox=svc.sandbox.for_attempt(claim) if svc.sandbox else None,
-            on_start=lambda ms, start: note_start(svc.repo, claim, svc.isolation, ms, start),
-            warm=svc.warm,
-            on_limits=lambda limits: note_limits(svc.repo, claim, limits,
-                                                 setup_s=attempt.take_setup_s()))
+            on_start=notes.started, warm=svc.warm,
+            on_limits=lambda limits: notes.limits(limits, setup_s=attempt.take_setup_s()))
 
 
-def note_limits(repo: AttemptStore, claim: Claim, limits: AttemptLimits, *,
-                setup_s: float | None = None) -> None:
-    """Note the limits the attempt runs under on it (`attempts.limits`), before it starts,
-    and its setup's time (`setup_s`) when given, in the same write."""
-    log.info("attempt_limits job=%s attempt=%d pids_max=%s mem_gb=%s disk_gb=%s",
-             claim.job_id, claim.attempt, limits.pids_max, limits.mem_gb, limits.disk_gb)
-    try:
-        repo.note_attempt(claim.job_id, claim.attempt,
-                          AttemptFacts(setup_s=setup_s, limits=limits.to_dict()))
-    except StoreError as exc:  # the bill then counts the setup: better than holding the job
-        if setup_s is not None:
-            log.warning("setup_note_failed job=%s attempt=%d setup_s=%.2f: %s", claim.job_id,
-                        claim.attempt, setup_s, exc)
-        log.warning("limits_note_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt,
-                    exc)
+class StartNotes:
+    """An attempt's notes at its start (module docstring). The supervisor tells how the child
+    started (`started`) before the limits (`limits`, once it runs) when the start is known at
+    once: that start waits for the limits' write and goes with it."""
 
+    def __init__(self, repo: AttemptStore, claim: Claim, isolation: Isolation) -> None:
+        self._repo = repo
+        self._claim = claim
+        self._isolation = isolation
+        self._start: AttemptFacts | None = None   # how it started, until the limits' note
+        self._limits_noted = False
 
-def note_start(repo: AttemptStore, claim: Claim, isolation: Isolation, start_ms: float,
-               start: Start = Start.COLD) -> None:
-    """Note how the attempt's child started (`warm`: forked from the worker's warm process)
-    and how long from the attempt's start to its first line of code."""
-    try:
-        repo.note_attempt(claim.job_id, claim.attempt, AttemptFacts(
-            isolation=isolation, start=start, start_ms=round(start_ms, 3)))
-    except StoreError as exc:
-        log.warning("start_note_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt, exc)
+    def started(self, start_ms: float, start: Start = Start.COLD) -> None:
+        facts = AttemptFacts(isolation=self._isolation, start=start, start_ms=round(start_ms, 3))
+        if self._limits_noted:
+            self._note(facts, "start_note_failed")
+        else:
+            self._start = facts
+
+    def limits(self, limits: AttemptLimits, *, setup_s: float | None = None) -> None:
+        log.info("attempt_limits job=%s attempt=%d pids_max=%s mem_gb=%s disk_gb=%s",
+                 self._claim.job_id, self._claim.attempt, limits.pids_max, limits.mem_gb,
+                 limits.disk_gb)
+        self._limits_noted = True
+        facts = replace(self._start or AttemptFacts(), setup_s=setup_s, limits=limits.to_dict())
+        self._start = None
+        if not self._note(facts, "limits_note_failed") and setup_s is not None:
+            # the bill then counts the setup: better than holding the job
+            log.warning("setup_note_failed job=%s attempt=%d setup_s=%.2f", self._claim.job_id,
+                        self._claim.attempt, setup_s)
+
+    def _note(self, facts: AttemptFacts, failed: str) -> bool:
+        """One note on the attempt; a store that fails costs the note alone (logged)."""
+        try:
+            self._repo.note_attempt(self._claim.job_id, self._claim.attempt, facts)
+        except StoreError as exc:
+            log.warning("%s job=%s attempt=%d: %s", failed, self._claim.job_id,
+                        self._claim.attempt, exc)
+            return False
+        return True
+

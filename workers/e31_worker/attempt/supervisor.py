@@ -58,7 +58,7 @@ class Supervisor:
         self._cgroup: JobCgroup | None = None
         self._sandbox = sandbox      # None: the job runs as the worker's user (process)
         self._start = ChildStart(plan, sandbox=sandbox, warm=warm, on_start=on_start)
-        self._on_limits = on_limits  # told the limits the attempt runs under, before it starts
+        self._on_limits = on_limits  # told the limits the attempt runs under, once it started
         self._disk: DiskWatch | None = None
 
     def prepare(self) -> None:
@@ -71,7 +71,7 @@ class Supervisor:
         if self._sandbox is None and plan.spec.network == "none":
             plan.log_path.write_text(f"e31: {NO_NETWORK_REFUSED}\n")
             return Outcome(AttemptReason.ERROR, error=NO_NETWORK_REFUSED)
-        self._apply_limits()
+        limits = self._apply_limits()
         started = time.monotonic()
         try:
             proc = self._start.start(argv, self._cgroup, started)
@@ -82,13 +82,15 @@ class Supervisor:
             plan.log_path.write_text(f"e31: {outcome.error}\n")
             self._remove_cgroup()
             return outcome
-        stopped_for = self._watch(proc)
+        stopped_for = self._watch(proc, limits)
         self._start.note_cold(proc, started)
         return self._ended(proc, stopped_for)
 
-    def _watch(self, proc: Child) -> Stop | None:
-        """Pump the child's log and supervise it to its end; whatever happens, the child is
-        not left running, and the log and the group's record are closed."""
+    def _watch(self, proc: Child, limits: AttemptLimits) -> Stop | None:
+        """Say the limits it runs under (after a warm or command start's own note, so that
+        both go in one write), pump the child's log and supervise it to its end; whatever
+        happens, the child is not left running, and the log and the group's record are
+        closed."""
         plan = self._plan
         assert proc.stdout is not None
         done = threading.Event()
@@ -100,6 +102,8 @@ class Supervisor:
         log.info("attempt_started job=%s attempt=%d pid=%d gpus=%r", plan.job_id, plan.attempt,
                  proc.pid, plan.gpus)
         try:
+            if self._on_limits is not None:
+                self._on_limits(limits)
             if self._groups is not None:
                 self._groups.add(proc.pid, plan.job_id)  # start_new_session: pgid == pid
             return self._supervise(proc)
@@ -130,9 +134,10 @@ class Supervisor:
         code = proc.returncode if self._sandbox is None else exit_code(proc.returncode)
         return self._result(code, stopped_for, oom_kills)
 
-    def _apply_limits(self) -> None:
+    def _apply_limits(self) -> AttemptLimits:
         """Make the attempt's cgroup (its processes and memory), start watching its disk, and
-        say which limits hold (`on_limits`): those its cgroup applied, its disk limit always."""
+        say which limits hold (for `on_limits`): those its cgroup applied, its disk limit
+        always."""
         plan = self._plan
         if self._cgroups is not None:
             self._cgroup = self._cgroups.create(plan.job_id, plan.attempt,
@@ -143,12 +148,11 @@ class Supervisor:
         if disk_max is not None:
             self._disk = DiskWatch(trees=plan.job_writes, staged=(plan.input_dir,),
                                    max_bytes=disk_max)
-        if self._on_limits is not None:
-            capped = cgroup is not None and cgroup.memory_max_bytes is not None
-            self._on_limits(AttemptLimits(
-                pids_max=cgroup.pids_max if cgroup is not None else None,
-                mem_gb=(plan.limits.mem_gb or plan.spec.resources.mem_gb) if capped else None,
-                disk_gb=plan.limits.disk_gb, network=plan.limits.network))
+        capped = cgroup is not None and cgroup.memory_max_bytes is not None
+        return AttemptLimits(
+            pids_max=cgroup.pids_max if cgroup is not None else None,
+            mem_gb=(plan.limits.mem_gb or plan.spec.resources.mem_gb) if capped else None,
+            disk_gb=plan.limits.disk_gb, network=plan.limits.network)
 
     def _remove_cgroup(self) -> None:
         """Kill whatever of the job is left, even processes that left its group, and clean up."""
