@@ -66,7 +66,7 @@ class Settings(BaseModel):
 
     scheduler_tick_s: float = Field(default=2.0, gt=0)
     dispatch_headroom: int = Field(default=1, ge=0)
-    dispatch_timeout_s: float = Field(default=120.0, gt=0)
+    dispatch_timeout_s: float = Field(default=10.0, gt=0)   # with an idle consumer (below)
     # Fair share and admission (docs/scheduling.md).
     fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0)  # usage decay: a week
     # how long a blocked big job waits before it reserves GPUs, and what counts as big
