@@ -129,6 +129,42 @@ def test_the_job_of_a_sigkilled_node_runs_again_elsewhere_in_seconds_and_succeed
     assert status["gpu_seconds"] == pytest.approx(billed_seconds(status), abs=0.01)
 
 
+# A node back before it could be judged silent: a slow heartbeat (silence after 1.5 beats, 12 s)
+# and a long lease, so that only the release of the new launcher's start recovers in time.
+REBOOT_BEAT_S = 8.0
+REBOOT_TTL_S = 40.0
+REBOOT_RECOVERY_S = 10.0
+
+
+def test_a_node_killed_whole_and_started_again_at_once_releases_its_old_job_at_its_start(
+        tmp_path: Path) -> None:
+    with running_cluster(tmp_path, E31_HEARTBEAT_INTERVAL_S=str(REBOOT_BEAT_S),
+                         E31_LEASE_TTL_S=str(REBOOT_TTL_S)) as cluster:
+        # Given a job running on one of two hosts
+        job = cluster.client().submit(entrypoint="chaosjobs:marked", resources={"gpus": 1},
+                                      params={"trail": str(cluster.trail_dir), "seconds": 4},
+                                      retries={"max": 0})
+        host = cluster.running_on(job.id)
+        wait_for(lambda: _started(cluster, job.id), timeout_s=30, what="the job to start")
+
+        # When the whole node is SIGKILLed and its launcher started again at once, long
+        # before its silence could be judged (its new launcher beats for it meanwhile)
+        killed_at = time.time()
+        os.killpg(cluster.procs[f"worker-{host}"].pid, signal.SIGKILL)
+        cluster.start_worker(host)
+
+        # Then the new launcher released the old attempt at its start, and the job ran again
+        # within seconds, not at the silence or the lease, once
+        status = job.wait(timeout=WAIT_S)
+        assert [a["reason"] for a in status["attempts"]] == ["lost", "succeeded"]
+        assert "was gone when its node's launcher started again" in (
+            status["attempts"][0]["error"] or ""), status["attempts"][0]
+        recovery_s = parse_ts(status["attempts"][1]["started_at"]).timestamp() - killed_at
+        assert recovery_s <= REBOOT_RECOVERY_S, f"recovered after {recovery_s:.1f} s"
+        events = trail(cluster.trail_dir, job.id)
+        assert sum(e.startswith("done") for e in events) == 1, events
+
+
 def test_a_job_whose_own_process_is_sigkilled_fails_that_attempt_and_is_retried(
         cluster: Cluster) -> None:
     # Given a running job with one retry

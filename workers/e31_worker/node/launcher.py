@@ -55,6 +55,7 @@ SUPERVISE_POLL_S = 0.5        # how often the launcher looks at its worker proce
 STOP_EXTRA_S = 15.0           # beyond the kill grace, for Celery to ack and exit
 UNDRAIN_POLL_S = 2.0          # keep_drains: how often the store is asked for undrained nodes
 BEAT_REDIS_TIMEOUT_S = 2.0    # the launcher's beat never holds up its watch of its workers
+START_RELEASE_WAIT_S = 5.0    # at start, for the release of what the nodes held before
 
 
 @dataclass(frozen=True)
@@ -188,10 +189,7 @@ class Launcher:
         backoff = {s.node: RESTART_BACKOFF_S for s in self._slots}
         started: dict[str, float] = {}
         restart_at: dict[str, float] = {}   # a dead slot's restart time: no slot waits for another
-        for slot in self._slots:
-            if slot.node not in drained:
-                self._procs[slot.node] = self._spawn(slot)
-                started[slot.node] = time.monotonic()
+        self._start_all(drained, started, restart_at)
         undrain_check = time.monotonic() + UNDRAIN_POLL_S
         next_beat = 0.0
         while not self._stop.wait(SUPERVISE_POLL_S):
@@ -232,14 +230,43 @@ class Launcher:
         self.stop()
         return 0
 
-    def _release(self, node: str, exit_code: int | None) -> None:
+    def _start_all(self, drained: set[str], started: dict[str, float],
+                   restart_at: dict[str, float]) -> None:
+        """Start each slot not drained, once what its node held in an earlier life is
+        released (`_release_at_start`); a slot whose release is slow is started by the
+        supervising loop once it is done."""
+        nodes = [s.node for s in self._slots if s.node not in drained]
+        self._beat(nodes)
+        self._release_at_start(nodes)
+        for slot in self._slots:
+            if slot.node in drained:
+                continue
+            if self._releasing(slot.node):
+                restart_at[slot.node] = time.monotonic()
+            else:
+                self._procs[slot.node] = self._spawn(slot)
+                started[slot.node] = time.monotonic()
+
+    def _release(self, node: str, exit_code: int | None, *, at_start: bool = False) -> None:
         """Release the jobs of `node`'s dead worker process (e31_worker.node.release)."""
         thread = threading.Thread(target=release_dead_worker, name=f"release-{node}",
                                   args=(self._settings, node),
-                                  kwargs={"exit_code": exit_code, "redis_client": self._redis},
+                                  kwargs={"exit_code": exit_code, "redis_client": self._redis,
+                                          "at_start": at_start},
                                   daemon=True)
         self._releases[node] = thread
         thread.start()
+
+    def _release_at_start(self, nodes: list[str]) -> None:
+        """Release what `nodes` held in an earlier life (a node that died whole and came back
+        before the scheduler judged it silent: its new launcher's beat would otherwise keep
+        those jobs to their leases), each in its thread, waiting `START_RELEASE_WAIT_S` for
+        them together; a node whose release is slower starts once it is done."""
+        for node in nodes:
+            self._release(node, None, at_start=True)
+        deadline = time.monotonic() + START_RELEASE_WAIT_S
+        for node in nodes:
+            self._releases[node].join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _releasing(self, node: str) -> bool:
         """Whether `node`'s release still runs: its successor waits, as the release holds

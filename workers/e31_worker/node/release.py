@@ -11,6 +11,10 @@ scheduler: the job is published again within about a second of the death. An att
 child had finished (its result is in its directory) is left to the successor, which records
 its outcome (`e31_worker.attempt.settle`), so that finished work is never run twice. Every
 write is fenced: one the scheduler's recovery beat is refused and changes nothing.
+
+A launcher does the same for each of its nodes when it starts (`at_start`): a node that died
+whole (its launcher with it) and came back before the scheduler judged it silent would
+otherwise keep its old jobs to their leases, its new launcher's beat saying it lives.
 """
 
 from __future__ import annotations
@@ -36,20 +40,24 @@ log = logging.getLogger(__name__)
 
 
 def release_dead_worker(settings: Settings, node: str, *, exit_code: int | None,
-                        redis_client: redis.Redis | None) -> list[str]:
+                        redis_client: redis.Redis | None, at_start: bool = False) -> list[str]:
     """Answer the death of `node`'s worker process (module docstring); returns the jobs whose
     attempts were ended `lost`. Never raises: what fails is logged, and the successor and the
     scheduler's recovery do the rest as before."""
     groups_dir = settings.resolved_work_dir / ".groups"
     lock = NodeLock(groups_dir / f"{node}.lock")
-    if lock.acquire() is not None:     # a process serves the node already: nothing died
+    try:
+        if lock.acquire() is not None:     # a process serves the node already: nothing died
+            return []
+    except OSError as exc:                 # its successor's settle and the scheduler recover
+        log.warning("worker_release_failed node=%s: %s", node, exc)
         return []
     try:
         GroupRegistry(groups_dir / node).reap()
         cgroups = JobCgroups.for_node(node, place=stack_place(settings.resolved_work_dir))
         if cgroups is not None:
             cgroups.reap()
-        released = _end_unfinished(settings, node, exit_code)
+        released = _end_unfinished(settings, node, _why(exit_code, at_start))
     except Exception:
         log.exception("worker_release_failed node=%s", node)
         return []
@@ -63,7 +71,7 @@ def release_dead_worker(settings: Settings, node: str, *, exit_code: int | None,
     return released
 
 
-def _end_unfinished(settings: Settings, node: str, exit_code: int | None) -> list[str]:
+def _end_unfinished(settings: Settings, node: str, why: str) -> list[str]:
     """End `lost` the running jobs whose lease `node` holds, but for those whose child had
     finished (their result is in the attempt's directory: the successor records them); a job
     killed in its setup, before its claim was kept on disk, is among them. Each write carries
@@ -76,18 +84,15 @@ def _end_unfinished(settings: Settings, node: str, exit_code: int | None) -> lis
         held = [(job_id, token) for job_id, token in repo.held_by(node)
                 if job_id not in finished]
         for job_id, token in held:
-            outcome = Outcome(AttemptReason.LOST, error=(
-                f"its worker process {node} died ({_said(exit_code)}); its launcher "
-                "released the job at once"))
+            outcome = Outcome(AttemptReason.LOST, error=f"its worker process {node} {why}")
             try:
                 state = repo.record_outcome(job_id, token, outcome, now=utcnow(),
                                             infra_retries=settings.infra_retries)
             except E31Error as exc:        # the store is down: the lease runs its course
                 log.warning("worker_release_failed job=%s node=%s: %s", job_id, node, exc)
                 continue
-            log.warning("worker_released job=%s node=%s state=%s: its worker process died "
-                        "before the job finished", job_id, node,
-                        state.value if state else "fenced")
+            log.warning("worker_released job=%s node=%s state=%s: its worker process %s",
+                        job_id, node, state.value if state else "fenced", why)
             if state is not None:
                 released.append(job_id)
     finally:
@@ -104,7 +109,11 @@ def _finished(root: Path) -> bool:
         return True
 
 
-def _said(exit_code: int | None) -> str:
-    if exit_code is not None and exit_code < 0:
-        return f"killed by signal {-exit_code}"
-    return f"exit code {exit_code}"
+def _why(exit_code: int | None, at_start: bool) -> str:
+    """What the attempt's error says happened to its worker process."""
+    if at_start:
+        return ("was gone when its node's launcher started again (the node died or was "
+                "restarted); the launcher released the job at its start")
+    said = (f"killed by signal {-exit_code}" if exit_code is not None and exit_code < 0
+            else f"exit code {exit_code}")
+    return f"died ({said}); its launcher released the job at once"
