@@ -10,7 +10,8 @@ job = client.submit(entrypoint="e31_worker.examples:hello", params={"name": "pyt
 print("submitted", job.id)
 status = job.wait(timeout=300)                 # raises JobFailed unless it succeeded
 print("result", job.result())
-print("ran on", status["attempts"][-1]["worker"], "with CUDA_VISIBLE_DEVICES", status["attempts"][-1]["gpus"])
+last = status["attempts"][-1]                  # the attempt that succeeded
+print("ran on GPU", last["gpus"], "of", last["worker"])  # the GPU's index on its host, as `e31 top` shows
 print("outputs", [str(p) for p in job.download("out/hello")])
 print(job.logs())
 
