@@ -15,7 +15,9 @@ versions before it unpickles anything of the user's (`mismatches`).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
+import json
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -51,6 +53,25 @@ def installed_versions(distributions: Iterable[str]) -> dict[str, str | None]:
 def facts(distributions: Iterable[str]) -> dict[str, Any]:
     """What a call needs of the interpreter that runs it: this Python and these packages."""
     return {"python": python_version(), "packages": installed_versions(sorted(distributions))}
+
+
+def environment() -> dict[str, Any]:
+    """This interpreter's whole environment, as a worker publishes it for the callers to check
+    their calls against before they store a job: its Python and every installed distribution's
+    version (the first found on `sys.path`, as `importlib.metadata.version` finds it)."""
+    packages: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and name not in packages:
+            packages[name] = dist.version
+    return {"python": python_version(), "packages": dict(sorted(packages.items()))}
+
+
+def environment_digest(env: Mapping[str, Any]) -> str:
+    """The sha256 of `env`'s canonical JSON: what names it in a heartbeat and in Redis, so that
+    a thousand workers of one image store it once."""
+    text = json.dumps(env, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def mismatches(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
