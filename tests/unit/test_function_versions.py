@@ -101,3 +101,9 @@ def test_check_is_skipped_for_an_older_api_and_a_job_building_its_own_environmen
     versions.check(_client(refusing, "http://own-env.invalid"),
                    {"resources": {}, "python": {"pip": ["fakepkg==9.9"]}}, CALLER)
     assert refusing.asked == []
+
+
+def test_a_package_spelled_otherwise_by_the_worker_s_metadata_is_the_same_package() -> None:
+    caller = {"python": "3.11", "packages": {"PyYAML": "6.0", "ruamel.yaml": "0.18"}}
+    worker = {"python": "3.11", "packages": {"pyyaml": "6.0", "ruamel-yaml": "0.18"}}
+    assert versions.refusal(_answer(worker), caller) is None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -81,15 +82,21 @@ def mismatches(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
     if theirs.get("python") != ours.get("python"):
         found.append(f"Python {theirs.get('python')} on the caller's side, "
                      f"{ours.get('python')} on the worker")
-    mine = ours.get("packages") or {}
+    mine = {canonical(n): v for n, v in (ours.get("packages") or {}).items()}
     for name, version in sorted((theirs.get("packages") or {}).items()):
         if version is None:
             continue
-        here = mine.get(name)
+        here = mine.get(canonical(name))
         if here != version:
             found.append(f"package {name} {version} on the caller's side, "
                          f"{here or 'not installed'} on the worker")
     return found
+
+
+def canonical(name: str) -> str:
+    """A distribution's name as PEP 503 compares them (`PyYAML`, `pyyaml`, `ruamel.yaml` and
+    `ruamel-yaml` alike): two installers may spell one package's metadata differently."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def preview(value: Any, size_bytes: int) -> dict[str, Any]:
