@@ -107,3 +107,13 @@ def test_a_package_spelled_otherwise_by_the_worker_s_metadata_is_the_same_packag
     caller = {"python": "3.11", "packages": {"PyYAML": "6.0", "ruamel.yaml": "0.18"}}
     worker = {"python": "3.11", "packages": {"pyyaml": "6.0", "ruamel-yaml": "0.18"}}
     assert versions.refusal(_answer(worker), caller) is None
+
+
+def test_a_package_whose_module_is_named_otherwise_is_named_with_its_module() -> None:
+    caller = {"python": "3.11", "packages": {"PyYAML": "6.0", "fakepkg": "9.9"}}
+    worker = {"python": "3.11", "packages": {}}
+    why = versions.refusal(_answer(worker), caller,
+                           modules={"PyYAML": {"yaml"}, "fakepkg": {"fakepkg"}})
+    assert why is not None
+    assert "package PyYAML 6.0 (module yaml) on the caller's side, not installed" in why
+    assert "package fakepkg 9.9 on the caller's side" in why

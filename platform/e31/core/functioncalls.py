@@ -75,9 +75,11 @@ def environment_digest(env: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def mismatches(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
+def mismatches(theirs: Mapping[str, Any], ours: Mapping[str, Any], *,
+               modules: Mapping[str, Iterable[str]] | None = None) -> list[str]:
     """Each way the caller's `theirs` differs from the worker's `ours`, one sentence each,
-    naming the Python or the package; empty when the call may run here."""
+    naming the Python or the package (and, from `modules`, its modules the call uses when
+    their names differ from the package's); empty when the call may run here."""
     found = []
     if theirs.get("python") != ours.get("python"):
         found.append(f"Python {theirs.get('python')} on the caller's side, "
@@ -88,9 +90,17 @@ def mismatches(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
             continue
         here = mine.get(canonical(name))
         if here != version:
-            found.append(f"package {name} {version} on the caller's side, "
-                         f"{here or 'not installed'} on the worker")
+            found.append(f"package {name} {version}{_modules_of(name, modules)} on the "
+                         f"caller's side, {here or 'not installed'} on the worker")
     return found
+
+
+def _modules_of(name: str, modules: Mapping[str, Iterable[str]] | None) -> str:
+    """` (module yaml)` for the package PyYAML; "" when its module is named as it is."""
+    names = sorted(set((modules or {}).get(name, ())) - {name})
+    if not names:
+        return ""
+    return f" (module{'s' if len(names) > 1 else ''} {', '.join(names)})"
 
 
 def canonical(name: str) -> str:

@@ -198,7 +198,8 @@ class Function(Generic[P, R]):
                                 "file beside your script, or define what it holds in the "
                                 "function")
         envelope = pickling.envelope(self._fn, shared, needs.distributions)
-        versions.check(self.client, self._spec, facts(needs.distributions))
+        versions.check(self.client, self._spec, facts(needs.distributions),
+                       modules=needs.modules)
         sending = Sending()
         if not any(k in self._spec for k in ("code", "workdir")):
             send_code(self.client, needs, sending)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from e31.core.errors import ClientError, FunctionError
@@ -35,24 +35,27 @@ _cache: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[float, dict[str, Any
 _lock = threading.Lock()
 
 
-def check(client: Client, spec: Mapping[str, Any], theirs: Mapping[str, Any]) -> None:
+def check(client: Client, spec: Mapping[str, Any], theirs: Mapping[str, Any], *,
+          modules: Mapping[str, Iterable[str]] | None = None) -> None:
     """Refuse the call (`FunctionError`) when no live worker that would run a job of `spec`
-    has `theirs`, the caller's Python and packages (`functioncalls.facts`); see the module."""
+    has `theirs`, the caller's Python and packages (`functioncalls.facts`), each package
+    named with its `modules` the function uses; see the module."""
     if spec.get("python") is not None:
         return     # its own environment, built on the worker: only there can it be told
     answer = _environments(client, dict(spec.get("resources") or {}))
-    why = refusal(answer, theirs) if answer is not None else None
+    why = refusal(answer, theirs, modules=modules) if answer is not None else None
     if why is not None:
         raise FunctionError(why)
 
 
-def refusal(answer: Mapping[str, Any], theirs: Mapping[str, Any]) -> str | None:
+def refusal(answer: Mapping[str, Any], theirs: Mapping[str, Any], *,
+            modules: Mapping[str, Iterable[str]] | None = None) -> str | None:
     """Why no worker of `answer` (the route's) can run a call of `theirs`, naming what differs
     on the worker nearest to it; None when one can, or when it cannot be told."""
     envs = answer.get("environments") or []
     if not envs or answer.get("unknown"):
         return None
-    found = [mismatches(theirs, env) for env in envs]
+    found = [mismatches(theirs, env, modules=modules) for env in envs]
     if any(not wrong for wrong in found):
         return None
     nearest = min(found, key=len)
