@@ -71,14 +71,21 @@ def test_a_worker_whose_environment_is_not_known_is_counted_apart(
     assert answer["workers"] == 2 and answer["unknown"] == 2 and answer["environments"] == []
 
 
-def test_no_live_worker_answers_no_environment_and_bad_resources_answer_422(
-        api: TestClient, token: dict[str, str]) -> None:
+def test_no_live_worker_or_resources_no_class_takes_answer_no_environment(
+        api: TestClient, redis_client: redis.Redis, token: dict[str, str]) -> None:
+    _worker(redis_client, "a@h", ("e31.cpu",), OLD)
     answer = api.get("/v1/pool/environments", params={"gpus": 2}, headers=token).json()
     assert answer == {"size_class": "gpu24", "queue": "e31.gpu24.x2", "workers": 0,
                       "unknown": 0, "environments": []}
-    refused = api.get("/v1/pool/environments", params={"size_class": "nope"}, headers=token)
-    assert refused.status_code == 422
-    assert "unknown size class 'nope'" in refused.text
+    # Resources no class takes run nowhere (their submission is refused, naming the field)
+    nowhere = api.get("/v1/pool/environments", params={"size_class": "nope"}, headers=token)
+    assert nowhere.status_code == 200
+    answer = nowhere.json()
+    assert answer["environments"] == [] and answer["queue"] is None
+    assert "unknown size class 'nope'" in answer["refused"]
+    # And a query that is not one is refused as any is
+    assert api.get("/v1/pool/environments", params={"gpus": "x"},
+                   headers=token).status_code == 422
 
 
 def test_a_worker_stores_its_environment_once_and_writes_it_again_when_redis_lost_it(

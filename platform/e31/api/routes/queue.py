@@ -31,7 +31,8 @@ def router(svc: QueueService) -> APIRouter:
                      ) -> dict[str, Any]:
         """The distinct Python environments (Python, installed distributions' versions) of
         the live workers serving the queue a job of these resources waits in, each with its
-        number of workers; `unknown`: those serving it whose environment is not known."""
+        number of workers; `unknown`: those serving it whose environment is not known;
+        `refused`, with no environment, for resources no size class takes."""
         resources: dict[str, Any] = {"gpus": gpus}
         if gpu_mem_gb is not None:
             resources["gpu_mem_gb"] = gpu_mem_gb

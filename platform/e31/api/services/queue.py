@@ -13,6 +13,7 @@ from typing import Any
 
 from e31.api.services.readings import PoolReadings
 from e31.core.clock import utcnow
+from e31.core.errors import SpecError
 from e31.core.functioncalls import FUNCTION_ENTRYPOINT
 from e31.core.records import TenantRecord
 from e31.core.sizeclasses import route
@@ -48,9 +49,14 @@ class QueueService:
         """The distinct Python environments of the live workers serving the queue a job of
         `resources` is routed to, each with how many workers have it; `unknown` counts those
         whose environment is not known (an older worker, a record Redis lost), which a caller
-        must not judge by the others. `SpecError` (422) for resources no class takes."""
-        spec = JobSpec.parse({"entrypoint": FUNCTION_ENTRYPOINT, "resources": resources})
-        where = route(spec, self._settings.size_classes)
+        must not judge by the others. Resources no class takes run nowhere: no environment,
+        and `refused` says why (the submission of such a job is refused the same way)."""
+        try:
+            spec = JobSpec.parse({"entrypoint": FUNCTION_ENTRYPOINT, "resources": resources})
+            where = route(spec, self._settings.size_classes)
+        except SpecError as exc:
+            return {"size_class": None, "queue": None, "workers": 0, "unknown": 0,
+                    "environments": [], "refused": str(exc)}
         serving = [w for w in self._readings.workers(expand=False) or ()
                    if _serves(w, where.queue)]
         known = self._readings.environments(serving) or {}
