@@ -5,6 +5,7 @@ and a notebook executed headless with nbclient (docs/notebooks.md)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -116,11 +117,71 @@ if __name__ == "__main__":
 """
 
 
+VERSIONS_SCRIPT = """
+import json
+import idna, numpy
+import e31
+import fakepkg
+from e31.core.errors import FunctionError
+
+@e31.function()
+def uses_fake(x):
+    return fakepkg.VALUE + x
+
+@e31.function()
+def uses_idna(x):
+    return idna.encode(x).decode()
+
+@e31.function()
+def doubles(x):
+    return int(numpy.int64(x) * 2)
+
+if __name__ == "__main__":
+    client = e31.Client()
+    newest = [j["id"] for j in client.list(limit=1)]
+    out = {"refused": {}}
+    calls = {"remote": lambda: uses_fake.remote(1), "submit": lambda: uses_fake.submit(1),
+             "map": lambda: list(uses_fake.map(range(3))), "idna": lambda: uses_idna.remote("a")}
+    for name, call in calls.items():
+        try:
+            call()
+        except FunctionError as exc:
+            out["refused"][name] = str(exc)
+    out["stored"] = [j["id"] for j in client.list(limit=1)] != newest
+    out["sent"] = len(uses_fake.last_sent) + len(uses_idna.last_sent)
+    out["doubled"] = doubles.remote(21)
+    answer = client.environments()
+    out["numpy_here"] = numpy.__version__
+    out["numpy_there"] = [e["packages"].get("numpy") for e in answer["environments"]]
+    out["unknown"] = answer["unknown"]
+    print(json.dumps(out))
+"""
+
+
+def _fake_site_packages(root: Path) -> Path:
+    """A directory named as an interpreter's own (so the function's check counts what it holds
+    as installed): the distribution `fakepkg` 9.9 and its module, which no worker has, and
+    metadata saying `idna` is 0.0.1 here (the module stays the real one)."""
+    site = root / "site-packages"
+    (site / "fakepkg").mkdir(parents=True)
+    (site / "fakepkg" / "__init__.py").write_text("VALUE = 100\n")
+    for name, version in (("fakepkg", "9.9"), ("idna", "0.0.1")):
+        info = site / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\n"
+                                       f"Version: {version}\n")
+        (info / "top_level.txt").write_text(f"{name}\n")
+        (info / "RECORD").write_text("")
+    return site
+
+
 def _run(stack: Stack, directory: Path, script: str, *args: str,
-         timeout_s: float = 500) -> dict:
+         timeout_s: float = 500, path: Path | None = None) -> dict:
     (directory / "helper.py").write_text(HELPER)
     (directory / "main.py").write_text(textwrap.dedent(script))
-    proc = subprocess.run([sys.executable, "main.py", *args], cwd=directory, env=stack.env,
+    env = stack.env if path is None else dict(
+        stack.env, PYTHONPATH=os.pathsep.join([str(path), stack.env.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "main.py", *args], cwd=directory, env=env,
                           capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -166,6 +227,28 @@ def test_remote_brings_back_a_numpy_array_a_dataclass_and_the_exception_an_item_
     assert out["with_exceptions"][3] == "3"
     message, notes = out["map_raised"]
     assert message == "item 2 is bad" and "item 2 of array a-" in notes and "--failed" in notes
+
+
+@pytest.mark.timeout(300)
+def test_a_package_no_worker_has_at_the_caller_s_version_is_refused_at_the_call_naming_it(
+        stack: Stack, tmp_path: Path) -> None:
+    # Given a caller whose path holds fakepkg 9.9, which no worker has, and idna at 0.0.1
+    site = _fake_site_packages(tmp_path / "env")
+    # When its functions using them are called, submitted and mapped
+    out = _run(stack, tmp_path, VERSIONS_SCRIPT, path=site)
+    # Then each call is refused naming the package, with the worker's side of it
+    refused = out["refused"]
+    assert sorted(refused) == ["idna", "map", "remote", "submit"]
+    for name in ("remote", "submit", "map"):
+        assert "package fakepkg 9.9 on the caller's side, not installed on the worker" \
+            in refused[name], refused[name]
+    assert "package idna 0.0.1 on the caller's side, " in refused["idna"]
+    assert "not installed" not in refused["idna"]
+    # And nothing was stored or uploaded
+    assert out["stored"] is False and out["sent"] == 0
+    # And a function whose packages agree with the workers' (checked, not skipped) runs
+    assert out["doubled"] == 42
+    assert out["unknown"] == 0 and out["numpy_here"] in out["numpy_there"]
 
 
 @pytest.mark.timeout(300)

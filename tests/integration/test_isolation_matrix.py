@@ -123,6 +123,8 @@ ROWS: dict[tuple[str, str], tuple[Builder, dict[str, int]]] = {
     ("GET", "/v1/arrays/{array_id}/manifest"): (ask("GET", "/v1/arrays/{array}/manifest"),
                                                  READ),
     ("GET", "/v1/queue"): (ask("GET", "/v1/queue"), tenants(200, 200, 200)),
+    ("GET", "/v1/pool/environments"): (ask("GET", "/v1/pool/environments"),
+                                       tenants(200, 200, 200)),   # the pool's, no tenant's
     ("GET", "/v1/usage"): (ask("GET", "/v1/usage?all_tenants=true"), ADMIN_ONLY),
     ("GET", "/v1/usage/daily"): (ask("GET", "/v1/usage/daily?all_tenants=true"), ADMIN_ONLY),
     ("GET", "/v1/top"): (ask("GET", "/v1/top"), tenants(200, 200, 200)),

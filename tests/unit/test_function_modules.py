@@ -40,6 +40,7 @@ def test_a_modules_function_takes_its_module_its_package_and_the_local_modules_i
     assert sorted(needs.files) == ["proj/__init__.py", "proj/jobs.py", "proj_util.py"]
     assert needs.files["proj_util.py"] == (project / "proj_util.py").resolve()
     assert "pytest" in needs.distributions
+    assert "pytest" in needs.modules["pytest"]   # its modules, for a refusal to name
 
 
 def test_the_pools_own_packages_and_the_standard_library_never_travel() -> None:

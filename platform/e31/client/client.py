@@ -153,6 +153,12 @@ class Client:
         against weight (`e31 queue --json` prints the same)."""
         return dict(self.request("GET", "/v1/queue").json())
 
+    def environments(self, **resources: Any) -> dict[str, Any]:
+        """The Python environments of the live workers that would run a job of `resources`
+        (`gpus`, `gpu_mem_gb`, `size_class`): `GET /v1/pool/environments`."""
+        params = {k: v for k, v in resources.items() if v is not None}
+        return dict(self.request("GET", "/v1/pool/environments", params=params).json())
+
     def set_secret(self, name: str, value: str) -> dict[str, Any]:
         """Set the tenant's secret `name` (created or replaced); a job names it in `secrets`
         and sees it as the environment variable `name`. The answer holds its name and dates."""

@@ -15,7 +15,10 @@ versions before it unpickles anything of the user's (`mismatches`).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
+import json
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -53,22 +56,57 @@ def facts(distributions: Iterable[str]) -> dict[str, Any]:
     return {"python": python_version(), "packages": installed_versions(sorted(distributions))}
 
 
-def mismatches(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
+def environment() -> dict[str, Any]:
+    """This interpreter's whole environment, as a worker publishes it for the callers to check
+    their calls against before they store a job: its Python and every installed distribution's
+    version (the first found on `sys.path`, as `importlib.metadata.version` finds it)."""
+    packages: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and name not in packages:
+            packages[name] = dist.version
+    return {"python": python_version(), "packages": dict(sorted(packages.items()))}
+
+
+def environment_digest(env: Mapping[str, Any]) -> str:
+    """The sha256 of `env`'s canonical JSON: what names it in a heartbeat and in Redis, so that
+    a thousand workers of one image store it once."""
+    text = json.dumps(env, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def mismatches(theirs: Mapping[str, Any], ours: Mapping[str, Any], *,
+               modules: Mapping[str, Iterable[str]] | None = None) -> list[str]:
     """Each way the caller's `theirs` differs from the worker's `ours`, one sentence each,
-    naming the Python or the package; empty when the call may run here."""
+    naming the Python or the package (and, from `modules`, its modules the call uses when
+    their names differ from the package's); empty when the call may run here."""
     found = []
     if theirs.get("python") != ours.get("python"):
         found.append(f"Python {theirs.get('python')} on the caller's side, "
                      f"{ours.get('python')} on the worker")
-    mine = ours.get("packages") or {}
+    mine = {canonical(n): v for n, v in (ours.get("packages") or {}).items()}
     for name, version in sorted((theirs.get("packages") or {}).items()):
         if version is None:
             continue
-        here = mine.get(name)
+        here = mine.get(canonical(name))
         if here != version:
-            found.append(f"package {name} {version} on the caller's side, "
-                         f"{here or 'not installed'} on the worker")
+            found.append(f"package {name} {version}{_modules_of(name, modules)} on the "
+                         f"caller's side, {here or 'not installed'} on the worker")
     return found
+
+
+def _modules_of(name: str, modules: Mapping[str, Iterable[str]] | None) -> str:
+    """` (module yaml)` for the package PyYAML; "" when its module is named as it is."""
+    names = sorted(set((modules or {}).get(name, ())) - {name})
+    if not names:
+        return ""
+    return f" (module{'s' if len(names) > 1 else ''} {', '.join(names)})"
+
+
+def canonical(name: str) -> str:
+    """A distribution's name as PEP 503 compares them (`PyYAML`, `pyyaml`, `ruamel.yaml` and
+    `ruamel-yaml` alike): two installers may spell one package's metadata differently."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def preview(value: Any, size_bytes: int) -> dict[str, Any]:

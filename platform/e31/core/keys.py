@@ -26,6 +26,10 @@ NODES = f"{PREFIX}:nodes"
 # list per job, with a TTL: its GPUs' readings over its run, a point every few heartbeats of its
 # worker, the newest kept (e31.ops.gpuseries); the console's job page draws it
 GPU_SERIES_PREFIX = f"{PREFIX}:gpuseries:"
+# string per Python environment, with a TTL of a day renewed by the workers that have it: the
+# JSON of `e31.core.functioncalls.environment()`, keyed by its digest, which each worker's
+# heartbeat names (`pyenv`); a caller checks a function call against it (e31.ops.pyenvs)
+PYENV_PREFIX = f"{PREFIX}:pyenv:"
 
 
 def worker(node: str) -> str:
@@ -54,3 +58,8 @@ def submit_rate(tenant_id: str) -> str:
 def gpu_series(job_id: str) -> str:
     """The GPU readings of one job over its run."""
     return f"{GPU_SERIES_PREFIX}{job_id}"
+
+
+def pyenv(digest: str) -> str:
+    """One Python environment of the workers, by its digest."""
+    return f"{PYENV_PREFIX}{digest}"

@@ -1,6 +1,7 @@
 """Python-native calls on the pool: `@e31.function` (`decorator`), what a function needs of
-the caller's modules (`modules`), the pickling of a call (`calls`), its bundles (`uploads`) and
-the values of a `.map` (`mapping`). docs/notebooks.md.
+the caller's modules (`modules`), the pickling of a call (`calls`), the check of its versions
+against the workers' (`versions`), its bundles (`uploads`) and the values of a `.map`
+(`mapping`). docs/notebooks.md.
 
 Owns: turning a Python call into the platform's own objects (bundles, jobs, arrays) through
 the client, and the values back.

@@ -16,9 +16,10 @@ import functools
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from e31.core.functioncalls import ARGS_INPUT, FUNCTION_ENTRYPOINT, FUNCTION_INPUT
+from e31.core.functioncalls import ARGS_INPUT, FUNCTION_ENTRYPOINT, FUNCTION_INPUT, facts
 from e31.core.spec import JobSpec
 from e31.functions import calls as pickling
+from e31.functions import versions
 from e31.functions.mapping import Order, results
 from e31.functions.modules import needs_of
 from e31.functions.uploads import Sending, send_calls, send_code
@@ -187,7 +188,8 @@ class Function(Generic[P, R]):
         return self.last_array
 
     def _send(self, blobs: list[bytes], shared: Mapping[str, Any]) -> Sending:
-        """Pickle the function and send the code and the call, before anything is stored."""
+        """Pickle the function, check the versions against the workers' and send the code and
+        the call: each refusal comes before anything is uploaded or stored."""
         needs = needs_of(self._fn)
         if needs.fileless:
             from e31.core.errors import FunctionError
@@ -196,6 +198,8 @@ class Function(Generic[P, R]):
                                 "file beside your script, or define what it holds in the "
                                 "function")
         envelope = pickling.envelope(self._fn, shared, needs.distributions)
+        versions.check(self.client, self._spec, facts(needs.distributions),
+                       modules=needs.modules)
         sending = Sending()
         if not any(k in self._spec for k in ("code", "workdir")):
             send_code(self.client, needs, sending)

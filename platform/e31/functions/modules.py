@@ -20,7 +20,7 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -36,6 +36,9 @@ class Needs:
     files: dict[str, Path]
     distributions: frozenset[str]
     fileless: frozenset[str] = frozenset()   # modules made in memory: no worker can import them
+    # distribution -> the top-level modules of it the function reaches, named beside the
+    # package when a version check refuses the call (PyYAML: yaml)
+    modules: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 def needs_of(fn: Any) -> Needs:
@@ -75,8 +78,9 @@ def needs_of(fn: Any) -> Needs:
         path = _file_of(start)
         if path is not None and not _beneath(path, installed):
             files.update(_bundle_paths(start.__name__, path))
-    return Needs(files=files, distributions=frozenset(_distributions(tops)),
-                 fileless=frozenset(fileless))
+    provides = _distributions(tops)
+    return Needs(files=files, distributions=frozenset(provides), fileless=frozenset(fileless),
+                 modules=provides)
 
 
 def _uses(fn: Any, visited: set[int]) -> Iterator[str]:
@@ -175,13 +179,17 @@ def _bundle_paths(name: str, path: Path) -> dict[str, Path]:
     return out
 
 
-def _distributions(tops: set[str]) -> set[str]:
-    """The installed distributions that provide the top-level modules `tops`."""
+def _distributions(tops: set[str]) -> dict[str, frozenset[str]]:
+    """The installed distributions that provide the top-level modules `tops`, each with
+    those of `tops` it provides."""
     if not tops:
-        return set()
+        return {}
     provided = importlib.metadata.packages_distributions()
-    return {dist for top in tops if top not in sys.stdlib_module_names
-            for dist in provided.get(top, [])}
+    found: dict[str, set[str]] = {}
+    for top in sorted(tops - set(sys.stdlib_module_names)):
+        for dist in provided.get(top, []):
+            found.setdefault(dist, set()).add(top)
+    return {dist: frozenset(names) for dist, names in found.items()}
 
 
 def staged(files: dict[str, Path]) -> Path:

@@ -99,6 +99,7 @@ class WorkerInfo:
     # job may be given, each with the class queues it serves; its `gpus` is the one GPU it
     # watches (its telemetry, its XID errors).
     gang: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    pyenv: str = ""   # the digest of its Python environment (e31.ops.pyenvs; "": not said)
 
     @property
     def own_class(self) -> str:
@@ -140,6 +141,7 @@ class WorkerInfo:
                    network=str(data.get("network") or ""),
                    gang=tuple((str(gpus), tuple(map(str, queues)))
                               for gpus, queues in data.get("gang") or ()),
+                   pyenv=str(data.get("pyenv") or ""),
                    gpus_telemetry=tuple(g for g in map(GpuSample.from_dict,
                                                        data.get("gpus_telemetry") or ())
                                         if g is not None))
@@ -193,7 +195,8 @@ def expand_gangs(workers: Sequence[WorkerInfo]) -> list[WorkerInfo]:
                 out.append(WorkerInfo(node=node, queues=queues, gpus=gpus,
                                       gpu_count=len(gpus.split(",")),
                                       size_class=queue_class(queues[0]) if queues else "",
-                                      isolation=w.isolation, network=w.network))
+                                      isolation=w.isolation, network=w.network,
+                                      pyenv=w.pyenv))
     return out
 
 

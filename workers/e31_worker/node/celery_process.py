@@ -25,10 +25,12 @@ from typing import Any
 
 from celery import signals
 
+from e31.core.functioncalls import environment
 from e31.edge import wiring
 from e31.edge.settings import Settings
 from e31.ops.drain import drain_authorized, request_drain
 from e31.ops.heartbeat import WorkerInfo
+from e31.ops.pyenvs import Publisher
 from e31_worker.attempt.attemptlimits import default_mem_gb
 from e31_worker.attempt.cgroups import JobCgroups, stack_place
 from e31_worker.attempt.gangs import ledger_for
@@ -55,9 +57,10 @@ def main(argv: list[str] | None = None) -> None:
                         format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
     threading.excepthook = end_on_thread_death
     settings = Settings.load()
-    identity = _identity(args, settings)
+    pyenv = Publisher(environment())   # once: what callers check their calls against
+    identity = _identity(args, settings, pyenv.digest)
     groups = _take_node(identity, settings)
-    services, beat, gpus = _services(args, settings, identity, groups)
+    services, beat, gpus = _services(args, settings, identity, groups, pyenv)
     settle_left_attempts(services)     # what it finished but could not record
     if services.warm is not None:
         services.warm.start()          # imports torch in the background; cold starts meanwhile
@@ -97,14 +100,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _identity(args: argparse.Namespace, settings: Settings) -> WorkerInfo:
-    """The worker as its heartbeats and its attempts name it: node, queues, GPUs, gang."""
+def _identity(args: argparse.Namespace, settings: Settings, pyenv: str = "") -> WorkerInfo:
+    """The worker as its heartbeats and its attempts name it: node, queues, GPUs, gang, and
+    the digest of its Python environment."""
     return WorkerInfo(node=args.node, queues=tuple(args.queues.split(",")), gpus=args.gpus,
                       gpu_count=args.gpu_count, size_class=args.size_class,
                       isolation=settings.isolation,
                       network=(settings.job_network if settings.isolation == "sandbox"
                                else "host"),
-                      gang=tuple((str(g), tuple(q)) for g, q in json.loads(args.gang or "[]")))
+                      gang=tuple((str(g), tuple(q)) for g, q in json.loads(args.gang or "[]")),
+                      pyenv=pyenv)
 
 
 def _take_node(identity: WorkerInfo, settings: Settings) -> GroupRegistry:
@@ -125,7 +130,8 @@ def _take_node(identity: WorkerInfo, settings: Settings) -> GroupRegistry:
 
 
 def _services(args: argparse.Namespace, settings: Settings, identity: WorkerInfo,
-              groups: GroupRegistry) -> tuple[AttemptServices, Heartbeat, GpuMonitor | None]:
+              groups: GroupRegistry, pyenv: Publisher | None = None
+              ) -> tuple[AttemptServices, Heartbeat, GpuMonitor | None]:
     """The attempts' services, the node's heartbeat and its GPUs' monitor, built from the
     settings."""
     # The node's cgroup directory is this stack's own (a hash of its work_dir): reaping it at
@@ -146,7 +152,8 @@ def _services(args: argparse.Namespace, settings: Settings, identity: WorkerInfo
                      drain_authorized=lambda: drain_authorized(repo, identity.node),
                      gpus=own_gpus,
                      record_drain=lambda why: request_drain(redis_client, repo, [identity.node],
-                                                            reason=why))
+                                                            reason=why),
+                     pyenv=pyenv)
     services = AttemptServices(settings=settings, identity=identity, repo=repo,
                                artifacts=wiring.artifacts(settings), redis=redis_client,
                                groups=groups, cgroups=cgroups, draining=beat.draining,

@@ -11,7 +11,8 @@ the same way, on the node's own authority: the request, with its reason, is writ
 store (shown by `e31 queue`) and logged `gpu_xid_drain` (`e31_worker.node.telemetry`).
 
 It writes through `e31.ops.heartbeat` (one record type for every reader), with the latest
-reading of each of the node's GPUs. The attempt layer sees it only as the `busy` callback
+reading of each of the node's GPUs and the digest of its Python environment, whose record
+it keeps alive (`e31.ops.pyenvs`). The attempt layer sees it only as the `busy` callback
 and the `draining` event of its `AttemptServices`.
 """
 
@@ -28,6 +29,7 @@ from e31.core import keys
 from e31.core.errors import E31Error, StoreError
 from e31.ops import gpuseries, heartbeat
 from e31.ops.heartbeat import WorkerInfo
+from e31.ops.pyenvs import Publisher
 from e31_worker.node.telemetry import GpuMonitor, GpuView
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,8 @@ class Heartbeat:
     def __init__(self, *, redis_client: redis.Redis, identity: WorkerInfo, interval_s: float,
                  on_drain: Callable[[], None], drain_authorized: Callable[[], bool],
                  gpus: GpuMonitor | GpuView | None = None,
-                 record_drain: Callable[[str], None] | None = None) -> None:
+                 record_drain: Callable[[str], None] | None = None,
+                 pyenv: Publisher | None = None) -> None:
         self.identity = identity
         self.draining = threading.Event()
         self.gpu_fault = threading.Event()   # the drain is for a GPU's error (gpu_fault)
@@ -59,6 +62,7 @@ class Heartbeat:
         self._drain_authorized = drain_authorized
         self._gpus = gpus                  # None: a cpu slot, or no telemetry
         self._record_drain = record_drain  # writes the node's own drain request, with why
+        self._pyenv = pyenv                # its Python environment, named by its beats
         self._refused_logged = False   # one `drain_unauthorized` line per unauthorized key
         self._busy_job: str | None = None
         self._stop = threading.Event()
@@ -91,6 +95,8 @@ class Heartbeat:
             info = info.with_telemetry(self._gpus.current(busy=self._busy_job is not None))
         heartbeat.write(self._redis, info, interval_s=self._interval_s)
         self.last_beat = time.monotonic()
+        if self._pyenv is not None:
+            self._pyenv.renew(self._redis)
         if info.busy_job is not None and info.gpus_telemetry \
                 and self.last_beat >= self._next_point:   # the job's GPU series, bounded
             gpuseries.record(self._redis, info)

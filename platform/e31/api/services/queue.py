@@ -1,6 +1,10 @@
 """The shared pool's queues as a tenant may see them (`GET /v1/queue`, `e31.api.routes.queue`):
 per size class, GPUs, busy GPUs, queued jobs and running GPUs per tenant, each tenant's share of
 running GPUs against its share of weight. Only an admin's token sees other tenants by name.
+
+And the Python environments of the live workers that would run a job of given resources
+(`GET /v1/pool/environments`): what `@e31.function` checks a call against before it stores
+a job (docs/notebooks.md, "How a call travels").
 """
 
 from __future__ import annotations
@@ -9,8 +13,13 @@ from typing import Any
 
 from e31.api.services.readings import PoolReadings
 from e31.core.clock import utcnow
+from e31.core.errors import SpecError
+from e31.core.functioncalls import FUNCTION_ENTRYPOINT
 from e31.core.records import TenantRecord
+from e31.core.sizeclasses import route
+from e31.core.spec import JobSpec
 from e31.edge.settings import Settings
+from e31.ops.heartbeat import WorkerInfo
 from e31.scheduling import explain
 from e31.store import Repo
 
@@ -35,3 +44,33 @@ class QueueService:
         # node's own for a GPU's XID error, with the reason.
         overview["drained"] = [d.to_dict() for d in self._repo.drained_nodes()]
         return overview
+
+    def environments(self, resources: dict[str, Any]) -> dict[str, Any]:
+        """The distinct Python environments of the live workers serving the queue a job of
+        `resources` is routed to, each with how many workers have it; `unknown` counts those
+        whose environment is not known (an older worker, a record Redis lost), which a caller
+        must not judge by the others. Resources no class takes run nowhere: no environment,
+        and `refused` says why (the submission of such a job is refused the same way)."""
+        try:
+            spec = JobSpec.parse({"entrypoint": FUNCTION_ENTRYPOINT, "resources": resources})
+            where = route(spec, self._settings.size_classes)
+        except SpecError as exc:
+            return {"size_class": None, "queue": None, "workers": 0, "unknown": 0,
+                    "environments": [], "refused": str(exc)}
+        serving = [w for w in self._readings.workers(expand=False) or ()
+                   if _serves(w, where.queue)]
+        known = self._readings.environments(serving) or {}
+        counts: dict[str, int] = {}
+        for w in serving:
+            if w.pyenv in known:
+                counts[w.pyenv] = counts.get(w.pyenv, 0) + 1
+        return {"size_class": where.size_class, "queue": where.queue, "workers": len(serving),
+                "unknown": len(serving) - sum(counts.values()),
+                "environments": [{"digest": d, "workers": n, "python": known[d].get("python"),
+                                  "packages": known[d].get("packages") or {}}
+                                 for d, n in sorted(counts.items())]}
+
+
+def _serves(worker: WorkerInfo, queue: str) -> bool:
+    """Whether `worker` consumes `queue`: its own or a spill queue, or a gang worker's sets'."""
+    return queue in worker.queues or any(queue in queues for _, queues in worker.gang)

@@ -20,7 +20,7 @@ from e31.core.clock import utcnow
 from e31.core.records import QueueLoad, SchedulingView
 from e31.core.sizeclasses import all_queues
 from e31.edge.settings import Settings
-from e31.ops import gpuseries
+from e31.ops import gpuseries, pyenvs
 from e31.ops.heartbeat import WorkerInfo, expand_gangs, read_workers
 from e31.scheduling import inputs as policy
 from e31.scheduling import placement
@@ -53,6 +53,15 @@ class PoolReadings:
         try:
             workers = read_workers(self._redis)
             return expand_gangs(workers) if expand else workers
+        except redis.RedisError as exc:
+            log.warning("pool_unreadable: %s", exc)
+            return None
+
+    def environments(self, workers: list[WorkerInfo]) -> dict[str, dict[str, Any]] | None:
+        """The Python environments `workers` name, by digest (`e31.ops.pyenvs`); None when
+        Redis cannot be read."""
+        try:
+            return pyenvs.read(self._redis, (w.pyenv for w in workers if w.pyenv))
         except redis.RedisError as exc:
             log.warning("pool_unreadable: %s", exc)
             return None
