@@ -1,5 +1,6 @@
-"""More of what a new user of `e31` sees in the first hour (issue 32, rough edges 9, 11, 12 and 17): a
-footage dry run's plan in text, and what to do about a `source` outside the pool's input roots.
+"""More of what a new user of `e31` sees in the first hour (issue 32, rough edges 9, 11, 12 and
+17): a footage dry run's plan in text, what to do about a `source` outside the pool's input
+roots, a tenant's limits in every tenant command, and `e31 top`'s word on simulated GPUs.
 
 The commands run in-process with typer's CliRunner against a stand-in for the client
 (`e31.client.Client` replaced), as tests/unit/test_cli_first_hour.py does."""
