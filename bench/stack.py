@@ -17,7 +17,7 @@ from typing import Any
 from e31.client import Client, JobHandle
 from e31.core.states import FINAL_STATES
 from e31.local.redisserver import free_port
-from e31.local.stack import stack_ready
+from e31.local.state import stack_ready
 
 UP_SHOWN_CHARS = 4_000   # the end of `e31 up`'s output when it fails to start
 

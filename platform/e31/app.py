@@ -28,7 +28,7 @@ def build() -> Celery:
     from e31.edge.settings import Settings
     settings = Settings.load()
     if not settings.redis_url:
-        from e31.local.stack import stack_redis_url
+        from e31.local.state import stack_redis_url
         url = stack_redis_url(settings.home)
         if url is None:
             raise ConfigError("E31_REDIS_URL is not set and no `e31 up` runs from E31_HOME: "

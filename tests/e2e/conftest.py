@@ -19,7 +19,7 @@ import pytest
 
 from e31.client import Client
 from e31.local.redisserver import free_port
-from e31.local.stack import stack_ready
+from e31.local.state import stack_ready
 from tests.conftest import wait_for
 
 JOBS_DIR = Path(__file__).parent / "jobs"

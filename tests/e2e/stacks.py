@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from e31.local.redisserver import free_port
-from e31.local.stack import stack_ready
+from e31.local.state import stack_ready
 from tests.conftest import wait_for
 
 from .conftest import JOBS_DIR, Stack

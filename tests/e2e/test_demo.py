@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from e31.local.redisserver import free_port
-from e31.local.stack import STATE_FILE, stack_ready
+from e31.local.state import STATE_FILE, stack_ready
 from tests.conftest import process_alive, wait_for
 
 from .conftest import Stack

@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, text
 
 from e31.client import Client
 from e31.local.redisserver import free_port
-from e31.local.stack import stack_ready
+from e31.local.state import stack_ready
 from tests.conftest import fresh_postgres_database, wait_for
 
 

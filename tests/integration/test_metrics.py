@@ -4,7 +4,10 @@ holds a job id; the endpoint's guard refuses a scrape without its token."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -36,6 +39,7 @@ from e31.store import Repo
 from e31.store.models import Job
 from e31_worker.attempt import task
 from tests.conftest import wait_for
+from tests.integration.test_api_limits import serving
 from tests.integration.test_store import publish
 from tests.integration.test_task import services
 
@@ -391,3 +395,52 @@ def test_history_is_read_once_per_process_and_no_end_is_counted_twice(
         clock[0] += timedelta(minutes=minutes)
         # Then each end is counted once: while it is recent, and once it has settled
         assert billed() == (110, 2)
+
+
+def test_top_and_queue_of_a_cpu_only_pool_count_its_cpu_slots_and_make_no_gpu_claim(
+        api: tuple[TestClient, Repo], redis_client: redis.Redis, tmp_path: Path) -> None:
+    # Given a pool of two CPU workers and no GPU one, one of them running a CPU job
+    # (issue 32, rough edge 12: top said busy 0 idle 0, queue counted it under GPUs, and top
+    # ended with "GPU sim: simulated, its readings made up")
+    client, repo = api
+    tenant, token = repo.create_tenant("a", now=utcnow())
+    job_id = submit(repo, tenant.id, command=["true"], name="etl")
+    assert repo.claim(job_id, dispatch_token=publish(repo, job_id), worker="cpu0@h", gpus="",
+                      gpu_count=0, now=utcnow(), lease_ttl_s=60)
+    for i in range(2):
+        heartbeat.write(redis_client, WorkerInfo(
+            node=f"cpu{i}@h", queues=("e31.cpu",), gpus="", gpu_count=0, size_class="cpu",
+            busy_job=job_id if i == 0 else None), interval_s=5)
+    h = {"Authorization": f"Bearer {token}"}
+
+    # When the pool is asked for, as JSON and by the CLI against the API on a port
+    top = client.get("/v1/top", headers=h).json()
+    queue = client.get("/v1/queue", headers=h).json()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}
+    with serving(client.app) as port:      # type: ignore[arg-type]
+        env.update(E31_URL=f"http://127.0.0.1:{port}", E31_TOKEN=token, E31_HOME=str(tmp_path))
+        shown_top, shown_queue = (
+            subprocess.run([sys.executable, "-m", "e31.cli", *args], env=env, text=True,
+                           capture_output=True, timeout=60, check=False)
+            for args in (("top", "--once"), ("queue",)))
+
+    # Then the cpu class counts one slot a worker, one busy, one idle, and says they are CPUs
+    [cpu] = top["classes"]
+    assert (cpu["size_class"], cpu["slot_kind"], cpu["workers"], cpu["gpus"],
+            cpu["busy_gpus"], cpu["idle_gpus"], cpu["running"]) == ("cpu", "cpu", 2, 2, 1, 1, 1)
+    assert top["gpus"] == []
+    [queued] = [c for c in queue["classes"] if c["size_class"] == "cpu"]
+    assert (queued["slot_kind"], queued["gpus"], queued["busy_gpus"]) == ("cpu", 2, 1)
+    # and the CLI prints them as CPU slots, with no word of a simulated GPU
+    assert shown_top.returncode == 0, shown_top.stderr
+    assert row_of(shown_top.stdout, "cpu")[:6] == ["cpu", "2", "2", "CPU", "1", "1"]
+    assert "GPU sim" not in shown_top.stdout
+    assert shown_queue.returncode == 0, shown_queue.stderr
+    assert row_of(shown_queue.stdout, "class")[:3] == ["class", "slots", "busy"]
+    assert row_of(shown_queue.stdout, "cpu")[:4] == ["cpu", "2", "CPU", "1"]
+
+
+def row_of(table: str, first: str) -> list[str]:
+    """The words of the table's line whose first is `first` (its rules left out)."""
+    rows = [[w for w in line.split() if w not in "│┃"] for line in table.splitlines()]
+    return next((r for r in rows if r[:1] == [first]), [table])

@@ -26,7 +26,7 @@ from e31.core.records import Renewal
 from e31.ops.heartbeat import GpuSample, WorkerInfo
 from e31_worker.attempt import logpump, shipping, watchdog
 from e31_worker.attempt.plan import Directive
-from e31_worker.node.celery_process import EXIT_THREAD_DIED
+from e31_worker.node.exits import EXIT_THREAD_DIED
 from e31_worker.node.heartbeat import Heartbeat
 
 OUTPUT_LINES = 20_000      # about 1.4 MB: twenty times what a pipe holds

@@ -65,6 +65,27 @@ def test_a_token_cannot_make_one_that_expires_later_than_itself(repo: Repo,
     assert sooner.json()["expires_at"] == stored.isoformat()
 
 
+def test_a_token_cannot_make_one_that_expires_at_an_instant_after_itself(
+        repo: Repo, api: TestClient) -> None:
+    # Given a token that expires in 60 s
+    short, expires = short_token(repo, api)
+
+    # When it asks for a token that expires at an instant an hour away
+    later = (expires + timedelta(hours=1)).isoformat()
+    longer = api.post("/v1/tokens", json={"name": "longer", "expires_at": later},
+                      headers=bearer(short))
+
+    # Then it is refused naming expires_at, the field it asked with, and saying until when
+    assert longer.status_code == 422, longer.text
+    assert longer.json()["errors"][0]["field"] == "expires_at"
+    assert f"ask for {expires.isoformat()} at the latest" in longer.json()["message"]
+    # while its own expiry, to the microsecond, is served and kept
+    same = api.post("/v1/tokens", json={"name": "same", "expires_at": expires.isoformat()},
+                    headers=bearer(short))
+    assert same.status_code == 201, same.text
+    assert stored_expiry(repo, "team-a", "same") == expires
+
+
 def test_a_token_asked_to_never_expire_expires_with_its_maker(repo: Repo,
                                                               api: TestClient) -> None:
     # Given a token that expires in 60 s

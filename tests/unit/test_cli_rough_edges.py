@@ -1,5 +1,6 @@
-"""More of what a new user of `e31` sees in the first hour (issue 32, rough edges 9 and 17): a
-footage dry run's plan in text, and what to do about a `source` outside the pool's input roots.
+"""More of what a new user of `e31` sees in the first hour (issue 32, rough edges 9, 11, 12 and
+17): a footage dry run's plan in text, what to do about a `source` outside the pool's input
+roots, a tenant's limits in every tenant command, and `e31 top`'s word on simulated GPUs.
 
 The commands run in-process with typer's CliRunner against a stand-in for the client
 (`e31.client.Client` replaced), as tests/unit/test_cli_first_hour.py does."""
@@ -115,3 +116,29 @@ def test_a_missing_config_file_is_an_error_for_the_job_commands_too(
     # Then it refuses, as the operator commands do: the user's setup to fix (exit 2)
     assert result.exit_code == 2, result.output
     assert "E31_CONFIG: no such file" in result.output
+
+
+def test_top_names_simulated_gpus_only_when_one_is_shown() -> None:
+    # Given a snapshot with a simulated GPU, and the same pool with a real one
+    from rich.console import Console
+
+    from e31.cli.top import render
+    gpu = {"node": "vm", "worker": "gpu0@vm", "gpu": "0", "size_class": "gpu24",
+           "state": "idle", "job": None, "utilization": 0.0, "memory_used_bytes": None,
+           "memory_total_bytes": None, "temperature_celsius": None, "power_watts": None,
+           "simulated": True}
+    gpu24 = {"size_class": "gpu24", "slot_kind": "gpu", "workers": 1, "gpus": 1,
+             "busy_gpus": 0, "idle_gpus": 1, "draining_gpus": 0, "lost_gpus": 0,
+             "utilization": 0.0, "memory_used_bytes": None, "memory_total_bytes": None,
+             "queued": 0, "running": 0, "oldest_queued_s": None}
+
+    def shown(simulated: bool) -> str:
+        console = Console(width=200, record=True)
+        console.print(render({"at": "now", "classes": [gpu24], "running": [], "others": [],
+                              "gpus": [{**gpu, "simulated": simulated}]}))
+        return console.export_text()
+
+    # Then only the first ends saying its readings are made up; both count 1 GPU slot
+    assert shown(True).rstrip().endswith("at now; GPU sim: simulated, its readings made up")
+    assert shown(False).rstrip().endswith("at now")
+    assert "1 GPU" in shown(False)

@@ -3,9 +3,9 @@ few helpers that turn an error into a message and an exit code.
 
 Owns: `out`/`err`, the EXIT_* codes, the options several groups declare (`--home`, `--json`,
 the worker-slot options of `e31 worker` and `e31 up`), `fail`, `print_json`, how a command
-loads its `Settings` and sets up logging, and what the job groups (`submit`, `jobs`, `queue`)
-share: `api_client`, the client they reach the API with, `call`, and waiting on a job or
-an array.
+loads its `Settings` and sets up logging, how `queue` and `top` name a class's slots, and
+what the job groups (`submit`, `jobs`, `queue`) share: `api_client`, the client they reach
+the API with, `call`, and waiting on a job or an array.
 May import: the `e31` core (light modules only at the top: `errors`), typer and rich, and
 `e31.client` lazily, inside `api_client`, so that `e31 --help` stays fast.
 Nothing here imports another CLI module; every group module imports this one.
@@ -211,3 +211,10 @@ def wait_array(array: Any, *, as_json: bool, timeout: float | None,
         fail(f"array {array.id}: {st['failed']} failed, {st['cancelled']} cancelled of "
              f"{st['total']}" + (f" ({listed}{', …' if len(bad) > 5 else ''})" if listed else ""),
              EXIT_FAILED)
+
+
+def slots_text(c: dict[str, Any]) -> str:
+    """A size class's slots as `e31 queue` and `e31 top` print them, with what they are:
+    `2 GPU`, or `1 CPU` for a CPU class's workers (`slot_kind`; an older API sends none, and
+    counted GPUs alone)."""
+    return f"{c['gpus']} {'CPU' if c.get('slot_kind') == 'cpu' else 'GPU'}"

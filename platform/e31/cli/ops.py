@@ -116,7 +116,7 @@ def worker(gpus: str = GpusOpt,
 def _with_stack_redis(settings: Settings) -> Settings:
     """Without E31_REDIS_URL: the Redis of the `e31 up` running from this E31_HOME (its
     profile has the URL, which changes at every start), if one runs."""
-    from e31.local.stack import stack_redis_url
+    from e31.local.state import stack_redis_url
     url = stack_redis_url(settings.home)
     return settings.model_copy(update={"redis_url": url}) if url else settings
 

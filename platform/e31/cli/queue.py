@@ -11,7 +11,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from e31.cli.common import JsonOpt, api_client, call, err, out, print_json
+from e31.cli.common import JsonOpt, api_client, call, err, out, print_json, slots_text
 
 app = typer.Typer()
 
@@ -43,8 +43,9 @@ def usage(all_tenants: bool = typer.Option(False, "--all-tenants",
 
 @app.command()
 def queue(as_json: bool = JsonOpt) -> None:
-    """Each size class: GPUs, busy GPUs, and per tenant the queued jobs, GPUs running and
-    share of them against share of weight (other tenants merged unless your token is admin)."""
+    """Each size class: its slots (GPUs, or a CPU class's workers), busy slots, and per
+    tenant the queued jobs, GPUs running and share of them against share of weight (other
+    tenants merged unless your token is admin)."""
     view = call(api_client().queue)
     if as_json:
         print_json(view)
@@ -53,12 +54,12 @@ def queue(as_json: bool = JsonOpt) -> None:
     if unread:
         err.print("the broker (Redis) is unreachable: the pool's GPUs are unknown (shown ?), "
                   "and nothing is published until it is back", highlight=False)
-    table = Table("class", "GPUs", "busy", "queued", "tenant", "queued", "running GPUs",
+    table = Table("class", "slots", "busy", "queued", "tenant", "queued", "running GPUs",
                   "used share", "weight share", "quota")
-    for c in view["classes"]:
+    for c in view["classes"]:   # slots: the class's GPUs, or its CPU workers' (one each)
         first = True
         for t in c["tenants"] or [None]:
-            gpus, busy = ("?", "?") if unread else (str(c["gpus"]), str(c["busy_gpus"]))
+            gpus, busy = ("?", "?") if unread else (slots_text(c), str(c["busy_gpus"]))
             head = [c["size_class"], gpus, busy, str(c["queued"])] if first else ["", "", "", ""]
             first = False
             if t is None:

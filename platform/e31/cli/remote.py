@@ -2,7 +2,7 @@
 that name it, the tenancy client, a call that turns an error answer into a message and an
 exit code, and durations such as `30d`.
 
-Owns: `UrlOpt`, `TokenOpt`, `tenancy`, `call`, `parse_duration`, `expires_in_s`.
+Owns: `UrlOpt`, `TokenOpt`, `tenancy`, `call`, `parse_duration`, `token_expiry`.
 May import: `e31.cli.common`, the `e31` core, and `e31.client` (lazily). No group imports
 another; these groups import this module.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
@@ -57,23 +56,12 @@ def parse_duration(text: str, option: str) -> int:
     return int(m.group(1)) * UNITS_S[m.group(2)]
 
 
-def expires_in_s(expires_in: str | None, expires_at: str | None, *,
-                 now: datetime | None = None) -> int | None:
-    """Seconds from now until a token's expiry, from `--expires-in` or `--expires-at` (one of
-    them at most; an ISO time without a zone is UTC)."""
+def token_expiry(expires_in: str | None, expires_at: str | None) -> dict[str, Any]:
+    """A token's expiry as the API's fields: `--expires-in` as `expires_in_s`, `--expires-at`
+    as `expires_at`, sent as given (the API checks it and stores that very instant; turned
+    into seconds here, it would move by the time the request took). One of them at most."""
     if expires_in and expires_at:
         fail("give --expires-in or --expires-at, not both", EXIT_INPUT)
     if expires_in:
-        return parse_duration(expires_in, "--expires-in")
-    if not expires_at:
-        return None
-    try:
-        at = datetime.fromisoformat(expires_at)
-    except ValueError:
-        fail(f"--expires-at {expires_at!r}: expected an ISO 8601 time, e.g. 2027-01-31T00:00:00Z",
-             EXIT_INPUT)
-    at = at if at.tzinfo else at.replace(tzinfo=UTC)
-    seconds = int((at - (now or datetime.now(UTC))).total_seconds())
-    if seconds < 1:
-        fail(f"--expires-at {expires_at!r}: must be in the future", EXIT_INPUT)
-    return seconds
+        return {"expires_in_s": parse_duration(expires_in, "--expires-in")}
+    return {"expires_at": expires_at} if expires_at else {}

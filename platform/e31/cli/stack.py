@@ -60,12 +60,12 @@ def up(gpus: str = GpusOpt,
                                    help="return once ready; `e31 down` stops it"),
        isolation: str | None = IsolationOpt, as_json: bool = JsonOpt) -> None:
     """Start the whole stack on this machine: Redis, store, API, scheduler, workers, Flower."""
-    from e31.local.stack import LocalStack
     settings = load_settings(home=home, api_port=port, flower_port=flower_port,
                              isolation=isolation)
-    if detach:
+    if detach:    # before the stack's imports: the child it starts pays them, once
         _detach(settings, as_json=as_json)
         return
+    from e31.local.stack import LocalStack
     from e31_worker.node.gpus import discover
     real = [] if simulate_gpus else discover()
     slots = cpu_slots if cpu_slots is not None else (1 if (real or simulate_gpus) else 2)
@@ -101,7 +101,7 @@ def up(gpus: str = GpusOpt,
 @app.command()
 def down(home: Path | None = HomeOpt, as_json: bool = JsonOpt) -> None:
     """Stop the stack `e31 up` started from this home (running jobs are drained)."""
-    from e31.local.stack import stop_stack
+    from e31.local.state import stop_stack
     settings = load_settings(home=home)
     stopped = stop_stack(settings.home)
     if as_json:
@@ -167,7 +167,7 @@ def _ready(settings: Settings, profile: dict[str, Any]) -> dict[str, Any]:
 
 def _detach(settings: Settings, *, as_json: bool) -> None:
     """Run `e31 up` (without -d) in the background and return when it is ready."""
-    from e31.local.stack import STATE_FILE, stack_ready
+    from e31.local.state import STATE_FILE, stack_ready
     home = settings.home
     argv = [a for a in sys.argv[1:] if a not in ("-d", "--detach")]
     home.mkdir(parents=True, exist_ok=True)

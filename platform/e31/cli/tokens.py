@@ -12,7 +12,7 @@ from typing import Any
 import typer
 
 from e31.cli.common import JsonOpt, out, print_json
-from e31.cli.remote import call, expires_in_s, tenancy
+from e31.cli.remote import call, tenancy, token_expiry
 
 app = typer.Typer(help="Your tenant's API tokens: create, list, revoke.", no_args_is_help=True,
                   rich_markup_mode=None)
@@ -25,12 +25,12 @@ def token_create(name: str,
                  expires_in: str | None = typer.Option(
                      None, "--expires-in", help="refused after this long: 90m, 12h, 30d, 2w"),
                  expires_at: str | None = typer.Option(
-                     None, "--expires-at", help="refused from this ISO 8601 time (UTC if no "
-                                                "zone), e.g. 2027-01-31T00:00:00Z"),
+                     None, "--expires-at", help="refused from this ISO 8601 time, with its "
+                                                "zone, kept exactly: 2027-01-31T00:00:00Z"),
                  tenant: str | None = TenantOpt, as_json: bool = JsonOpt) -> None:
     """Make a new named token; it is printed once (only its hash is stored)."""
-    seconds = expires_in_s(expires_in, expires_at)
-    made = call(tenancy().create_token, name, expires_in_s=seconds, tenant=tenant)
+    made = call(tenancy().create_token, name, tenant=tenant,
+                **token_expiry(expires_in, expires_at))
     if as_json:
         print_json({"token": made["token"], **{k: v for k, v in made.items() if k != "token"}})
         return

@@ -27,6 +27,7 @@ from e31.cli.common import (
     fail,
     out,
     print_json,
+    slots_text,
 )
 from e31.core.errors import ClientError
 
@@ -69,11 +70,13 @@ def top(interval_s: float = typer.Option(REFRESH_DEFAULT_S, "--interval", min=0.
 
 
 def render(snap: dict[str, Any]) -> Group:
-    """The snapshot as three tables: classes, GPUs, running jobs."""
-    classes = _table("classes", "class", "workers", "GPUs", "busy", "idle", "drain", "lost",
+    """The snapshot as three tables: classes, GPUs, running jobs. A class's slots are its
+    GPUs, or its CPU workers (one slot each): `slots` says which, and busy, idle, drain and
+    lost count them."""
+    classes = _table("classes", "class", "workers", "slots", "busy", "idle", "drain", "lost",
                      "util", "memory", "queued", "running", "waited")
     for c in snap["classes"]:
-        classes.add_row(c["size_class"], str(c["workers"]), str(c["gpus"]), str(c["busy_gpus"]),
+        classes.add_row(c["size_class"], str(c["workers"]), slots_text(c), str(c["busy_gpus"]),
                         str(c["idle_gpus"]), str(c["draining_gpus"]), str(c["lost_gpus"]),
                         _pct(c["utilization"]),
                         _mem(c["memory_used_bytes"], c["memory_total_bytes"]), str(c["queued"]),
@@ -99,7 +102,9 @@ def render(snap: dict[str, Any]) -> Group:
     parts: list[Any] = [classes, gpus, jobs]
     if not snap.get("workers_known", True):
         parts.insert(0, Text("workers unknown: Redis did not answer", style="yellow"))
-    parts.append(Text(f"at {snap['at']}; GPU sim: simulated, its readings made up", style="dim"))
+    simulated = any(g["simulated"] for g in snap["gpus"])   # said only where one is shown
+    parts.append(Text(f"at {snap['at']}" + ("; GPU sim: simulated, its readings made up"
+                                            if simulated else ""), style="dim"))
     return Group(*parts)
 
 

@@ -25,11 +25,15 @@ class Tenancy:
                     .json()["tokens"])
 
     def create_token(self, name: str, *, expires_in_s: int | None = None,
+                     expires_at: str | None = None,
                      tenant: str | None = None) -> dict[str, Any]:
-        """A new token: the answer's `token` is shown this once."""
+        """A new token: the answer's `token` is shown this once. It expires `expires_in_s`
+        from now or at `expires_at` (an ISO 8601 instant with its zone, kept exactly)."""
         body: dict[str, Any] = {"name": name}
         if expires_in_s is not None:
             body["expires_in_s"] = expires_in_s
+        if expires_at is not None:
+            body["expires_at"] = expires_at
         answer: dict[str, Any] = self._client.request("POST", "/v1/tokens", json=body,
                                                       params=_tenant(tenant)).json()
         return answer

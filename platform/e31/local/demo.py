@@ -45,7 +45,7 @@ from e31.client.profile import read_profile
 from e31.core.errors import ClientError, ConfigError, E31Error
 from e31.core.states import FINAL_STATES
 from e31.local.demoprompts import DemoPrompts
-from e31.local.stack import STATE_FILE, pid_alive, stack_ready
+from e31.local.state import STATE_FILE, pid_alive, stack_ready
 
 READY_TIMEOUT_S = 120.0      # `e31 up -d`'s own limit for a stack to come up
 STOP_TIMEOUT_S = 120.0       # `e31 down`'s: workers drain running jobs first

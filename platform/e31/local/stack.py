@@ -39,6 +39,7 @@ from e31.edge.secrets import generate_key
 from e31.edge.settings import Settings
 from e31.local.models import register_builtin_models
 from e31.local.redisserver import start_redis
+from e31.local.state import STATE_FILE, pid_alive
 from e31.store import Repo, make_engine
 from e31.store.migrate import upgrade
 
@@ -47,7 +48,6 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 90.0        # API answering and every worker beating
 STOP_TIMEOUT_S = 30.0         # per process, after SIGTERM (workers get kill_grace_s more)
 DEFAULT_TENANT = "default"
-STATE_FILE = "stack.json"     # under home: the up process, its children, ready or not
 REDIS_PASSWORD_FILE = "redis.password"  # under home, 0600: the private Redis's password
 REDIS_PASSWORD_BYTES = 32     # of randomness, URL-safe base64: 43 characters
 METRICS_TOKEN_FILE = "metrics.token"    # under home, 0600: what a scrape of /metrics sends
@@ -211,20 +211,27 @@ class LocalStack:
         self._stop.set()
 
     def stop(self) -> None:
-        """Workers first (they drain running jobs), then Flower, scheduler, API, Redis."""
-        order = ["worker", "flower", "scheduler", "api"]
-        for name in order:
-            for child in self.children:
-                if child.name == name and child.proc and child.proc.poll() is None:
-                    child.proc.send_signal(signal.SIGTERM)
-                    extra = self.settings.kill_grace_s + 15 if name == "worker" else 0
-                    _wait_or_kill(child.proc, STOP_TIMEOUT_S + extra)
+        """Workers first (they drain running jobs), then Flower, the scheduler and the API
+        together (none needs another to stop first: stopped one after the other they made
+        `e31 down` wait for each in turn), then Redis."""
+        self._terminate({"worker"}, STOP_TIMEOUT_S + self.settings.kill_grace_s + 15)
+        self._terminate({"flower", "scheduler", "api"}, STOP_TIMEOUT_S)
         if self._redis_proc is not None:
             self._redis_proc.terminate()
             _wait_or_kill(self._redis_proc, STOP_TIMEOUT_S)
         if self._redis_url:
             _shutdown_redis(self._redis_url)   # one restarted by hand on its port, if any
         self.state_path.unlink(missing_ok=True)
+
+    def _terminate(self, names: set[str], timeout_s: float) -> None:
+        """SIGTERM every live child named in `names` at once, then wait for each (killed after
+        `timeout_s`)."""
+        live = [c.proc for c in self.children
+                if c.name in names and c.proc and c.proc.poll() is None]
+        for proc in live:
+            proc.send_signal(signal.SIGTERM)
+        for proc in live:
+            _wait_or_kill(proc, timeout_s)
 
 
 def _redis_server_pid(url: str) -> int | None:
@@ -256,26 +263,6 @@ def _shutdown_redis(url: str) -> None:
         time.sleep(0.1)
 
 
-def stack_ready(home: Path) -> bool:
-    """Whether the `e31 up` of `home` has said it is ready (its state file)."""
-    try:
-        return bool(json.loads((home / STATE_FILE).read_text()).get("ready"))
-    except (OSError, ValueError):
-        return False
-
-
-def stack_redis_url(home: Path) -> str | None:
-    """The Redis URL of the running `e31 up` of `home` (its profile records it; it changes at
-    every start), or None when no stack runs from `home`: how `e31 worker --drain` finds the
-    stack's Redis without E31_REDIS_URL."""
-    try:
-        pid = int(json.loads((home / STATE_FILE).read_text())["pid"])
-    except (OSError, ValueError, KeyError):
-        return None
-    url = read_profile(home).get("redis_url")
-    return str(url) if url and pid_alive(pid) else None
-
-
 def _wait_or_kill(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     try:
         proc.wait(timeout=timeout_s)
@@ -292,22 +279,6 @@ def _refuse_second_stack(state_path: Path) -> None:
     if pid_alive(pid):
         raise ConfigError(f"a stack is already running from this home (pid {pid}); "
                           f"`e31 down` stops it, or pass --home for another")
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid runs (ours or not); a zombie, exited but not yet
-    reaped by its parent, does not."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True    # no /proc: it exists
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def make_private_home(home: Path) -> None:
@@ -391,20 +362,3 @@ def _ensure_profile(settings: Settings, repo: Repo, redis_url: str) -> dict[str,
                "flower_user": settings.flower_user, "flower_password": password}
     write_profile(settings.home, profile)
     return profile
-
-
-def stop_stack(home: Path, *, timeout_s: float = 120.0) -> bool:
-    """`e31 down`: ask the `e31 up` of `home` to stop and wait for it; False if none ran."""
-    state_path = home / STATE_FILE
-    try:
-        pid = int(json.loads(state_path.read_text())["pid"])
-    except (OSError, ValueError, KeyError):
-        return False
-    if not pid_alive(pid):
-        state_path.unlink(missing_ok=True)
-        return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return not pid_alive(pid)

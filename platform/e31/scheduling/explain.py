@@ -171,6 +171,8 @@ def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo
             m["weight_share"] = round(m["weight"] / total_w, 3)
             m["used_share"] = round(m["running_gpus"] / total_run, 3)
         out.append({"size_class": c.name, "gpus": gpus, "busy_gpus": busy_gpus,
+                    # what `gpus` counts: GPUs, or a CPU class's workers (one slot each)
+                    "slot_kind": "gpu" if c.gpu_mem_gb else "cpu",
                     "workers": len(mine), "queued": sum(m["queued"] for m in merged.values()),
                     # how its workers run jobs (docs/security.md); "unknown": an older worker
                     "isolation": sorted({w.isolation or "unknown" for w in mine}),

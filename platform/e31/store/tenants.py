@@ -212,15 +212,16 @@ class TenantStore(Store):
                               actor=actor)[1]
 
     def add_token(self, tenant_name: str, *, now: datetime, name: str | None = None,
-                  expires_at: datetime | None = None,
+                  expires_at: datetime | None = None, expiry_field: str = "expires_in_s",
                   actor: Actor = LOCAL_ACTOR) -> tuple[TokenRecord, str]:
         """A new named token of `tenant_name` (default name: `token-<8 hex>`), optionally
-        expiring, and never after the `actor`'s own key (`tokens.bounded_expiry`); the record
-        and the token, which is returned only here."""
+        expiring, and never after the `actor`'s own key (`tokens.bounded_expiry`, a refusal
+        naming `expiry_field`: the field the API was asked with); the record and the token,
+        which is returned only here."""
         with self._session(write=True) as s:
             tenant = find(s, tenant_name)
             expires_at = tokens.bounded_expiry(
-                expires_at, tokens.creator_expiry(s, actor.key_id), now=now)
+                expires_at, tokens.creator_expiry(s, actor.key_id), now=now, field=expiry_field)
             record, token = tokens.add(s, tenant, name=name or f"token-{uuid.uuid4().hex[:8]}",
                                        now=now, expires_at=expires_at)
             audit.write(s, actor, "token.create", f"{tenant_name}/{record.name}", now=now,

@@ -68,19 +68,22 @@ def creator_expiry(s: Session, key_id: str | None) -> datetime | None:
 
 
 def bounded_expiry(expires_at: datetime | None, creator_expires_at: datetime | None, *,
-                   now: datetime) -> datetime | None:
+                   now: datetime, field: str = "expires_in_s") -> datetime | None:
     """The expiry of a new key made by a key that expires at `creator_expires_at`: the one
     asked if it comes no later, the creator's when none is asked; asking for later is refused
-    (`SpecError` naming `expires_in_s`, the API's field)."""
+    (`SpecError` naming `field`, the API's field the caller asked with: `expires_in_s` or
+    `expires_at`)."""
     if creator_expires_at is None:
         return expires_at
     if expires_at is None:
         return creator_expires_at
     if expires_at > creator_expires_at:
         left_s = max(0, int((creator_expires_at - now).total_seconds()))
-        raise SpecError.one("expires_in_s", f"a token cannot outlive the token that makes it, "
+        ask = (f"ask for {creator_expires_at.isoformat()} at the latest" if field == "expires_at"
+               else f"ask for at most {left_s} s")
+        raise SpecError.one(field, f"a token cannot outlive the token that makes it, "
                             f"which expires at {creator_expires_at.isoformat()} (in {left_s} "
-                            f"s); ask for at most {left_s} s, or none to expire with it")
+                            f"s); {ask}, or none to expire with it")
     return expires_at
 
 

@@ -23,13 +23,13 @@ from e31.core.records import Claim, Outcome
 from e31.core.sizeclasses import OomRule
 from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason
+from e31_worker.attempt.claimfiles import CLAIM_FILE
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.shipping import Shipper
 
 log = logging.getLogger(__name__)
 
 STORE_RETRY_FIRST_S = 0.25  # first wait after a store error; doubled up to the heartbeat
-CLAIM_FILE = "claim.json"   # in the attempt's directory: what a restarted worker needs
 UPLOAD_WAIT_MAX_S = 30.0    # the longest pause between two uploads of an attempt held for
 #                             the artifact store (`wait_for_artifacts`); the lease is renewed
 #                             every beat meanwhile

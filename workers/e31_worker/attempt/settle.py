@@ -17,16 +17,14 @@ entrypoint jobs are settled this way.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from e31.core.records import Claim
+from e31_worker.attempt.claimfiles import left_claims
 from e31_worker.attempt.code import remove_tree
 from e31_worker.attempt.outcomes import finished_outcome
-from e31_worker.attempt.record import CLAIM_FILE, claim_from_file_data, finish_attempt
+from e31_worker.attempt.record import claim_from_file_data, finish_attempt
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.shipping import Shipper
 from e31_worker.attempt.task import attempt_plan
@@ -47,18 +45,6 @@ def settle_left_attempts(svc: AttemptServices) -> int:
             remove_tree(root)   # an unpacked bundle is read-only
             _remove_if_empty(root.parent)
     return settled
-
-
-def left_claims(work_dir: Path, node: str) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """Each attempt directory of `node` under `work_dir` that still holds its claim, with the
-    claim's data (its "node" taken out); another node's, alive or not, is its own successor's."""
-    for claim_file in sorted(work_dir.glob(f"*/attempt-*/{CLAIM_FILE}")):
-        try:
-            data = json.loads(claim_file.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and data.pop("node", None) == node:
-            yield claim_file.parent, data
 
 
 def _settle(svc: AttemptServices, claim: Claim, root: Path) -> int:

@@ -40,12 +40,10 @@ from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.settle import settle_left_attempts
 from e31_worker.attempt.task import register
 from e31_worker.attempt.warm import WarmPool, WarmStarter, warm_env
+from e31_worker.node.exits import EXIT_DRAINED, EXIT_NODE_TAKEN, EXIT_THREAD_DIED
 from e31_worker.node.heartbeat import Heartbeat
 from e31_worker.node.telemetry import GpuMonitor, GpuView, open_monitor
 
-EXIT_NODE_TAKEN = 3  # the launcher retries with back-off: the node may free up
-EXIT_DRAINED = 4     # an operator drained this node: the launcher does not restart it
-EXIT_THREAD_DIED = 5  # a thread died of an unexpected exception: the launcher restarts it
 TELEMETRY_MAX_AGE_BEATS = 1.5   # a GPU reading older than this many beats is read again
 
 

@@ -32,9 +32,9 @@ from e31.edge import wiring
 from e31.edge.settings import Settings
 from e31.ops.heartbeat import wake
 from e31_worker.attempt.cgroups import JobCgroups, stack_place
+from e31_worker.attempt.claimfiles import left_claims
 from e31_worker.attempt.groups import GroupRegistry, NodeLock
 from e31_worker.attempt.outcomes import finished_outcome
-from e31_worker.attempt.settle import left_claims
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ Bodies are typed strictly; what only the store knows answers 404 (no such tenant
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -16,6 +17,7 @@ from e31.api import errors
 from e31.api.auth import Caller, actor
 from e31.api.routes.fields import NAME_PATTERN, WHOLE, Name, TenantName
 from e31.api.services.tokens import TokenService
+from e31.core.errors import SpecError
 from e31.store.tokens import EXPIRY_MAX
 
 ExpiresIn = Annotated[int, Field(ge=1, le=int(EXPIRY_MAX.total_seconds())), WHOLE]
@@ -52,6 +54,23 @@ class NewToken(BaseModel):
         description="the token is refused (401) this many seconds from now; none: never. "
                     "Made with an expiring token, never later than that one: longer is "
                     "refused (422) and none means when that one expires")
+    expires_at: str | None = Field(
+        default=None, max_length=64, examples=["2027-01-31T00:00:00Z"],
+        description="the token is refused (401) from this ISO 8601 instant, which must name "
+                    "its zone, be in the future and within ten years; stored exactly as given. "
+                    "Not with expires_in_s (422); bounded by the asking token as expires_in_s is")
+
+
+def instant(text: str | None) -> datetime | None:
+    """An ISO 8601 `expires_at` as an aware datetime (422 naming `expires_at` when it is no
+    ISO time; the store refuses one without a zone, past or too far)."""
+    if text is None:
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise SpecError.one("expires_at", f"{text!r} is no ISO 8601 time; e.g. "
+                                          "2027-01-31T00:00:00Z") from None
 
 
 def router(svc: TokenService) -> APIRouter:
@@ -69,10 +88,10 @@ def router(svc: TokenService) -> APIRouter:
     def create_token(body: NewToken, t: Caller, request: Request,
                      tenant: TenantQuery = None) -> dict[str, Any]:
         """A new named token, with the rights of its tenant and expiring no later than the
-        token that asks (422 naming expires_in_s otherwise); the answer holds the token,
-        shown this once."""
+        token that asks (422 naming the field asked with otherwise); the answer holds the
+        token, shown this once."""
         return svc.create(t, tenant, name=body.name, expires_in_s=body.expires_in_s,
-                          actor=actor(request, t))
+                          expires_at=instant(body.expires_at), actor=actor(request, t))
 
     @r.delete("/v1/tokens/{name}", tags=["tokens"], response_model=TokenOut,
               responses=errors.responses(401, 403, 404, 422, 503))

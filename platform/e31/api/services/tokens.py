@@ -2,7 +2,9 @@
 (`e31.api.routes.tokens`; an admin's token reaches any tenant's).
 
 A token is shown once, when it is made; only its hash is stored. A new token never outlives the
-token that asks for it (the store bounds its expiry, 422 naming `expires_in_s` otherwise).
+token that asks for it (the store bounds its expiry, 422 naming the field asked with otherwise).
+An expiry is asked either as an instant (`expires_at`, kept exactly as given) or as seconds from
+now (`expires_in_s`), never both.
 Making and revoking one is written to the audit log with who asked (`Actor`), in the same
 transaction.
 """
@@ -10,12 +12,12 @@ transaction.
 from __future__ import annotations
 
 import builtins
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from e31.api.services.tenants import admin_only
 from e31.core.clock import utcnow
-from e31.core.errors import AuthError, Forbidden
+from e31.core.errors import AuthError, Forbidden, SpecError
 from e31.core.records import Actor, TenantRecord
 from e31.store import Repo
 
@@ -49,12 +51,20 @@ class TokenService:
         return [k.to_dict(now=now) for k in self._repo.list_tokens(_whose(caller, tenant))]
 
     def create(self, caller: TenantRecord, tenant: str | None, *, name: str,
-               expires_in_s: int | None, actor: Actor) -> dict[str, Any]:
-        """A new named token of `tenant` (None: the caller's own), with the token itself."""
+               expires_in_s: int | None, expires_at: datetime | None = None,
+               actor: Actor) -> dict[str, Any]:
+        """A new named token of `tenant` (None: the caller's own), with the token itself. An
+        `expires_at` is stored as that very instant (no round trip through seconds, which
+        would add the time the request took)."""
+        if expires_at is not None and expires_in_s is not None:
+            raise SpecError.one("expires_at", "give expires_at or expires_in_s, not both")
         now = utcnow()
-        expires = now + timedelta(seconds=expires_in_s) if expires_in_s else None
+        if expires_in_s:
+            expires_at = now + timedelta(seconds=expires_in_s)
+        field = "expires_in_s" if expires_in_s is not None else "expires_at"
         record, token = self._repo.add_token(_whose(caller, tenant), now=now, name=name,
-                                             expires_at=expires, actor=actor)
+                                             expires_at=expires_at, expiry_field=field,
+                                             actor=actor)
         return {**record.to_dict(now=now), "token": token}
 
     def revoke(self, caller: TenantRecord, tenant: str | None, name: str, *,

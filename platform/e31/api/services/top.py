@@ -3,6 +3,10 @@ GPUs (busy, idle, draining, lost; utilisation and memory from the workers' heart
 backlog and oldest runnable wait, each GPU with its readings, and the running jobs with their
 tenant, runtime and GPU use. A tenant's token sees its own jobs by id and name and everyone
 else's merged into `others` per class, as `e31 queue` does; an admin's sees every job.
+
+A CPU class's workers hold no GPU: its `gpus`, `busy_gpus`, `idle_gpus`… count its slots
+instead, one a worker (as `e31 queue` does), and its `slot_kind` says `cpu` (a GPU class's,
+`gpu`), so a CPU worker running a job shows busy 1, not busy 0 idle 0.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class TopService:
 
     def __init__(self, *, settings: Settings, reads: TopReads, redis_client: redis.Redis) -> None:
         self._classes = [c.name for c in settings.size_classes]
+        self._cpu_classes = frozenset(c.name for c in settings.size_classes
+                                      if c.gpu_mem_gb == 0)
         self._reads = reads
         self._redis = redis_client
 
@@ -56,13 +62,15 @@ class TopService:
             log.warning("top_workers_unknown: %s", exc)
             view = None
         return snapshot(classes=self._classes, backlog=backlog, running=running, view=view,
-                        viewer=viewer, now=now)
+                        viewer=viewer, now=now, cpu_classes=self._cpu_classes)
 
 
 def snapshot(*, classes: Sequence[str], backlog: dict[str, tuple[int, datetime | None]],
              running: Sequence[RunningRow], view: scrape.PoolView | None,
-             viewer: TenantRecord, now: datetime) -> dict[str, Any]:
-    """The answer of `/v1/top` (pure: `TopService.top` reads, this shapes)."""
+             viewer: TenantRecord, now: datetime,
+             cpu_classes: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The answer of `/v1/top` (pure: `TopService.top` reads, this shapes). The slots of
+    `cpu_classes` count one a worker (they hold no GPU)."""
     leases = [LeaseHolder(r.node or "", r.size_class, r.gpus,
                           bool(r.lease_expires_at and r.lease_expires_at > now),
                           held_gpus=r.held_gpus)
@@ -116,12 +124,13 @@ def snapshot(*, classes: Sequence[str], backlog: dict[str, tuple[int, datetime |
         queued, oldest = backlog.get(cls, (0, None))
         if not mine_slots and not queued and not any(r.size_class == cls for r in running):
             continue
-        by_state = {st: sum(s.gpu_count for s in mine_slots if s.state == st)
+        cpu = cls in cpu_classes
+        by_state = {st: sum(_slot_count(s, cpu) for s in mine_slots if s.state == st)
                     for st in metrics.WORKER_STATES}
         utils = [g["utilization"] for g in mine_gpus if g["utilization"] is not None]
         out_classes.append({
-            "size_class": cls, "workers": len(mine_slots),
-            "gpus": sum(s.gpu_count for s in mine_slots),
+            "size_class": cls, "slot_kind": "cpu" if cpu else "gpu",
+            "workers": len(mine_slots), "gpus": sum(_slot_count(s, cpu) for s in mine_slots),
             **{f"{st}_gpus": n for st, n in by_state.items()},
             "queued": queued, "running": sum(1 for r in running if r.size_class == cls),
             "oldest_queued_s": round((now - oldest).total_seconds(), 1) if oldest else None,
@@ -132,6 +141,11 @@ def snapshot(*, classes: Sequence[str], backlog: dict[str, tuple[int, datetime |
             "gpus": gpus, "running": jobs,
             "others": [{"tenant": OTHERS, "size_class": cls, **o}
                        for cls, o in sorted(others.items())]}
+
+
+def _slot_count(s: pool.Slot, cpu: bool) -> int:
+    """What a worker slot counts for in its class: its GPUs, or one for a CPU worker."""
+    return s.gpu_count or (1 if cpu else 0)
 
 
 def _reading(g: pool.GpuReading | None) -> dict[str, Any]:
