@@ -10,8 +10,10 @@ digest in every heartbeat (`WorkerInfo.pyenv`) and keeps the environment itself 
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import redis
@@ -22,20 +24,43 @@ from e31.core.functioncalls import environment_digest
 TTL_S = 24 * 3600    # an environment no live worker renews is gone within a day
 RENEW_S = 60.0       # a worker renews its environment's key at most this often
 
+log = logging.getLogger(__name__)
+
 
 class Publisher:
     """One worker's environment, kept in Redis by its heartbeat (`renew`, every beat)."""
 
-    def __init__(self, env: Mapping[str, Any]) -> None:
-        self.digest = environment_digest(env)
-        self._text = json.dumps(env, sort_keys=True, separators=(",", ":"))
+    def __init__(self, env: Mapping[str, Any] | None = None) -> None:
+        self._text = ""
+        self.digest = ""                 # "": not read yet; the beats name none meanwhile
         self._renewed = float("-inf")    # monotonic s of the last renewal
+        if env is not None:
+            self._set(env)
+
+    @classmethod
+    def reading(cls, read: Callable[[], Mapping[str, Any]]) -> Publisher:
+        """A publisher whose environment `read` reads in its own thread (some 0.2 s of
+        package metadata), so that no worker's start waits for it."""
+        publisher = cls()
+
+        def run() -> None:
+            try:
+                publisher._set(read())
+            except Exception:   # the workers' own check remains
+                log.exception("pyenv_unread: callers' calls are checked on the worker only")
+
+        threading.Thread(target=run, name="e31-pyenv", daemon=True).start()
+        return publisher
+
+    def _set(self, env: Mapping[str, Any]) -> None:
+        self._text = json.dumps(env, sort_keys=True, separators=(",", ":"))
+        self.digest = environment_digest(env)   # last: a digest always has its text
 
     def renew(self, r: redis.Redis) -> None:
         """Extend the key's life; write it again when it is missing (its first beat, a Redis
         that restarted empty). At most once per `RENEW_S`: one EXPIRE, rarely a SET."""
         now = time.monotonic()
-        if now - self._renewed < RENEW_S:
+        if not self.digest or now - self._renewed < RENEW_S:
             return
         if not r.expire(keys.pyenv(self.digest), TTL_S):
             r.set(keys.pyenv(self.digest), self._text, ex=TTL_S)

@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> None:
                         format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
     threading.excepthook = end_on_thread_death
     settings = Settings.load()
-    pyenv = Publisher(environment())   # once: what callers check their calls against
-    identity = _identity(args, settings, pyenv.digest)
+    pyenv = Publisher.reading(environment)   # what callers check their calls against
+    identity = _identity(args, settings)
     groups = _take_node(identity, settings)
     services, beat, gpus = _services(args, settings, identity, groups, pyenv)
     settle_left_attempts(services)     # what it finished but could not record
@@ -98,16 +98,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _identity(args: argparse.Namespace, settings: Settings, pyenv: str = "") -> WorkerInfo:
-    """The worker as its heartbeats and its attempts name it: node, queues, GPUs, gang, and
-    the digest of its Python environment."""
+def _identity(args: argparse.Namespace, settings: Settings) -> WorkerInfo:
+    """The worker as its heartbeats and its attempts name it: node, queues, GPUs, gang (its
+    heartbeat adds the digest of its Python environment once read)."""
     return WorkerInfo(node=args.node, queues=tuple(args.queues.split(",")), gpus=args.gpus,
                       gpu_count=args.gpu_count, size_class=args.size_class,
                       isolation=settings.isolation,
                       network=(settings.job_network if settings.isolation == "sandbox"
                                else "host"),
-                      gang=tuple((str(g), tuple(q)) for g, q in json.loads(args.gang or "[]")),
-                      pyenv=pyenv)
+                      gang=tuple((str(g), tuple(q)) for g, q in json.loads(args.gang or "[]")))
 
 
 def _take_node(identity: WorkerInfo, settings: Settings) -> GroupRegistry:

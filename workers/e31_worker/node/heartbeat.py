@@ -18,6 +18,7 @@ and the `draining` event of its `AttemptServices`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -91,6 +92,8 @@ class Heartbeat:
             heartbeat.withdraw(self._redis, self.identity.node)
             return
         info = self.identity.busy(self._busy_job)
+        if self._pyenv is not None and self._pyenv.digest:
+            info = dataclasses.replace(info, pyenv=self._pyenv.digest)
         if self._gpus is not None:
             info = info.with_telemetry(self._gpus.current(busy=self._busy_job is not None))
         heartbeat.write(self._redis, info, interval_s=self._interval_s)
