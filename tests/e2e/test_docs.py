@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from e31.local.redisserver import free_port
+from tests.conftest import wait_for
 from tests.docblocks import (
     ROOT,
     Block,
@@ -253,8 +254,11 @@ def test_operations_page_commands(stack: Stack, tmp_path: Path) -> None:
     # The heartbeats in Redis, with the fields the page shows (of a node of this host)
     [beats] = page.run_blocks("heartbeat")
     (scan, _), (get, shown) = console_steps(beats)
-    ran = run_command(scan, env=env, cwd=tmp_path)
     node = f"gpu1@{socket.gethostname()}"     # the page's gpu1@nodeA: this host's gpu48 node
+    # (a stack is ready at its first worker's beat: this one's may come a moment later)
+    wait_for(lambda: f"e31:worker:{node}" in run_command(scan, env=env, cwd=tmp_path).output,
+             timeout_s=30, what=f"{node} to beat")
+    ran = run_command(scan, env=env, cwd=tmp_path)
     assert ran.returncode == 0 and f"e31:worker:{node}" in ran.output, ran.output
     got = run_command(get.replace("gpu1@nodeA", node), env=env, cwd=tmp_path)
     assert got.returncode == 0, got.output
