@@ -142,3 +142,52 @@ def test_top_names_simulated_gpus_only_when_one_is_shown() -> None:
     assert shown(True).rstrip().endswith("at now; GPU sim: simulated, its readings made up")
     assert shown(False).rstrip().endswith("at now")
     assert "1 GPU" in shown(False)
+
+
+class UsageClient:
+    """The client as `e31 usage` uses it: one report, the tenant's rows and newest batches."""
+
+    def usage_report(self, *, all_tenants: bool) -> dict[str, Any]:
+        return {"usage": [{"tenant": "acme", "size_class": "gpu24", "jobs": {"succeeded": 3},
+                           "gpu_seconds": 12.5, "run_seconds": 12.5, "queued_seconds": 1.0}],
+                "batches": [{"batch": "batch_7f3a", "tenant": "acme", "status": "completed",
+                             "requests": 40, "completed": 39, "failed": 1,
+                             "prompt_tokens": 1234, "completion_tokens": 567,
+                             "gpu_seconds": 8.25}]}
+
+
+def test_usage_prints_the_batches_in_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a tenant with jobs and one batch of requests (the doc-following run found
+    # `e31 usage --batches` printing nothing in text: the rows were read, never shown)
+    monkeypatch.setattr(e31.client, "Client", UsageClient)
+    monkeypatch.setenv("COLUMNS", "200")
+
+    # When the user asks for the batches alone, then for the whole report
+    only = CliRunner().invoke(app, ["usage", "--batches"])
+    whole = CliRunner().invoke(app, ["usage"])
+
+    # Then --batches shows the batch's row (its id, requests and tokens), not the jobs' table
+    assert only.exit_code == 0, only.output
+    assert "batch_7f3a" in only.output and "1234" in only.output and "567" in only.output
+    assert "queued s" not in only.output
+    # And the plain report shows both tables, as its help says
+    assert whole.exit_code == 0, whole.output
+    assert "queued s" in whole.output and "batch_7f3a" in whole.output
+
+
+def test_up_detached_reads_only_its_own_runs_ready_line(tmp_path: Path) -> None:
+    # Given an up.log whose earlier run said it was ready (the doc-following run saw `e31 up -d`
+    # print that line, with the earlier run's ports, when its state file said ready first)
+    from e31.cli.stack import _ready_line
+    log = tmp_path / "up.log"
+    log.write_text("E31 Batch is ready: API http://127.0.0.1:41001, Flower off.\nstopped\n")
+    start = log.stat().st_size
+
+    # When this run has not printed its line yet, then when it has
+    before = _ready_line(log, start)
+    with log.open("a") as f:
+        f.write("E31 Batch is ready: API http://127.0.0.1:42002, Flower off.\n")
+
+    # Then the earlier run's line is never taken for this run's; this run's is
+    assert before is None
+    assert _ready_line(log, start) == "E31 Batch is ready: API http://127.0.0.1:42002, Flower off."

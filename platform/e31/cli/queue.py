@@ -8,6 +8,8 @@ the `e31` core and `e31.client` (lazily, through `common.client`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 from rich.table import Table
 
@@ -33,12 +35,27 @@ def usage(all_tenants: bool = typer.Option(False, "--all-tenants",
     if as_json:
         print_json(rows)
         return
-    table = Table("tenant", "class", "jobs", "gpu-seconds", "run s", "queued s")
-    for r in rows:
-        jobs = ", ".join(f"{k} {v}" for k, v in sorted(r["jobs"].items()))
-        table.add_row(r["tenant"], r["size_class"], jobs, f"{r['gpu_seconds']:.1f}",
-                      f"{r['run_seconds']:.1f}", f"{r['queued_seconds']:.1f}")
-    out.print(table)
+    if not only_batches:
+        table = Table("tenant", "class", "jobs", "gpu-seconds", "run s", "queued s")
+        for r in rows:
+            jobs = ", ".join(f"{k} {v}" for k, v in sorted(r["jobs"].items()))
+            table.add_row(r["tenant"], r["size_class"], jobs, f"{r['gpu_seconds']:.1f}",
+                          f"{r['run_seconds']:.1f}", f"{r['queued_seconds']:.1f}")
+        out.print(table)
+    if batches or only_batches:
+        out.print(_batches_table(batches))
+
+
+def _batches_table(batches: list[dict[str, Any]]) -> Table:
+    """The newest batches of requests, a row each: what `--batches` prints (it printed nothing
+    in text before: the rows were read and never shown)."""
+    table = Table("batch", "tenant", "status", "requests", "completed", "failed",
+                  "tokens in", "tokens out", "gpu-seconds")
+    for b in batches:
+        table.add_row(b["batch"], b["tenant"], b["status"], str(b["requests"]),
+                      str(b["completed"]), str(b["failed"]), str(b["prompt_tokens"]),
+                      str(b["completion_tokens"]), f"{b['gpu_seconds']:.1f}")
+    return table
 
 
 @app.command()

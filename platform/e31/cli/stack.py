@@ -175,6 +175,7 @@ def _detach(settings: Settings, *, as_json: bool) -> None:
     log_path = home / "logs" / "up.log"
     (home / STATE_FILE).unlink(missing_ok=True)
     with open(log_path, "ab") as log:   # the child keeps its own copy of the descriptor
+        start = log.seek(0, os.SEEK_END)   # this run's lines begin here: earlier runs' end above
         proc = subprocess.Popen([sys.executable, "-m", "e31.cli", *argv],
                                 env=dict(os.environ, E31_HOME=str(home)), stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -187,11 +188,20 @@ def _detach(settings: Settings, *, as_json: bool) -> None:
         if stack_ready(home) and as_json:
             print(json.dumps(_ready(settings, json.loads(settings.profile_path.read_text()))))
             return
-        if stack_ready(home):
-            lines = log_path.read_text().strip().splitlines()
-            print(next((line for line in reversed(lines) if "is ready" in line),
-                       "E31 Batch is ready."))
+        # The state file says ready a moment before the child prints its line: wait for this
+        # run's own line (a line of an earlier run above `start` is never taken for it)
+        line = _ready_line(log_path, start) if stack_ready(home) else None
+        if line is not None:
+            print(line)
             return
         time.sleep(DETACH_POLL_S)
     err.print(f"error: the stack was not ready in {DETACH_READY_TIMEOUT_S:g} s; see {log_path}")
     raise typer.Exit(EXIT_UNAVAILABLE)
+
+
+def _ready_line(log_path: Path, start: int) -> str | None:
+    """The "is ready" line `e31 up` printed into `log_path` after offset `start`, or None."""
+    with open(log_path, "rb") as log:
+        log.seek(start)
+        lines = log.read().decode(errors="replace").splitlines()
+    return next((line for line in reversed(lines) if "is ready" in line), None)
