@@ -18,7 +18,7 @@ from e31.core.sizeclasses import route
 from e31.core.spec import JobSpec
 from e31.edge.celeryapp import make_celery
 from e31.edge.settings import Settings
-from e31.ops.heartbeat import WorkerInfo, write
+from e31.ops.heartbeat import WorkerInfo, withdraw, write
 from e31.scheduling.leader import Scheduler
 from e31.store import Repo
 
@@ -123,6 +123,40 @@ def test_a_message_waiting_behind_busy_workers_is_not_published_again(
     heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])   # idle, yet the job was never claimed
     assert scheduler.tick(later) == 1                  # so its message was lost: publish again
     assert published(redis_client, "e31.gpu24") == [waiting, waiting]
+
+
+def restarted(r: redis.Redis, node: str) -> None:
+    """`node`'s heartbeat as its launcher's new process writes it: another pid, same name."""
+    beat = json.loads(r.get(keys.worker(node)) or b"{}")
+    r.set(keys.worker(node), json.dumps({**beat, "pid": beat["pid"] + 1}), px=30_000)
+
+
+@pytest.mark.parametrize("how", ["node died", "worker restarted"])
+def test_a_message_taken_by_a_worker_that_left_is_published_again_at_once(
+        repo: Repo, redis_url: str, redis_client: redis.Redis, how: str) -> None:
+    """A worker killed between taking a job's message and claiming the job takes the message
+    with it. When its heartbeat ends (its node died) or a new process beats under its name
+    (its launcher restarted it), the job is published again as soon as a consumer of the queue
+    is idle, not after the dispatch timeout (here an hour); while no worker left, it waits."""
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    job = submit(repo, tenant.id)
+    heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])
+    heartbeat(redis_client, "gpu1@n", ["e31.gpu24"], busy_job="j-other")
+    scheduler = make(repo, redis_url, dispatch_headroom=0, dispatch_timeout_s=3600)
+    assert scheduler.tick() == 1
+    taken = list(redis_client.scan_iter(match="e31.gpu24*"))   # every priority bucket
+    assert redis_client.delete(*taken) == 1   # gpu0@n took the message, did not claim the job
+    assert scheduler.tick() == 0         # nobody left: the message may be on its way
+
+    if how == "node died":
+        withdraw(redis_client, "gpu0@n")
+        assert scheduler.tick() == 0     # no idle consumer: nothing taken from a queue now
+        heartbeat(redis_client, "gpu1@n", ["e31.gpu24"])   # gpu1@n is idle
+    else:
+        restarted(redis_client, "gpu0@n")
+    assert scheduler.tick() == 1
+    assert published(redis_client, "e31.gpu24") == [job]
+    assert scheduler.tick() == 0         # once: the departure is cleared
 
 
 def test_a_second_scheduler_waits_while_the_first_leads(repo: Repo, redis_url: str,

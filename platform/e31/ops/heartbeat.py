@@ -100,6 +100,9 @@ class WorkerInfo:
     # watches (its telemetry, its XID errors).
     gang: tuple[tuple[str, tuple[str, ...]], ...] = ()
     pyenv: str = ""   # the digest of its Python environment (e31.ops.pyenvs; "": not said)
+    # the process that wrote the beat (0: not said): a new one under the same name is a
+    # restart, and whatever message the old one had taken died with it (e31.scheduling.departures)
+    pid: int = dataclasses.field(default=0, compare=False)
 
     @property
     def own_class(self) -> str:
@@ -141,7 +144,7 @@ class WorkerInfo:
                    network=str(data.get("network") or ""),
                    gang=tuple((str(gpus), tuple(map(str, queues)))
                               for gpus, queues in data.get("gang") or ()),
-                   pyenv=str(data.get("pyenv") or ""),
+                   pyenv=str(data.get("pyenv") or ""), pid=int(data.get("pid") or 0),
                    gpus_telemetry=tuple(g for g in map(GpuSample.from_dict,
                                                        data.get("gpus_telemetry") or ())
                                         if g is not None))

@@ -32,6 +32,7 @@ from e31.edge.settings import Settings
 from e31.ops.heartbeat import WorkerInfo, gang_place, not_held, read_workers, silence_s
 from e31.scheduling import inputs
 from e31.scheduling.admission import AdmissionConfig, Decision, Dispatch, Slot, decide
+from e31.scheduling.departures import Departures, consumed
 from e31.scheduling.fairshare import Reason
 from e31.scheduling.preemption import PreemptConfig, Waiter, plan
 from e31.store.scheduling import SchedulingStore, running_gpus
@@ -91,6 +92,8 @@ class Scheduler:
         # empties every heartbeat at once); the leases' own hold applies too.
         self._judge_silence_after = 0.0   # time.monotonic()
         self._silence_checked = 0.0       # time.monotonic() of the last look for silence
+        # the queues of workers that left, whose taken messages may have died with them
+        self._departures = Departures(window_s=settings.dispatch_timeout_s)
 
     # -- leadership ----------------------------------------------------------------------
 
@@ -122,11 +125,15 @@ class Scheduler:
         view = self._repo.scheduling_view(now=now, queues=self._queues)
         busy = {r.node for r in view.running if r.lease_live and r.node}
         # an idle gang worker serves the class queues of its host's GPU sets
-        idle_queues = {q for w in inputs.idle_workers(workers, busy)
-                       for q in (*w.queues, *(q for _, queues in w.gang for q in queues))}
+        idle_queues = {q for w in inputs.idle_workers(workers, busy) for q in consumed(w)}
+        for node in self._departures.observe(workers, now_s=now.timestamp()):
+            log.info("worker_left node=%s: its queues' unclaimed messages are published again "
+                     "when a consumer is idle", node)
         expired = self._repo.expire_dispatches(
             sorted(idle_queues), now=now,
             timeout_s=self._settings.dispatch_timeout_s) if recover else 0
+        if recover:
+            expired += self._expire_departed(idle_queues, now)
         if expired:
             log.warning("dispatch_expired count=%d: published again", expired)
             view = self._repo.scheduling_view(now=now, queues=self._queues)
@@ -136,6 +143,19 @@ class Scheduler:
         self._record_pending(decision, heads)
         self._preempt_for_waiting(view, slots, decision, heads, now)
         return sent
+
+    def _expire_departed(self, idle_queues: set[str], now: datetime) -> int:
+        """Publish again, at once, the unclaimed publications of the queues whose consumer
+        left since they were made (`e31.scheduling.departures`), where a consumer is idle now,
+        rather than after the dispatch timeout. Returns how many."""
+        due = self._departures.due(idle_queues)
+        expired = 0
+        for since in sorted(set(due.values())):
+            queues = sorted(q for q, at in due.items() if at == since)
+            expired += self._repo.expire_dispatches(
+                queues, now=now, timeout_s=max(0.0, now.timestamp() - since))
+        self._departures.cleared(due)
+        return expired
 
     def _preempt_for_waiting(self, view: SchedulingView, slots: list[Slot], decision: Decision,
                              heads: dict[str, Candidate], now: datetime) -> None:
