@@ -125,6 +125,19 @@ def _modules_of(name: str, modules: Mapping[str, Iterable[str]] | None) -> str:
     return f" (module{'s' if len(names) > 1 else ''} {', '.join(names)})"
 
 
+def unimportable(needed: Iterable[str], ours: Mapping[str, Any]) -> list[str]:
+    """Each of `needed` (top-level modules installed on the caller's side without package
+    metadata: no version to compare, and they do not travel with the call) that the worker's
+    environment `ours` does not list as importable, one sentence each; none when `ours` lists
+    no modules (a worker older than the list: not judged here, the worker's own load names it)."""
+    listed = ours.get("modules")
+    if not isinstance(listed, list):
+        return []
+    have = set(listed)
+    return [f"module {name} (installed on the caller's side without package metadata) is not "
+            "importable on the worker" for name in sorted(set(needed)) if name not in have]
+
+
 def canonical(name: str) -> str:
     """A distribution's name as PEP 503 compares them (`PyYAML`, `pyyaml`, `ruamel.yaml` and
     `ruamel-yaml` alike): two installers may spell one package's metadata differently."""
