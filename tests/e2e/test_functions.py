@@ -158,6 +158,46 @@ if __name__ == "__main__":
 """
 
 
+UNPACKAGED_SCRIPT = """
+import json, sqlite3, sys
+import e31
+import bare_e31_mod
+from e31.core.errors import FunctionError, JobFailed
+from e31.functions import versions
+
+DB = sys.argv[1]
+
+@e31.function()
+def uses_bare(x):
+    return bare_e31_mod.VALUE + x
+
+def jobs():
+    with sqlite3.connect(DB, timeout=30) as db:
+        return db.execute("SELECT count(*) FROM jobs").fetchone()[0]
+
+if __name__ == "__main__":
+    out = {"jobs_before": jobs()}
+    try:
+        uses_bare.remote(1)
+    except FunctionError as exc:
+        out["refused"] = str(exc)
+    out["jobs_after"], out["sent"] = jobs(), len(uses_bare.last_sent)
+    answer = e31.Client().environments()
+    out["listed"] = [isinstance(e.get("modules"), list) for e in answer["environments"]]
+    # The same call, checked against the same workers' environments as if they had the module
+    with_it = dict(answer, environments=[dict(e, modules=[*e["modules"], "bare_e31_mod"])
+                                         for e in answer["environments"]])
+    versions._environments = lambda client, resources: with_it
+    job = uses_bare.submit(1)
+    out["jobs_stored"] = jobs() - out["jobs_after"]
+    try:
+        job.wait(timeout=120)
+    except JobFailed as exc:
+        out["worker_error"] = exc.status.get("error") or ""
+    print(json.dumps(out))
+"""
+
+
 def _fake_site_packages(root: Path) -> Path:
     """A directory named as an interpreter's own (so the function's check counts what it holds
     as installed): the distribution `fakepkg` 9.9 and its module, which no worker has, and
@@ -249,6 +289,30 @@ def test_a_package_no_worker_has_at_the_caller_s_version_is_refused_at_the_call_
     # And a function whose packages agree with the workers' (checked, not skipped) runs
     assert out["doubled"] == 42
     assert out["unknown"] == 0 and out["numpy_here"] in out["numpy_there"]
+
+
+@pytest.mark.timeout(300)
+def test_a_module_without_package_metadata_the_workers_lack_is_refused_at_the_call_naming_it(
+        stack: Stack, tmp_path: Path) -> None:
+    # Given a caller whose site-packages holds a bare module, with no package metadata, that
+    # no worker can import
+    site = tmp_path / "env" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "bare_e31_mod.py").write_text("VALUE = 100\n")
+    # When its function using it is called
+    out = _run(stack, tmp_path, UNPACKAGED_SCRIPT, str(stack.home / "e31.db"), path=site)
+    # Then the call is refused naming the module, judged on the workers' listed modules
+    assert out["listed"] and all(out["listed"])
+    assert "refused" in out, out
+    assert ("module bare_e31_mod (installed on the caller's side without package metadata) "
+            "is not importable on the worker") in out["refused"]
+    assert "class cpu" in out["refused"] and "nothing was stored" in out["refused"]
+    # And nothing was stored or uploaded
+    assert out["jobs_after"] == out["jobs_before"] and out["sent"] == 0
+    # And checked against workers listing the module, the same call is not refused: it is
+    # stored, and fails only on the worker, which cannot import it (what the check spares)
+    assert out["jobs_stored"] == 1
+    assert "bare_e31_mod" in out["worker_error"], out
 
 
 @pytest.mark.timeout(300)

@@ -54,6 +54,7 @@ def test_the_route_answers_the_distinct_environments_of_the_workers_of_the_job_s
            for e in answer["environments"]}
     assert got == {environment_digest(OLD): (2, "3.11", OLD["packages"]),
                    environment_digest(NEW): (1, "3.11", NEW["packages"])}
+    assert not any("modules" in e for e in answer["environments"])
     # And a one-GPU job's are its class's workers' alone
     gpu = api.get("/v1/pool/environments", params={"gpus": 1}, headers=token).json()
     assert gpu["queue"] == "e31.gpu24" and gpu["workers"] == 1
@@ -121,3 +122,6 @@ def test_a_worker_s_heartbeat_names_its_environment_which_the_route_then_answers
     assert info.pyenv == publisher.digest
     [env] = api.get("/v1/pool/environments", headers=token).json()["environments"]
     assert env["digest"] == publisher.digest and env["packages"] == environment()["packages"]
+    # And the top-level modules it can import, which an older worker's environment (no
+    # `modules`, as OLD and NEW) is answered without
+    assert env["modules"] == environment()["modules"] and "json" in env["modules"]

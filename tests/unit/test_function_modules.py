@@ -4,6 +4,7 @@ the local ones it reaches, at the paths their names give; installed ones by dist
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,3 +78,30 @@ def test_a_main_function_needs_only_what_it_names_not_all_of_the_notebooks_names
     needs = needs_of(namespace["score"])
     assert sorted(needs.files) == ["proj_util.py"]
     assert needs.distributions == frozenset()
+
+
+def test_an_installed_module_no_distribution_provides_is_named_as_unpackaged(
+        tmp_path: Path) -> None:
+    # Given a bare module in a directory named as an interpreter's own (so it counts as
+    # installed, not as the caller's to send) with no package metadata beside it
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (site / "bare_unpackaged.py").write_text("VALUE = 1\n\ndef work():\n    return VALUE\n")
+    sys.path.insert(0, str(site))
+    try:
+        bare = importlib.import_module("bare_unpackaged")
+        namespace: dict[str, object] = {"__name__": "__main__", "bare_unpackaged": bare,
+                                        "pytest": pytest, "json": json}
+        exec("def use():\n    return bare_unpackaged.VALUE, pytest, json\n", namespace)
+        # When what the function needs is read
+        needs = needs_of(namespace["use"])
+        own = needs_of(bare.work)    # a function of the bare module itself
+    finally:
+        sys.path.remove(str(site))
+        sys.modules.pop("bare_unpackaged", None)
+    # Then the bare module is named for the workers to have, and does not travel; a module
+    # of a distribution (pytest) and the standard library's (json) are not named so
+    assert needs.unpackaged == frozenset({"bare_unpackaged"})
+    assert needs.files == {}
+    assert needs.distributions == frozenset({"pytest"})
+    assert own.unpackaged == frozenset({"bare_unpackaged"}) and own.files == {}

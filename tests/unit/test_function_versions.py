@@ -3,6 +3,7 @@ package, what leaves it to the worker, and the one question per `CACHE_S`."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -53,7 +54,8 @@ def test_a_call_one_worker_may_run_or_that_cannot_be_told_is_left_to_the_worker(
 def test_the_environment_is_every_installed_distribution_and_its_digest_is_canonical() -> None:
     env = environment()
     assert env["packages"]["cloudpickle"] and env["python"].count(".") == 1
-    reordered = {"packages": dict(reversed(env["packages"].items())), "python": env["python"]}
+    reordered = {"modules": env["modules"], "python": env["python"],
+                 "packages": dict(reversed(env["packages"].items()))}
     assert environment_digest(reordered) == environment_digest(env)
     assert environment_digest({**env, "python": "2.7"}) != environment_digest(env)
 
@@ -117,3 +119,53 @@ def test_a_package_whose_module_is_named_otherwise_is_named_with_its_module() ->
     assert why is not None
     assert "package PyYAML 6.0 (module yaml) on the caller's side, not installed" in why
     assert "package fakepkg 9.9 on the caller's side" in why
+
+
+def test_a_module_without_package_metadata_no_worker_can_import_is_refused_naming_it() -> None:
+    # Given a call that imports `unpackaged`, installed here with no package metadata, and
+    # workers of the caller's versions that list what they can import, `unpackaged` not
+    # among it
+    caller = {"python": "3.11", "packages": {"numpy": "2.1.0"}}
+    lacking = {"python": "3.11", "packages": {"numpy": "2.1.0"}, "modules": ["json", "numpy"]}
+    # When the call is checked
+    why = versions.refusal(_answer(lacking), caller, unpackaged={"unpackaged"})
+    # Then it is refused naming the module, and what to do about a module, not a version
+    assert why is not None
+    assert ("module unpackaged (installed on the caller's side without package metadata) is "
+            "not importable on the worker") in why
+    assert "class cpu" in why and "nothing was stored" in why
+    assert "Install the module on the workers" in why and "same versions" not in why
+    # And a package that differs too is named beside it, with both pieces of advice
+    both = versions.refusal(_answer(lacking), CALLER, unpackaged={"unpackaged"})
+    assert both is not None and "package fakepkg 9.9" in both and "module unpackaged" in both
+    assert "same versions" in both and "Install the module" in both
+
+
+@pytest.mark.parametrize("envs", [
+    [{"python": "3.11", "packages": {}, "modules": ["json", "unpackaged"]}],   # it has it
+    [{"python": "3.11", "packages": {}, "modules": ["json"]},                  # one of them
+     {"python": "3.11", "packages": {}, "modules": ["unpackaged"]}],
+    [{"python": "3.11", "packages": {}}],             # an older worker's: no modules listed
+])
+def test_a_module_without_metadata_is_left_alone_where_a_worker_has_it_or_cannot_be_told(
+        envs: list[dict[str, Any]]) -> None:
+    caller = {"python": "3.11", "packages": {}}
+    assert versions.refusal(_answer(*envs), caller, unpackaged={"unpackaged"}) is None
+
+
+def test_the_environment_lists_the_top_level_modules_this_interpreter_can_import(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a directory on sys.path with a bare module, a package and a namespace directory
+    (tmp_path / "bare_here.py").write_text("X = 1\n")
+    (tmp_path / "pkg_here").mkdir()
+    (tmp_path / "pkg_here" / "__init__.py").write_text("")
+    (tmp_path / "ns_here").mkdir()
+    (tmp_path / "not-a-module").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # When the environment is read
+    modules = environment()["modules"]
+    # Then it names them, the installed packages', the standard library's and the built-in
+    # ones, sorted, names only
+    assert {"bare_here", "pkg_here", "ns_here", "cloudpickle", "json", "sys"} <= set(modules)
+    assert "not-a-module" not in modules and "__pycache__" not in modules
+    assert modules == sorted(set(modules))

@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
+import pkgutil
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -58,14 +60,34 @@ def facts(distributions: Iterable[str]) -> dict[str, Any]:
 
 def environment() -> dict[str, Any]:
     """This interpreter's whole environment, as a worker publishes it for the callers to check
-    their calls against before they store a job: its Python and every installed distribution's
-    version (the first found on `sys.path`, as `importlib.metadata.version` finds it)."""
+    their calls against before they store a job: its Python, every installed distribution's
+    version (the first found on `sys.path`, as `importlib.metadata.version` finds it) and the
+    names of the top-level modules it can import (`importable_modules`)."""
     packages: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
         name = dist.metadata["Name"]
         if name and name not in packages:
             packages[name] = dist.version
-    return {"python": python_version(), "packages": dict(sorted(packages.items()))}
+    return {"python": python_version(), "packages": dict(sorted(packages.items())),
+            "modules": importable_modules()}
+
+
+def importable_modules() -> list[str]:
+    """The top-level modules this interpreter can import, by name, sorted: those on its
+    `sys.path` (`pkgutil.iter_modules`: files, packages, extensions), the directories there
+    that a namespace package may be (no `__init__.py`, which `pkgutil` passes over), the
+    built-in ones and the standard library's. What a caller's module that has no package
+    metadata, and so no version to compare, is looked for in (`unimportable`)."""
+    names = {m.name for m in pkgutil.iter_modules()}
+    for entry in sys.path:
+        try:
+            with os.scandir(entry or ".") as found:
+                names.update(e.name for e in found if e.name.isidentifier()
+                             and e.name != "__pycache__" and e.is_dir())
+        except OSError:   # a missing entry, a zip file: pkgutil has read what it can
+            continue
+    names.update(sys.builtin_module_names, sys.stdlib_module_names)
+    return sorted(names)
 
 
 def environment_digest(env: Mapping[str, Any]) -> str:
@@ -101,6 +123,19 @@ def _modules_of(name: str, modules: Mapping[str, Iterable[str]] | None) -> str:
     if not names:
         return ""
     return f" (module{'s' if len(names) > 1 else ''} {', '.join(names)})"
+
+
+def unimportable(needed: Iterable[str], ours: Mapping[str, Any]) -> list[str]:
+    """Each of `needed` (top-level modules installed on the caller's side without package
+    metadata: no version to compare, and they do not travel with the call) that the worker's
+    environment `ours` does not list as importable, one sentence each; none when `ours` lists
+    no modules (a worker older than the list: not judged here, the worker's own load names it)."""
+    listed = ours.get("modules")
+    if not isinstance(listed, list):
+        return []
+    have = set(listed)
+    return [f"module {name} (installed on the caller's side without package metadata) is not "
+            "importable on the worker" for name in sorted(set(needed)) if name not in have]
 
 
 def canonical(name: str) -> str:

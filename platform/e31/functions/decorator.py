@@ -199,7 +199,7 @@ class Function(Generic[P, R]):
                                 "function")
         envelope = pickling.envelope(self._fn, shared, needs.distributions)
         versions.check(self.client, self._spec, facts(needs.distributions),
-                       modules=needs.modules)
+                       modules=needs.modules, unpackaged=needs.unpackaged)
         sending = Sending()
         if not any(k in self._spec for k in ("code", "workdir")):
             send_code(self.client, needs, sending)

@@ -7,7 +7,9 @@ followed, and so on from those: a module whose file lies outside the interpreter
 directories (the standard library, site-packages) is **local**, one of the caller's project,
 and its file goes into the bundle at the path its name gives (`pkg/sub/mod.py`, with the
 `__init__.py` of each package above it); an installed one is named by its distribution
-(`numpy`), for the version check. `e31` and `e31_worker` are the pool's own and never travel.
+(`numpy`), for the version check, or, when no distribution provides it (a bare `foo.py` in
+site-packages: no package metadata), by its top-level name, which the workers must list as
+importable. `e31` and `e31_worker` are the pool's own and never travel.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ SKIPPED_TOP = frozenset({"__main__", "builtins", "__mp_main__"})
 
 @dataclass(frozen=True)
 class Needs:
-    """The local modules' files (bundle path -> file) and the installed distributions."""
+    """The local modules' files (bundle path -> file), the installed distributions, and the
+    installed top-level modules no distribution provides."""
 
     files: dict[str, Path]
     distributions: frozenset[str]
@@ -39,6 +42,10 @@ class Needs:
     # distribution -> the top-level modules of it the function reaches, named beside the
     # package when a version check refuses the call (PyYAML: yaml)
     modules: dict[str, frozenset[str]] = field(default_factory=dict)
+    # installed top-level modules of no distribution (`unpackaged.py` put in site-packages, a
+    # directory of the interpreter's own on PYTHONPATH): no version to compare, so the call is
+    # checked against the names of the modules the workers can import
+    unpackaged: frozenset[str] = frozenset()
 
 
 def needs_of(fn: Any) -> Needs:
@@ -78,9 +85,23 @@ def needs_of(fn: Any) -> Needs:
         path = _file_of(start)
         if path is not None and not _beneath(path, installed):
             files.update(_bundle_paths(start.__name__, path))
+        elif path is not None:   # an installed module's function: the worker imports it too
+            tops.add(start.__name__.partition(".")[0])
     provides = _distributions(tops)
+    packaged = {top for provided in provides.values() for top in provided}
+    unpackaged = {top for top in tops - packaged if _installed_file(top, installed)}
     return Needs(files=files, distributions=frozenset(provides), fileless=frozenset(fileless),
-                 modules=provides)
+                 modules=provides, unpackaged=frozenset(unpackaged))
+
+
+def _installed_file(top: str, installed: list[str]) -> bool:
+    """Whether top-level module `top` is a file (or a package's `__init__.py`) beneath the
+    interpreter's directories and not the standard library's: a built-in module has no file,
+    and a namespace package neither, which a worker may hold in portions no list names."""
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        return False
+    path = _file_of(sys.modules.get(top))
+    return path is not None and _beneath(path, installed)
 
 
 def _uses(fn: Any, visited: set[int]) -> Iterator[str]:

@@ -29,10 +29,11 @@ def router(svc: QueueService) -> APIRouter:
                      gpu_mem_gb: Annotated[float | None, Query(ge=0, le=100_000)] = None,
                      size_class: Annotated[str | None, Query(max_length=32)] = None,
                      ) -> dict[str, Any]:
-        """The distinct Python environments (Python, installed distributions' versions) of
-        the live workers serving the queue a job of these resources waits in, each with its
-        number of workers; `unknown`: those serving it whose environment is not known;
-        `refused`, with no environment, for resources no size class takes."""
+        """The distinct Python environments (Python, installed distributions' versions, the
+        top-level modules they can import as `modules`) of the live workers serving the queue
+        a job of these resources waits in, each with its number of workers; `unknown`: those
+        serving it whose environment is not known; `refused`, with no environment, for
+        resources no size class takes."""
         resources: dict[str, Any] = {"gpus": gpus}
         if gpu_mem_gb is not None:
             resources["gpu_mem_gb"] = gpu_mem_gb

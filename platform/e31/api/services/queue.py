@@ -47,10 +47,11 @@ class QueueService:
 
     def environments(self, resources: dict[str, Any]) -> dict[str, Any]:
         """The distinct Python environments of the live workers serving the queue a job of
-        `resources` is routed to, each with how many workers have it; `unknown` counts those
-        whose environment is not known (an older worker, a record Redis lost), which a caller
-        must not judge by the others. Resources no class takes run nowhere: no environment,
-        and `refused` says why (the submission of such a job is refused the same way)."""
+        `resources` is routed to (Python, packages, importable top-level modules), each with
+        how many workers have it; `unknown` counts those whose environment is not known (an
+        older worker, a record Redis lost), which a caller must not judge by the others.
+        Resources no class takes run nowhere: no environment, and `refused` says why (the
+        submission of such a job is refused the same way)."""
         try:
             spec = JobSpec.parse({"entrypoint": FUNCTION_ENTRYPOINT, "resources": resources})
             where = route(spec, self._settings.size_classes)
@@ -66,9 +67,17 @@ class QueueService:
                 counts[w.pyenv] = counts.get(w.pyenv, 0) + 1
         return {"size_class": where.size_class, "queue": where.queue, "workers": len(serving),
                 "unknown": len(serving) - sum(counts.values()),
-                "environments": [{"digest": d, "workers": n, "python": known[d].get("python"),
-                                  "packages": known[d].get("packages") or {}}
-                                 for d, n in sorted(counts.items())]}
+                "environments": [_environment(d, n, known[d]) for d, n in sorted(counts.items())]}
+
+
+def _environment(digest: str, workers: int, env: dict[str, Any]) -> dict[str, Any]:
+    """One environment as the route answers it; `modules` (the top-level modules its workers
+    can import) only when they listed them: an older worker's is not judged on modules."""
+    out: dict[str, Any] = {"digest": digest, "workers": workers, "python": env.get("python"),
+                           "packages": env.get("packages") or {}}
+    if isinstance(env.get("modules"), list):
+        out["modules"] = env["modules"]
+    return out
 
 
 def _serves(worker: WorkerInfo, queue: str) -> bool:
