@@ -63,6 +63,8 @@ RUN_STEPS = {
     "docs/runbooks/worker-node-down.md": {"check"},
     "docs/runbooks/E31ClassWithoutWorkers.md": {"confirm"},
     "docs/runbooks/E31GpuXidError.md": {"confirm", "undrain"},
+    "docs/runbooks/E31GpuEccErrors.md": {"drain", "undrain"},
+    "docs/runbooks/E31MetricsDown.md": {"embedded"},
     "docs/runbooks/E31LeaseExpiriesRising.md": {"confirm"},
     "docs/runbooks/E31JobsIdle.md": {"confirm"},
     "docs/runbooks/store-outage.md": {"symptoms", "find", "verify", "embedded"},

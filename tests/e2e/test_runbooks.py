@@ -179,6 +179,16 @@ def test_jobs_idle(stack: Stack, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_metrics_down_checks_on_the_embedded_stack(stack: Stack, tmp_path: Path) -> None:
+    # When the operator runs E31MetricsDown.md's checks with the stack's address and token
+    # (issue 32: the page's only checks read Compose's secrets/metrics_token, absent here)
+    out = _follow(stack, "E31MetricsDown.md", "embedded", tmp_path)
+    # Then the API answers its health check and /metrics takes the token `e31 up` wrote
+    assert out.splitlines()[0] == "200", out
+    assert "e31_store_up 1.0" in out, out
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
 def test_artifact_retention_dry_run(stack: Stack, tmp_path: Path) -> None:
     out = _follow(stack, "artifact-retention.md", "gc", tmp_path)
     assert out.strip()
@@ -240,6 +250,31 @@ def test_gpu_xid_error_confirm(own: OwnStack, tmp_path: Path) -> None:
     assert ran.returncode == 0 and output_matches(shown, ran.output), f"{shown}\n{ran.output}"
     # and once the GPU is fixed, the page's undrain puts the node back in service
     _follow(own, "E31GpuXidError.md", "undrain", tmp_path, NODE=node)
+    wait_for(lambda: _live(own, node), timeout_s=WAIT_S, what=f"{node} back in service")
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_gpu_ecc_errors_drain_holds_across_a_restart_until_undrained(
+        own: OwnStack, tmp_path: Path) -> None:
+    # Given a live node (the page's blocks take any node name: here a cpu worker)
+    node = f"cpu0@{socket.gethostname()}"
+    wait_for(lambda: _live(own, node), timeout_s=WAIT_S, what=f"{node} live")
+    # When the operator drains it as E31GpuEccErrors.md says for the embedded stack
+    out = _follow(own, "E31GpuEccErrors.md", "drain", tmp_path, NODE=node)
+    assert "all drained" in out, out
+    # and the stack's launcher is restarted (issue 32: the page said `e31 down` and
+    # `e31 up -d` bring the node back; `e31 up`'s launcher keeps it drained)
+    launcher = own.state()["children"]["worker"]
+    log = own.home / "logs" / "worker.log"
+    seen = len(log.read_bytes())
+    os.kill(launcher, signal.SIGTERM)
+    wait_for(lambda: f"worker_held_drained node={node}".encode() in log.read_bytes()[seen:],
+             timeout_s=WAIT_S, what="the restarted launcher to hold the node drained")
+    # Then the node stays out of service
+    assert own.state()["children"]["worker"] != launcher
+    assert not _live(own, node)
+    # and the page's undrain puts it back
+    _follow(own, "E31GpuEccErrors.md", "undrain", tmp_path, NODE=node)
     wait_for(lambda: _live(own, node), timeout_s=WAIT_S, what=f"{node} back in service")
 
 
