@@ -213,7 +213,8 @@ def test_drain_a_worker(own: OwnStack, tmp_path: Path) -> None:
     # When the operator follows drain-a-worker.md on the embedded stack
     out = _follow(own, "drain-a-worker.md", "drain", tmp_path, NODE=node)
     status = job.status()
-    # Then pgrep found the stack's launcher, and "all drained" came once the job was requeued
+    # Then the stack's own launcher was shown (issue 32: pgrep listed every stack's), and
+    # "all drained" came once the job was requeued
     launcher = own.state()["children"]["worker"]
     assert f"{launcher} " in out and "worker --keep-drains" in out, out
     assert "all drained" in out
