@@ -63,7 +63,7 @@ RUN_STEPS = {
     "docs/runbooks/worker-node-down.md": {"check"},
     "docs/runbooks/E31ClassWithoutWorkers.md": {"confirm"},
     "docs/runbooks/E31GpuXidError.md": {"confirm", "undrain"},
-    "docs/runbooks/E31GpuEccErrors.md": {"drain", "undrain"},
+    "docs/runbooks/E31GpuEccErrors.md": {"drain", "undrain", "owners"},
     "docs/runbooks/E31MetricsDown.md": {"embedded"},
     "docs/runbooks/E31SchedulerNotTicking.md": {"confirm"},
     "docs/runbooks/E31BrokerErrors.md": {"confirm"},      # with redis-restart.md's test

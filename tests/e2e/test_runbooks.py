@@ -190,6 +190,23 @@ def test_metrics_down_checks_on_the_embedded_stack(stack: Stack, tmp_path: Path)
 
 
 @pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_gpu_ecc_errors_jobs_that_ran_on_the_gpu(stack: Stack, tmp_path: Path) -> None:
+    # Given a job that ran on the stack's 24 GB GPU (index 0) and one on the cpu class
+    on_gpu = stack.client().submit(command=["true"], resources={"gpus": 1, "gpu_mem_gb": 24},
+                                   name="on-gpu0")
+    on_cpu = stack.client().submit(command=["true"], resources={"gpus": 0}, name="on-cpu")
+    assert on_gpu.wait(timeout=WAIT_S)["state"] == "succeeded"
+    assert on_cpu.wait(timeout=WAIT_S)["state"] == "succeeded"
+    # When the operator lists the jobs of the last hour on that GPU, as E31GpuEccErrors.md
+    # says (issue 32: the page asked to tell their owners and gave no way to find them)
+    out = _follow(stack, "E31GpuEccErrors.md", "owners", tmp_path,
+                  HOST=socket.gethostname(), GPU="0")
+    # Then the GPU's job is listed with its tenant, and the cpu job is not
+    assert re.search(rf"^{on_gpu.id}\|default\|gpu\d@[^|]+\|0\|", out, re.M), out
+    assert on_cpu.id not in out, out
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
 def test_artifact_retention_dry_run(stack: Stack, tmp_path: Path) -> None:
     out = _follow(stack, "artifact-retention.md", "gc", tmp_path)
     assert out.strip()
