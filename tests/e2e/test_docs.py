@@ -63,6 +63,12 @@ RUN_STEPS = {
     "docs/runbooks/worker-node-down.md": {"check"},
     "docs/runbooks/E31ClassWithoutWorkers.md": {"confirm"},
     "docs/runbooks/E31GpuXidError.md": {"confirm", "undrain"},
+    "docs/runbooks/E31GpuEccErrors.md": {"drain", "undrain", "owners"},
+    "docs/runbooks/E31MetricsDown.md": {"embedded"},
+    "docs/runbooks/E31SchedulerNotTicking.md": {"confirm"},
+    "docs/runbooks/E31BrokerErrors.md": {"confirm"},      # with redis-restart.md's test
+    "docs/runbooks/E31PoolFaults.md": {"confirm"},
+    "docs/runbooks/E31JobsFailedByPool.md": {"confirm"},
     "docs/runbooks/E31LeaseExpiriesRising.md": {"confirm"},
     "docs/runbooks/E31JobsIdle.md": {"confirm"},
     "docs/runbooks/store-outage.md": {"symptoms", "find", "verify", "embedded"},

@@ -46,6 +46,7 @@ from tests.docblocks import (
     run_command,
 )
 from tests.e2e.chaos.conftest import Cluster, Postgres, make_cluster
+from tests.integration.test_http_inputs import Quiet, Serving
 
 from .conftest import Stack
 from .stacks import OwnStack, own_stack
@@ -179,6 +180,33 @@ def test_jobs_idle(stack: Stack, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_metrics_down_checks_on_the_embedded_stack(stack: Stack, tmp_path: Path) -> None:
+    # When the operator runs E31MetricsDown.md's checks with the stack's address and token
+    # (issue 32: the page's only checks read Compose's secrets/metrics_token, absent here)
+    out = _follow(stack, "E31MetricsDown.md", "embedded", tmp_path)
+    # Then the API answers its health check and /metrics takes the token `e31 up` wrote
+    assert out.splitlines()[0] == "200", out
+    assert "e31_store_up 1.0" in out, out
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_gpu_ecc_errors_jobs_that_ran_on_the_gpu(stack: Stack, tmp_path: Path) -> None:
+    # Given a job that ran on the stack's 24 GB GPU (index 0) and one on the cpu class
+    on_gpu = stack.client().submit(command=["true"], resources={"gpus": 1, "gpu_mem_gb": 24},
+                                   name="on-gpu0")
+    on_cpu = stack.client().submit(command=["true"], resources={"gpus": 0}, name="on-cpu")
+    assert on_gpu.wait(timeout=WAIT_S)["state"] == "succeeded"
+    assert on_cpu.wait(timeout=WAIT_S)["state"] == "succeeded"
+    # When the operator lists the jobs of the last hour on that GPU, as E31GpuEccErrors.md
+    # says (issue 32: the page asked to tell their owners and gave no way to find them)
+    out = _follow(stack, "E31GpuEccErrors.md", "owners", tmp_path,
+                  HOST=socket.gethostname(), GPU="0")
+    # Then the GPU's job is listed with its tenant, and the cpu job is not
+    assert re.search(rf"^{on_gpu.id}\|default\|gpu\d@[^|]+\|0\|", out, re.M), out
+    assert on_cpu.id not in out, out
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
 def test_artifact_retention_dry_run(stack: Stack, tmp_path: Path) -> None:
     out = _follow(stack, "artifact-retention.md", "gc", tmp_path)
     assert out.strip()
@@ -202,7 +230,8 @@ def test_drain_a_worker(own: OwnStack, tmp_path: Path) -> None:
     # When the operator follows drain-a-worker.md on the embedded stack
     out = _follow(own, "drain-a-worker.md", "drain", tmp_path, NODE=node)
     status = job.status()
-    # Then pgrep found the stack's launcher, and "all drained" came once the job was requeued
+    # Then the stack's own launcher was shown (issue 32: pgrep listed every stack's), and
+    # "all drained" came once the job was requeued
     launcher = own.state()["children"]["worker"]
     assert f"{launcher} " in out and "worker --keep-drains" in out, out
     assert "all drained" in out
@@ -244,12 +273,75 @@ def test_gpu_xid_error_confirm(own: OwnStack, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_gpu_ecc_errors_drain_holds_across_a_restart_until_undrained(
+        own: OwnStack, tmp_path: Path) -> None:
+    # Given a live node (the page's blocks take any node name: here a cpu worker)
+    node = f"cpu0@{socket.gethostname()}"
+    wait_for(lambda: _live(own, node), timeout_s=WAIT_S, what=f"{node} live")
+    # When the operator drains it as E31GpuEccErrors.md says for the embedded stack
+    out = _follow(own, "E31GpuEccErrors.md", "drain", tmp_path, NODE=node)
+    assert "all drained" in out, out
+    # and the stack's launcher is restarted (issue 32: the page said `e31 down` and
+    # `e31 up -d` bring the node back; `e31 up`'s launcher keeps it drained)
+    launcher = own.state()["children"]["worker"]
+    log = own.home / "logs" / "worker.log"
+    seen = len(log.read_bytes())
+    os.kill(launcher, signal.SIGTERM)
+    wait_for(lambda: f"worker_held_drained node={node}".encode() in log.read_bytes()[seen:],
+             timeout_s=WAIT_S, what="the restarted launcher to hold the node drained")
+    # Then the node stays out of service
+    assert own.state()["children"]["worker"] != launcher
+    assert not _live(own, node)
+    # and the page's undrain puts it back
+    _follow(own, "E31GpuEccErrors.md", "undrain", tmp_path, NODE=node)
+    wait_for(lambda: _live(own, node), timeout_s=WAIT_S, what=f"{node} back in service")
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_scheduler_not_ticking_confirm(own: OwnStack, tmp_path: Path) -> None:
+    # Given the stack's scheduler hung (stopped: `e31 up` restarts only one that exits) and
+    # a job queued behind it
+    scheduler = own.state()["children"]["scheduler"]
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        job = own.client().submit(command=["true"], resources={"gpus": 0}, name="unticked")
+        client = redis.Redis.from_url(own.redis_url)
+        try:
+            wait_for(lambda: client.get(keys.LEADER) is None, timeout_s=WAIT_S,
+                     what="the leader's key to lapse")
+        finally:
+            client.close()
+        # When the operator confirms it as E31SchedulerNotTicking.md says
+        out = _follow(own, "E31SchedulerNotTicking.md", "confirm", tmp_path,
+                      E31_REDIS_URL=own.redis_url, COLUMNS="200")
+        # Then the job's class shows it queued, and no scheduler leads (an empty GET)
+        assert re.search(r"^ *cpu .* 1 +0 +\S+ *$", out, re.M), out
+        assert not re.search(r"^[0-9a-f]{32}$", out, re.M), out   # no leader's token
+        assert job.status()["state"] == "queued"
+    finally:
+        os.kill(scheduler, signal.SIGCONT)
+    assert job.wait(timeout=WAIT_S)["state"] == "succeeded"
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
 def test_redis_restart(own: OwnStack, tmp_path: Path) -> None:
-    # Given the stack's redis-server killed
-    old = own.state()["children"]["redis"]
-    os.kill(old, signal.SIGKILL)
-    wait_for(lambda: not process_alive(old), what="redis to die")
-    # When the operator follows redis-restart.md's check for the embedded stack
+    # Given the stack's redis-server killed while `e31 up` is stopped (an outage that lasts)
+    up, old = own.state()["pid"], own.state()["children"]["redis"]
+    os.kill(up, signal.SIGSTOP)
+    try:
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: not process_alive(old), what="redis to die")
+        # When the operator confirms it as E31BrokerErrors.md says
+        [block] = doc(PAGES + "E31BrokerErrors.md").run_blocks("confirm")
+        ran = run_block(block, env=_env(own, E31_REDIS_URL=own.redis_url), cwd=tmp_path)
+    finally:
+        os.kill(up, signal.SIGCONT)
+    # Then `e31 top` and `e31 queue` say Redis is not answering, and redis-cli cannot connect
+    # (its exit 1 ends the block)
+    assert "workers unknown: Redis did not answer" in ran.output, ran.output
+    assert "the broker (Redis) is unreachable" in ran.output, ran.output
+    assert "Could not connect to Redis" in ran.output and ran.returncode == 1, ran.output
+    # When `e31 up` runs again and the operator follows redis-restart.md's check
     out = _follow(own, "redis-restart.md", "verify", tmp_path)
     # Then a new redis-server serves the same URL, stack.json names it, and a job ran
     new = own.state()["children"]["redis"]
@@ -272,6 +364,41 @@ def test_database_migrations(own: OwnStack, tmp_path: Path) -> None:
         assert ran.returncode == 0, f"{block.where}: {command}\n{ran.output}"
         assert output_matches(shown, ran.output), f"{command}: {shown}\n{ran.output}"
     assert (tmp_path / "e31-before-upgrade.db").exists()
+
+
+# --- on a stack of its own that may fetch from this machine, and gives up after two faults --
+
+class Unavailable(Quiet):
+    """An input server that is down: 503 for every path."""
+
+    def do_GET(self) -> None:
+        self.send_response(503)
+        self.end_headers()
+
+
+@pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
+def test_pool_faults_and_jobs_failed_by_pool_confirm(tmp_path: Path) -> None:
+    # Given a job whose input server answers 503, on a pool that may fetch from loopback and
+    # gives up after two faults of its own (E31_INFRA_RETRIES)
+    with Serving(Unavailable) as server, own_stack(
+            tmp_path / "home", "--cpu-slots", "1",
+            E31_INPUT_ALLOWED_NETWORKS="127.0.0.0/8", E31_INFRA_RETRIES="2") as st:
+        job = st.client().submit(command=["cat", "data.csv"], resources={"gpus": 0},
+                                 inputs={"data": f"{server.base}/data.csv"}, name="fetcher")
+        wait_for(lambda: job.status()["state"] == "failed", timeout_s=WAIT_S,
+                 what="the pool to give up on the job")
+        # When the operator confirms it as E31PoolFaults.md and E31JobsFailedByPool.md say
+        faults = _follow(st, "E31PoolFaults.md", "confirm", tmp_path, JOB=job.id,
+                         COLUMNS="400")
+        failed = _follow(st, "E31JobsFailedByPool.md", "confirm", tmp_path, JOB=job.id,
+                         COLUMNS="400")
+    # Then the failed job shows with the pool's reason, each attempt's error names the URL
+    # and the server's status, and its log says what the setup met
+    for out in (faults, failed):
+        assert re.search(rf"^{job.id} +fetcher +failed .* setup_transient *$", out, re.M), out
+        assert "the pool failed this job: 2 faults of its own (infra_retries=2)" in out, out
+        assert "e31: setup failed: inputs.data: cannot read " in out, out
+        assert "503 Service Unavailable" in out, out
 
 
 # --- on a private PostgreSQL that the test stops: the store outage ----------------------
