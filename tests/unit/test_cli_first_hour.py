@@ -1,7 +1,7 @@
-"""What a new user of `e31` sees in the first hour (issue 32, its rough edges 3, 5 and 7):
+"""What a new user of `e31` sees in the first hour (issue 32, its rough edges 1, 3, 5 and 7):
 `J=$(e31 submit --wait …)` holds the id alone, a token the API refuses or no API known at
-all is the user's setup (exit 2, as `e31 --help`'s table says), and `e31 gc --older-than 0`
-is refused saying what to give instead.
+all is the user's setup (exit 2, as `e31 --help`'s table says), `e31 gc --older-than 0`
+is refused saying what to give instead, and `e31 status` shows an attempt's error whole.
 
 The commands run in-process with typer's CliRunner against a stand-in for the client
 (`e31.client.Client` replaced), as tests/unit/test_cli_flags.py does; `main()` itself, where
@@ -43,6 +43,9 @@ class FakeClient:
 
     def submit(self, body: dict[str, Any]) -> Any:
         return types.SimpleNamespace(id=JOB_ID, wait=self._wait)
+
+    def get(self, job_id: str) -> Any:
+        return types.SimpleNamespace(status=lambda: self.ends)
 
     def list(self, **_: Any) -> list[dict[str, Any]]:
         if self.refused is not None:
@@ -132,3 +135,19 @@ def test_gc_older_than_0_is_refused_saying_what_to_give(tmp_path: Path) -> None:
         assert "--older-than 0.001 takes every job that ended more than 86 s ago" in said
         # and nothing was opened: no store was made in the home
         assert not any(tmp_path.iterdir())
+
+
+def test_status_shows_an_attempts_error_whole_off_a_terminal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a job whose lost attempt's error is longer than the 80 characters it was cut to
+    error = ("worker gpu0@node7 went silent (no heartbeat for 2.0 s): its node died or was cut "
+             "off; the job was queued again on the pool's account (infra_retries 1 of 3)")
+    attempt = {"n": 1, "worker": "gpu0@node7", "gpus": "0", "started_at": "2026-12-06T01:00:00",
+               "setup_s": None, "ended_at": "2026-12-06T01:00:09", "reason": "lost",
+               "error": error}
+    _with(monkeypatch, FakeClient(ends={"id": JOB_ID, "state": "queued", "attempts": [attempt]}))
+    # When its status is printed to a pipe (CliRunner's output is not a terminal)
+    done = CliRunner().invoke(app, ["status", JOB_ID], env={"COLUMNS": ""})
+    # Then the error is there whole (issue 32: cut at 80 characters even at 300 columns)
+    assert done.exit_code == 0, done.output
+    assert error in done.output, done.output

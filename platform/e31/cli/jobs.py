@@ -87,7 +87,7 @@ def status(job_id: str, as_json: bool = JsonOpt) -> None:
             setup = f"{a['setup_s']:.1f} s" if a.get("setup_s") is not None else "-"
             at.add_row(str(a["n"]), a["worker"], a["gpus"] or "-", a["started_at"] or "", setup,
                        a["ended_at"] or "", _reason(a), *_gpu_use(a), _limits(a),
-                       (a["error"] or "")[:80])
+                       a["error"] or "")   # whole: a terminal wraps the cell, a pipe is wide
         out.print(at)
 
 
