@@ -118,10 +118,13 @@ def as_seen_by_owner(p: Pending, owns: Callable[[str], bool]) -> tuple[str, str,
 
 def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo] | None,
                    view: SchedulingView, tenants: Mapping[str, Tenant],
-                   queued: Mapping[tuple[str, str], int], viewer: str | None) -> dict[str, Any]:
-    """Per size class: GPUs and busy GPUs (heartbeats), queued jobs and GPUs running per
-    tenant with each one's share of the class's running GPUs against its share of weight.
-    `viewer` (a tenant id) sees other tenants as one `others` row; None sees every name.
+                   queued: Mapping[tuple[str, str], int],
+                   running: Mapping[str, Mapping[str, int]], viewer: str | None) -> dict[str, Any]:
+    """Per size class: GPUs and busy GPUs (heartbeats), queued jobs and slots running per
+    tenant (`running`: tenant id -> class -> slots held, `running_gpus(..., slots=True)`: a
+    GPU class's GPUs, a CPU class's jobs, one slot each) with each one's share of the class's
+    running slots against its share of weight; `running_gpus` is the GPUs alone (0 on a CPU
+    class). `viewer` (a tenant id) sees other tenants as one `others` row; None every name.
     `workers` None: the heartbeats could not be read; `broker` says so ("unreachable", else
     "ok"), and the GPU counts (0 then) mean unknown, not none."""
     broker = "ok" if workers is not None else "unreachable"
@@ -145,31 +148,25 @@ def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo
         mine = [w for w in workers if w.own_class == c.name]
         gpus = sum(w.gpu_count or (0 if c.gpu_mem_gb else 1) for w in mine)
         busy_gpus = sum(w.gpu_count or (0 if c.gpu_mem_gb else 1) for w in mine if is_busy(w))
-        rows: dict[str, dict[str, float]] = defaultdict(lambda: {"queued": 0, "running_gpus": 0,
-                                                                 "weight": 0.0})
-        for (cls, tenant_id), n in queued.items():
-            if cls == c.name:
-                rows[tenant_id]["queued"] += n
-        for tenant_id, t in tenants.items():
-            if t.running_gpus.get(c.name):
-                rows[tenant_id]["running_gpus"] += t.running_gpus[c.name]
+        rows = _tenant_rows(c.name, queued=queued, running=running, tenants=tenants)
         if not rows and not mine:
             continue
         total_w = sum(tenants[t].weight if t in tenants else 1.0 for t in rows) or 1.0
-        total_run = sum(r["running_gpus"] for r in rows.values()) or 1
+        total_run = sum(r["running"] for r in rows.values()) or 1
         merged: dict[str, dict[str, Any]] = {}
         for tenant_id, r in rows.items():
             m = merged.setdefault(who(tenant_id), {"tenant": who(tenant_id), "queued": 0,
-                                                   "running_gpus": 0, "weight": 0.0,
-                                                   "quota": None})
+                                                   "running": 0, "running_gpus": 0,
+                                                   "weight": 0.0, "quota": None})
             m["queued"] += int(r["queued"])
+            m["running"] += int(r["running"])
             m["running_gpus"] += int(r["running_gpus"])
             m["weight"] += tenants[tenant_id].weight if tenant_id in tenants else 1.0
             if who(tenant_id) != OTHERS and tenant_id in tenants:
                 m["quota"] = tenants[tenant_id].quotas.get(c.name)
         for m in merged.values():
             m["weight_share"] = round(m["weight"] / total_w, 3)
-            m["used_share"] = round(m["running_gpus"] / total_run, 3)
+            m["used_share"] = round(m["running"] / total_run, 3)
         out.append({"size_class": c.name, "gpus": gpus, "busy_gpus": busy_gpus,
                     # what `gpus` counts: GPUs, or a CPU class's workers (one slot each)
                     "slot_kind": "gpu" if c.gpu_mem_gb else "cpu",
@@ -181,6 +178,25 @@ def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo
                     "tenants": sorted(merged.values(), key=lambda m: m["tenant"])})
     return {"classes": out, "tenants": _standing(tenants, who, set(queued_tenants(queued))),
             "broker": broker}
+
+
+def _tenant_rows(size_class: str, *, queued: Mapping[tuple[str, str], int],
+                 running: Mapping[str, Mapping[str, int]],
+                 tenants: Mapping[str, Tenant]) -> dict[str, dict[str, float]]:
+    """Tenant id -> its queued jobs, running slots and running GPUs in `size_class`, for each
+    tenant with any."""
+    rows: dict[str, dict[str, float]] = defaultdict(
+        lambda: {"queued": 0, "running": 0, "running_gpus": 0, "weight": 0.0})
+    for (cls, tenant_id), n in queued.items():
+        if cls == size_class:
+            rows[tenant_id]["queued"] += n
+    for tenant_id, held in running.items():
+        if held.get(size_class):
+            rows[tenant_id]["running"] += held[size_class]
+    for tenant_id, t in tenants.items():
+        if t.running_gpus.get(size_class):
+            rows[tenant_id]["running_gpus"] += t.running_gpus[size_class]
+    return rows
 
 
 def queued_tenants(queued: Mapping[tuple[str, str], int]) -> list[str]:

@@ -109,6 +109,11 @@ class PoolReadings:
         """What the scheduler would read now: the tenants, and what runs and waits."""
         return self._repo.scheduling_view(now=now, queues=all_queues(self._settings.size_classes))
 
+    def running_slots(self, view: SchedulingView) -> dict[str, dict[str, int]]:
+        """Tenant id -> class -> slots its jobs hold in `view` (a CPU job one; what the queue
+        view counts as running)."""
+        return running_gpus(view.running, view.outstanding, slots=True)
+
     def tenant_views(self, view: SchedulingView) -> dict[str, Tenant]:
         """Each tenant's fair-share standing in `view` (its running GPUs against its weight)."""
         return policy.tenant_views(view.tenants, running_gpus(view.running, view.outstanding),
