@@ -6,7 +6,8 @@ A queued job's reason, strongest first: a dependency not finished; retry back-of
 registered node has as many GPUs of its class as it asks for (`no_node`, a job stored with
 `allow_pending`: e31.scheduling.placement); no live worker consumes its queue at all
 (`no_workers`); published and waiting for its worker to claim
-it; a tenant quota below what the job needs (`quota`, which no amount of waiting ends); else what
+it; a tenant quota below what the job needs (`quota`, which no amount of waiting ends); no
+scheduler leads, so nothing is published (`no_scheduler`: the leader's lock is not held); else what
 the scheduler last wrote for it (no_capacity, quota, reserved_for); else, for a job beyond the
 heads the scheduler reads, `quota` if its tenant is at quota for the class, otherwise
 `no_capacity`. Where nothing but a change by a person (a worker started, a quota raised, Redis
@@ -34,6 +35,7 @@ PUBLISHED = "published"     # not a policy reason: the job's message waits for a
 NO_WORKERS = "no_workers"   # read live from the heartbeats: no worker consumes the job's queue
 BROKER_DOWN = "broker_unreachable"   # the heartbeats could not be read: nothing is published
 NO_NODE = "no_node"         # no registered node has the GPUs it asks for (allow_pending)
+NO_SCHEDULER = "no_scheduler"   # read live from Redis: no scheduler holds the leader's lock
 OTHERS = "others"           # how a non-admin sees every tenant but its own
 FOREIGN_RESERVATION = "GPUs reserved for another tenant's waiting multi-GPU job"
 
@@ -41,11 +43,13 @@ FOREIGN_RESERVATION = "GPUs reserved for another tenant's waiting multi-GPU job"
 def pending(job: JobRecord, pos: QueuePosition, load: QueueLoad, tenants: Mapping[str, Tenant], *,
             now: datetime, half_life_s: float, owns: Callable[[str], bool],
             workers: Sequence[WorkerInfo] | None,
-            nodes: placement.Shapes | None = None) -> dict[str, Any]:
+            nodes: placement.Shapes | None = None,
+            scheduler: bool | None = None) -> dict[str, Any]:
     """The `pending` object of a queued job's status, as its tenant may read it: `owns` says
     whether a job id is that tenant's; `workers` are the live heartbeats, None when they could
     not be read (the broker is down), which is not the same as none; `nodes` the registered
-    node shapes (`placement.shapes`), None when not known."""
+    node shapes (`placement.shapes`), None when not known; `scheduler` whether a scheduler
+    leads (False: none does, so nothing is published; None: not known)."""
     place: int | None = None
     start: datetime | None = None
     no_estimate: str | None = None
@@ -82,6 +86,11 @@ def pending(job: JobRecord, pos: QueuePosition, load: QueueLoad, tenants: Mappin
         text = (f"tenant quota for {job.size_class} is {quota} GPUs and the job needs "
                 f"{job.gpus}: it starts only after an admin raises the quota")
         no_estimate = f"the tenant's {job.size_class} quota ({quota} GPUs) is below what it needs"
+    elif scheduler is False:
+        reason, detail = NO_SCHEDULER, job.queue
+        text = ("no scheduler is running: nothing is published until one is "
+                "(`e31 up` runs one; on a pool, `e31 scheduler`)")
+        no_estimate = "no scheduler is running; one must be started"
     else:
         if pos.stored_reason in {r.value for r in Reason}:
             p = Pending(Reason(pos.stored_reason), pos.stored_detail or "", job.gpus)

@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 
+from e31.core import keys
 from e31.core.clock import utcnow
 from e31.core.records import QueueLoad, SchedulingView
 from e31.core.sizeclasses import all_queues
@@ -53,6 +54,15 @@ class PoolReadings:
         try:
             workers = read_workers(self._redis)
             return expand_gangs(workers) if expand else workers
+        except redis.RedisError as exc:
+            log.warning("pool_unreadable: %s", exc)
+            return None
+
+    def scheduler_leads(self) -> bool | None:
+        """Whether a scheduler holds the leader's lock (it renews it every tick, and it lapses
+        a few ticks after the last one died); None when Redis cannot be read."""
+        try:
+            return bool(self._redis.exists(keys.LEADER))
         except redis.RedisError as exc:
             log.warning("pool_unreadable: %s", exc)
             return None
