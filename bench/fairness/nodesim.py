@@ -1,7 +1,8 @@
 """Node-level simulation: gangs on demand on real-shaped nodes, packing, exact reservations
 and preemption that resumes (docs/scheduling.md, "Node-level placement and preemption").
 
-    python bench/fairness/nodesim.py
+    python bench/fairness/nodesim.py              # writes into a new temporary directory
+    python bench/fairness/nodesim.py --refresh    # rewrites the tracked figures the docs show
 
 The pool (`workload.node_pool`): 6 nodes of 8 × gpu80 and 4 of 4 × gpu48. The trace
 (`workload.node_trace`): a's checkpointing training jobs (1/2/4 GPUs, preemptible), b's
@@ -11,8 +12,11 @@ always full) and `steady` (no backlogs, about 70 % busy). The fair order is the 
 choice, the reservations and preemption are `nodes.Tick`. Runs the variants of `RUNS`
 (placement policy, exact or inexact GPU choice, reservation rule, preemption) on the flood
 trace and `STEADY_RUNS` on the steady one; prints the figures and stores them under
-"nodes" in bench/fairness/results.json. Raises `InvariantBroken` if a GPU is given twice,
-a non-preemptible or too young job is preempted, or (exact runs) a reservation is broken.
+"nodes" of a results.json in a new temporary directory it names, so a reader's run leaves the
+repository as it was (issue 32; `--json FILE` there, `--refresh` the tracked
+bench/fairness/results.json that docs/scheduling.md quotes). Raises `InvariantBroken` if a
+GPU is given twice, a non-preemptible or too young job is preempted, or (exact runs) a
+reservation is broken.
 
     python bench/fairness/nodesim.py --smoke --out nodes.json   # the suite's run (tests/bench)
 
@@ -31,6 +35,7 @@ import math
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -487,6 +492,10 @@ RUNS: dict[str, dict[str, object]] = {
 STEADY_RUNS = ("pack", "first-fit", "spread", "pack fair-res", "spread fair-res")
 SMOKE = {"runs": "pack fair-res preempt,spread fair-res preempt", "steady_runs": "pack",
          "horizon_h": 2.0, "scale": 0.05, "json": None}
+TRACKED = ROOT / "bench/fairness/results.json"
+# `--json` not given: a new temporary directory, or with --refresh TRACKED (a Path, not a
+# string, so that argparse hands it back as it is and `is` tells it apart)
+UNSAID = Path("<a new temporary directory>")
 
 
 def config(name: str, **over: object) -> SimConfig:
@@ -506,10 +515,17 @@ def main() -> None:
     ap.add_argument("--runs", default=",".join(RUNS), help="comma-separated: " + ", ".join(RUNS))
     ap.add_argument("--steady-runs", default=",".join(STEADY_RUNS),
                     help="the same on the steady trace (no backlogs, about 70 %% busy)")
-    ap.add_argument("--json", type=Path, default=ROOT / "bench/fairness/results.json")
+    ap.add_argument("--json", type=Path, default=UNSAID,
+                    help="store the figures under \"nodes\" here [default: results.json in a "
+                         "new temporary directory; with --refresh, bench/fairness/results.json]")
+    ap.add_argument("--refresh", action="store_true",
+                    help="store them in the tracked results.json docs/scheduling.md quotes")
     ap.add_argument("--horizon-h", type=float, default=HORIZON_S / 3600, help="simulated hours")
     ap.add_argument("--scale", type=float, default=1.0, help="the flood trace's backlogs, scaled")
     args = parse(ap, SMOKE)
+    if args.json is UNSAID:
+        args.json = TRACKED if args.refresh else \
+            Path(tempfile.mkdtemp(prefix="e31-nodesim-")) / "results.json"
     pool = node_pool()
     horizon_s = args.horizon_h * 3600
     traces = {"flood": (node_trace(args.seed, horizon_s=horizon_s, scale=args.scale), args.runs),

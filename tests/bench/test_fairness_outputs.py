@@ -38,3 +38,24 @@ def test_a_plain_run_writes_into_a_temporary_directory_not_the_tracked_files(
             or "the plot needs matplotlib" in ran.stderr), ran.stdout + ran.stderr
     # and the tracked files are as they were
     assert _digests() == before
+
+
+def test_a_plain_node_simulation_writes_into_a_temporary_directory_not_the_tracked_file(
+        tmp_path: Path) -> None:
+    # Given the tracked figures
+    before = _digests()
+    # When the node simulation runs as docs/scheduling.md says, with no --json or --refresh
+    # (one short variant of each trace: its time)
+    ran = subprocess.run([sys.executable, "bench/fairness/nodesim.py", "--runs", "pack",
+                          "--steady-runs", "pack", "--horizon-h", "1", "--scale", "0.05"],
+                         cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, TMPDIR=str(tmp_path)), timeout=170)
+    # Then it stored its figures under "nodes" in a new directory under TMPDIR, and said where
+    # (issue 32: it rewrote the tracked bench/fairness/results.json)
+    wrote = re.search(r"^wrote (\S+/results\.json) \(under \"nodes\"\)$", ran.stdout, re.M)
+    assert wrote, ran.stdout + ran.stderr
+    written = Path(wrote.group(1))
+    assert written.parent.parent == tmp_path and written.parent.name.startswith("e31-nodesim-")
+    assert '"flood/pack"' in written.read_text()
+    # and the tracked files are as they were
+    assert _digests() == before

@@ -322,11 +322,11 @@ def test_reliability_page_resumable_job(stack: Stack, tmp_path: Path) -> None:
 @pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
 def test_security_page_requests(stack: Stack, tmp_path: Path) -> None:
     page, env = doc("docs/security.md"), _env(stack, TOKEN=stack.token)
-    # A body over max_request_bytes (16 MiB) is refused with 413's answer
-    (tmp_path / "huge.json").write_text(json.dumps({"entrypoint": "m:f",
-                                                    "params": {"x": "a" * (17 << 20)}}))
+    # A body over max_request_bytes (16 MiB) is refused with 413's answer; the page makes its
+    # huge.json itself (issue 32: it never showed how, so a reader could not run the curl)
     [huge] = page.run_blocks("too-large")
-    [(command, shown, ran)] = _steps(huge, env, tmp_path, stack)
+    [(_, _, made), (command, shown, ran)] = _steps(huge, env, tmp_path, stack)
+    assert made.returncode == 0 and (tmp_path / "huge.json").stat().st_size > 17 << 20
     assert ran.returncode == 0 and output_matches(shown, ran.output), f"{shown}\n{ran.output}"
 
     # A log read in chunks: the first 4 bytes of a job that printed "hello, world"
@@ -354,11 +354,11 @@ def test_security_page_secret_reaches_the_job_it_shows(stack: Stack, tmp_path: P
 
 @pytest.mark.timeout(STACK_TEST_TIMEOUT_S)
 def test_jobs_page_workdir_example_runs_in_examples_byo(stack: Stack, tmp_path: Path) -> None:
-    """"Your code: workdir" as written, in examples/byo (issue 32: it lacked its `inputs`)."""
+    """"Your code: workdir" as written, in examples/byo (issue 32: it lacked its `inputs`, and
+    a reader who pasted it alone had no `client`: the block makes its own)."""
     [block] = doc("docs/jobs.md").run_blocks("byo-python")
     work = _workdir(tmp_path) / "examples" / "byo"
-    script = ("from e31.client import Client\nclient = Client()\n" + block.text
-              + "print(job.wait(timeout=120)['state'], job.result())\n")
+    script = block.text + "print(job.wait(timeout=120)['state'], job.result())\n"
     ran = run_command(f"python3 - <<'PY'\n{script}PY", env=_env(stack), cwd=work,
                       timeout_s=200)
     assert ran.returncode == 0, ran.output

@@ -317,7 +317,9 @@ def test_scheduler_not_ticking_confirm(own: OwnStack, tmp_path: Path) -> None:
         # Then the job's class shows it queued, and no scheduler leads (an empty GET)
         assert re.search(r"^ *cpu .* 1 +0 +\S+ *$", out, re.M), out
         assert not re.search(r"^[0-9a-f]{32}$", out, re.M), out   # no leader's token
-        assert job.status()["state"] == "queued"
+        # and the job's status says so, where it said it waited for a free cpu slot
+        status = job.status()
+        assert (status["state"], status["pending"]["reason"]) == ("queued", "no_scheduler")
     finally:
         os.kill(scheduler, signal.SIGCONT)
     assert job.wait(timeout=WAIT_S)["state"] == "succeeded"

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from e31.core.clock import utcnow
 from e31.store import Repo
 from tests.integration.test_api_limits import serving
-from tests.integration.test_scheduler import heartbeat
+from tests.integration.test_scheduler import a_scheduler_leads, heartbeat
 
 
 def cli_env(port: int, token: str, home: Path) -> dict[str, str]:
@@ -111,8 +111,18 @@ def test_a_submit_of_a_class_nobody_serves_warns_on_stderr_and_one_that_is_serve
         assert (f"warning: {job_id} waits: no worker serves e31.cpu: no cpu worker is running; "
                 "it starts only once such a worker is started") in done.stderr
 
-        # And once a worker serves e31.cpu, a submit warns of nothing
+        # And once a worker serves e31.cpu, while no scheduler runs, a submit warns of that
+        # (issue 32: the job said it waited for a free slot)
         heartbeat(redis_client, "cpu@test", ["e31.cpu"])
+        unled = subprocess.run([sys.executable, "-m", "e31.cli", "submit", "--gpus", "0", "--",
+                                "true"], env=env, capture_output=True, text=True, timeout=60,
+                               check=False)
+        assert unled.returncode == 0, unled.stderr
+        assert (f"warning: {unled.stdout.strip()} waits: no scheduler is running: nothing is "
+                "published until one is") in unled.stderr
+
+        # And once a scheduler leads too, a submit warns of nothing
+        a_scheduler_leads(redis_client)
         again = subprocess.run([sys.executable, "-m", "e31.cli", "submit", "--gpus", "0", "--",
                                 "true"], env=env, capture_output=True, text=True, timeout=60,
                                check=False)

@@ -19,7 +19,8 @@ from e31.core.records import Outcome
 from e31.core.states import AttemptReason
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
-from e31.ops import gpuseries
+from e31.ops import gpuseries, heartbeat
+from e31.ops.heartbeat import WorkerInfo
 from e31.store import Repo
 from tests.integration.test_store import publish
 
@@ -318,3 +319,25 @@ def test_an_admin_reads_another_tenants_job_page_without_a_cancel_and_a_tenant_c
     assert 'id="cancel"' not in pages["root"].text
     assert pages["b"].status_code == 404
     assert pages["a"].status_code == 200 and 'id="cancel"' in pages["a"].text
+
+
+def test_the_queue_page_counts_a_cpu_class_running_jobs_as_cpu_slots(
+        app, repo: Repo, redis_client: redis.Redis) -> None:
+    # Given a CPU worker running a CPU job of team-a (issue 32: the page counted GPUs, so a
+    # tenant running CPU jobs was not shown at all)
+    application, tokens = app
+    job_id = submit(tokens["a"], application)
+    assert repo.claim(job_id, dispatch_token=publish(repo, job_id), worker="cpu0@h", gpus="",
+                      gpu_count=0, now=utcnow(), lease_ttl_s=60)
+    heartbeat.write(redis_client, WorkerInfo(node="cpu0@h", queues=("e31.cpu",), gpus="",
+                                             gpu_count=0, size_class="cpu", busy_job=job_id),
+                    interval_s=5)
+
+    # When team-a opens the queue page
+    page = signed_in(application, tokens["a"]).get("/ui/queue").text
+
+    # Then the cpu class's column says CPU slots, and team-a runs 1
+    cpu = page[page.index("<h2>cpu"):]
+    cpu = cpu[:cpu.index("</section>")]
+    assert "<th>Running CPU slots</th>" in cpu and "Running GPUs" not in cpu
+    assert re.search(r"<td>team-a</td><td>0</td><td>1</td>", cpu), cpu

@@ -18,7 +18,7 @@ from e31.core.states import AttemptReason
 from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
 from e31.store import Repo
-from tests.integration.test_scheduler import heartbeat, make, published
+from tests.integration.test_scheduler import a_scheduler_leads, heartbeat, make, published
 from tests.integration.test_store import publish
 
 GPU24, X4 = "e31.gpu24", "e31.gpu24.x4"
@@ -86,6 +86,7 @@ def test_a_quota_holds_with_three_thousand_jobs_queued_and_the_rest_goes_to_othe
     # When the scheduler ticks twice
     scheduler.tick()
     scheduler.tick()
+    a_scheduler_leads(redis_client)
 
     # Then a has exactly 2 published, b all of its 3, and a's next job says why it waits
     assert owners(repo, published(redis_client, GPU24)) == {"a": 2, "b": 3}
@@ -148,6 +149,7 @@ def test_a_big_job_reserves_its_gpus_after_reserve_after_s_and_only_short_work_b
     # When the big job has waited past reserve_after_s and the scheduler ticks
     late = t0 + timedelta(seconds=601)
     scheduler.tick(late)
+    a_scheduler_leads(redis_client)
 
     # Then the GPUs are held for it until the running job's timeout (t0+700 s): only the job
     # that ends before then is backfilled, the long ones wait with a reason naming the big job
@@ -183,6 +185,7 @@ def test_a_queued_job_shows_its_reason_position_and_estimated_start(
     heartbeat(redis_client, "gpu1@n", [GPU24], busy_job=ids[0])
     heartbeat(redis_client, "gpu0@n", [GPU24])
     make(repo, redis_url, dispatch_headroom=0).tick()
+    a_scheduler_leads(redis_client)
 
     # When the owner looks at its last job
     svc = service(repo, redis_client, tmp_path)

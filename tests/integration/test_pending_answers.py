@@ -16,7 +16,7 @@ from e31.edge.settings import Settings
 from e31.local.redisserver import free_port
 from e31.store import Repo
 from tests.integration.test_fair_scheduling import one
-from tests.integration.test_scheduler import heartbeat, make
+from tests.integration.test_scheduler import a_scheduler_leads, heartbeat, make
 from tests.integration.test_store import publish
 
 GPU24 = "e31.gpu24"
@@ -39,6 +39,7 @@ def test_a_class_without_any_worker_says_so_and_gives_no_estimate(
     # and a job that needs a gpu80 GPU
     big = one(repo, a.id, resources={"gpu_mem_gb": 70})
     make(repo, redis_url, dispatch_headroom=0).tick()
+    a_scheduler_leads(redis_client)
 
     # When its owner asks why it waits
     pending = service(repo, redis_client, tmp_path).jobs.get(a, big).pending
@@ -70,6 +71,7 @@ def test_a_quota_of_zero_gives_no_estimated_start_and_says_why(
     # and a job of a tenant whose gpu24 quota is 0
     held = one(repo, a.id)
     assert make(repo, redis_url, dispatch_headroom=0).tick() == 0
+    a_scheduler_leads(redis_client)
 
     # When its owner asks when it starts
     pending = service(repo, redis_client, tmp_path).jobs.get(a, held).pending
@@ -84,6 +86,28 @@ def test_a_quota_of_zero_gives_no_estimated_start_and_says_why(
     repo.update_tenant("a", quotas={"gpu24": 1})
     again = service(repo, redis_client, tmp_path).jobs.get(a, held).pending
     assert again is not None and again["estimated_start"] is not None
+
+
+def test_a_job_waiting_while_no_scheduler_runs_says_so_not_that_it_waits_for_a_gpu(
+        repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    # Given an idle gpu24 worker, a job it could run, and no scheduler (none holds the lock)
+    a, _ = repo.create_tenant("a", now=utcnow())
+    job = one(repo, a.id)
+    heartbeat(redis_client, "gpu0@n", [GPU24])
+
+    # When its owner asks why it waits (issue 32: it said no_capacity)
+    pending = service(repo, redis_client, tmp_path).jobs.get(a, job).pending
+
+    # Then it hears that no scheduler runs, with no estimate: one must be started
+    assert pending is not None and pending["reason"] == "no_scheduler"
+    assert pending["detail"] == GPU24
+    assert "no scheduler is running" in pending["text"]
+    assert pending["estimated_start"] is None and "scheduler" in pending["no_estimate"]
+
+    # And once a scheduler takes the lead, the same job waits like any other
+    assert make(repo, redis_url).try_lead()
+    again = service(repo, redis_client, tmp_path).jobs.get(a, job).pending
+    assert again is not None and again["reason"] == "no_capacity"
 
 
 def test_while_redis_is_down_a_waiting_job_and_the_queue_say_the_broker_is_unreachable(

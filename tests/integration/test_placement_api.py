@@ -13,7 +13,7 @@ from e31.core.clock import utcnow
 from e31.ops.heartbeat import withdraw
 from e31.store import Repo
 from tests.integration.conftest import bearer
-from tests.integration.test_scheduler import heartbeat
+from tests.integration.test_scheduler import a_scheduler_leads, heartbeat
 
 BIG = {"entrypoint": "m:f", "resources": {"gpus": 4, "size_class": "gpu80"}}
 MISSING = "no node with 4 × gpu80 is registered (largest: 2 × gpu80 on host-a)"
@@ -82,6 +82,7 @@ def test_a_dry_run_says_whether_and_where_the_job_could_start_now_and_stores_not
     _, token = repo.create_tenant("a", now=utcnow())
     two_gpu80_workers(redis_client)
     heartbeat(redis_client, "gpu0@host-b", ["e31.gpu24"], busy_job="j-" + "0" * 20)
+    a_scheduler_leads(redis_client)
 
     def dry(body: dict[str, object]) -> dict[str, object]:
         answer = api.post("/v1/jobs", params={"dry_run": "true"}, json=body,

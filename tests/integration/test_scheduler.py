@@ -50,6 +50,12 @@ def published(r: redis.Redis, queue: str) -> list[str]:
     return ids
 
 
+def a_scheduler_leads(r: redis.Redis) -> None:
+    """Hold the leader's lock, as a running scheduler does (for a minute): the API's pending
+    reasons say `no_scheduler` while nothing holds it."""
+    r.set(keys.LEADER, "a-test-scheduler", px=60_000)
+
+
 def make(repo: Repo, redis_url: str, **settings: object) -> Scheduler:
     s = Settings(redis_url=redis_url, **settings)
     return Scheduler(settings=s, repo=repo, redis_client=redis.Redis.from_url(redis_url),

@@ -35,7 +35,7 @@ from e31.edge.artifacts import ArtifactStore
 from e31.edge.settings import Settings
 from e31.scheduling import explain
 from e31.store import Repo
-from tests.integration.test_scheduler import heartbeat, make
+from tests.integration.test_scheduler import a_scheduler_leads, heartbeat, make
 from tests.integration.test_store import publish
 
 GPU24, X4 = "e31.gpu24", "e31.gpu24.x4"
@@ -105,6 +105,7 @@ def world(repo: Repo, redis_url: str, redis_client: redis.Redis, tmp_path: Path,
         heartbeat(redis_client, f"gpu{i}@h", [GPU24])
     heartbeat(redis_client, "gpu0-1-2-3@h", [X4])
     make(repo, redis_url, dispatch_headroom=0, reserve_after_s=RESERVE_AFTER_S).tick(utcnow())
+    a_scheduler_leads(redis_client)
 
     # And bravo's array, logs, outputs and bundle, through the same API alpha uses
     settings = Settings(redis_url=redis_url, home=tmp_path)

@@ -204,6 +204,6 @@ def test_the_pool_shows_a_gang_hosts_gpus_busy_by_the_jobs_holding_them() -> Non
     # And `e31 queue` counts the host's four GPUs once each, two of them busy
     overview = queue_overview(classes=DEFAULT_SIZE_CLASSES, workers=workers,
                               view=SchedulingView([], [running("h", "0,1", worker=3)], []),
-                              tenants={}, queued={}, viewer=None)
+                              tenants={}, queued={}, running={}, viewer=None)
     [gpu80] = [c for c in overview["classes"] if c["size_class"] == "gpu80"]
     assert (gpu80["gpus"], gpu80["busy_gpus"]) == (4, 2)

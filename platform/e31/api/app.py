@@ -40,6 +40,10 @@ from e31.edge import wiring
 from e31.edge.settings import Settings
 
 FORM_OVERHEAD_BYTES = 64 * 1024   # a multipart form's headers and boundaries around its file
+# Each Redis call of a request, and each connection to Redis, gives up after this long: a Redis
+# that is down, or stopped and still accepting connections, then costs a request seconds and
+# an answer without it ("broker unreachable"), never a request held for ever.
+REDIS_TIMEOUT_S = 2.0
 
 
 def _settling(services: Services) -> Any:
@@ -64,7 +68,9 @@ def create_app(settings: Settings, *, services: Services | None = None) -> FastA
     if services is None:
         services = Services(settings=settings, repo=wiring.repo(settings),
                             artifacts=wiring.artifacts(settings),
-                            redis_client=wiring.redis_client(settings))
+                            redis_client=wiring.redis_client(
+                                settings, socket_timeout_s=REDIS_TIMEOUT_S,
+                                connect_timeout_s=REDIS_TIMEOUT_S))
     app = FastAPI(title="E31 Batch", version=__version__, lifespan=_settling(services),
                   description="Batch GPU jobs on a shared pool. Authenticate with a tenant token.")
     app.state.services = services

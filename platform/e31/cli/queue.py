@@ -61,8 +61,8 @@ def _batches_table(batches: list[dict[str, Any]]) -> Table:
 @app.command()
 def queue(as_json: bool = JsonOpt) -> None:
     """Each size class: its slots (GPUs, or a CPU class's workers), busy slots, and per
-    tenant the queued jobs, GPUs running and share of them against share of weight (other
-    tenants merged unless your token is admin)."""
+    tenant the queued jobs, slots running (GPUs, or a CPU class's jobs) and share of them
+    against share of weight (other tenants merged unless your token is admin)."""
     view = call(api_client().queue)
     if as_json:
         print_json(view)
@@ -71,7 +71,7 @@ def queue(as_json: bool = JsonOpt) -> None:
     if unread:
         err.print("the broker (Redis) is unreachable: the pool's GPUs are unknown (shown ?), "
                   "and nothing is published until it is back", highlight=False)
-    table = Table("class", "slots", "busy", "queued", "tenant", "queued", "running GPUs",
+    table = Table("class", "slots", "busy", "queued", "tenant", "queued", "running",
                   "used share", "weight share", "quota")
     for c in view["classes"]:   # slots: the class's GPUs, or its CPU workers' (one each)
         first = True
@@ -82,7 +82,10 @@ def queue(as_json: bool = JsonOpt) -> None:
             if t is None:
                 table.add_row(*head, "-", "", "", "", "", "")
                 continue
-            table.add_row(*head, t["tenant"], str(t["queued"]), str(t["running_gpus"]),
+            # running: the slots its jobs hold (GPUs, or a CPU class's jobs); an API older
+            # than the field counted GPUs only
+            table.add_row(*head, t["tenant"], str(t["queued"]),
+                          str(t.get("running", t["running_gpus"])),
                           f"{t['used_share']:.0%}", f"{t['weight_share']:.0%}",
                           "-" if t["quota"] is None else str(t["quota"]))
     out.print(table)

@@ -43,6 +43,7 @@ app = typer.Typer()
 
 NO_WORKERS = "no_workers"   # a queued job's pending reason: no live worker serves its queue
                             # (e31.scheduling.explain.NO_WORKERS, the API's word)
+NO_SCHEDULER = "no_scheduler"   # no scheduler runs (e31.scheduling.explain.NO_SCHEDULER)
 
 # The flags of `e31 submit`, in the order its --help lists them.
 SpecFileArg = typer.Argument(None, help="a job spec in YAML or JSON")
@@ -283,12 +284,17 @@ def _submit_job(client: Any, body: dict[str, Any], *, wait: bool, as_json: bool)
 
 
 def _warn_unserved(status: dict[str, Any]) -> None:
-    """On stderr, when no live worker serves the job's queue: it would wait until one is
-    started, and nothing else says so (issue 32)."""
+    """On stderr, when no live worker serves the job's queue, or no scheduler runs: it would
+    wait until one is started, and nothing else says so (issue 32)."""
     pending = status.get("pending") or {}
-    if status.get("state") == "queued" and pending.get("reason") == NO_WORKERS:
+    if status.get("state") != "queued":
+        return
+    if pending.get("reason") == NO_WORKERS:
         err.print(f"warning: {status['id']} waits: {pending['text']}; it starts only once such "
                   "a worker is started", highlight=False, markup=False, soft_wrap=True)
+    elif pending.get("reason") == NO_SCHEDULER:
+        err.print(f"warning: {status['id']} waits: {pending['text']}", highlight=False,
+                  markup=False, soft_wrap=True)
 
 
 def _submit_array(client: Any, body: dict[str, Any], sweep: Sweep, name: str, *, wait: bool,

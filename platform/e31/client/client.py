@@ -149,8 +149,8 @@ class Client:
         return list(self.usage_report(all_tenants)["usage"])
 
     def queue(self) -> dict[str, Any]:
-        """Per size class: GPUs, busy, queued jobs and running GPUs per tenant, share used
-        against weight (`e31 queue --json` prints the same)."""
+        """Per size class: GPUs, busy, queued jobs and running slots (GPUs, or a CPU class's
+        jobs) per tenant, share used against weight (`e31 queue --json` prints the same)."""
         return dict(self.request("GET", "/v1/queue").json())
 
     def environments(self, **resources: Any) -> dict[str, Any]:

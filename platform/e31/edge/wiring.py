@@ -83,19 +83,24 @@ def storage_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
-def redis_client(settings: Settings, *, socket_timeout_s: float | None = None) -> redis.Redis:
+def redis_client(settings: Settings, *, socket_timeout_s: float | None = None,
+                 connect_timeout_s: float | None = None) -> redis.Redis:
     """A client of the broker's Redis (the heartbeats, the wake-up list, drain requests). With
     a `sentinel://` URL, a client of the primary that Sentinel names: after a failover its
-    next connection goes to the new primary."""
+    next connection goes to the new primary. `socket_timeout_s` bounds each answer and
+    `connect_timeout_s` each connection (None: wait as long as the OS does; a Redis that
+    accepts and never answers, a stopped one, then holds the caller for ever)."""
     import redis
     from redis.sentinel import Sentinel
     if not is_sentinel(settings.redis_url):
-        return redis.Redis.from_url(settings.redis_url, socket_timeout=socket_timeout_s)
+        return redis.Redis.from_url(settings.redis_url, socket_timeout=socket_timeout_s,
+                                    socket_connect_timeout=connect_timeout_s)
     hosts, db, password = sentinel_parts(settings.redis_url)
     sentinel = Sentinel(hosts, socket_timeout=SENTINEL_TIMEOUT_S)
     client: redis.Redis = sentinel.master_for(settings.redis_master_name, db=db,
                                               password=password,
-                                              socket_timeout=socket_timeout_s)
+                                              socket_timeout=socket_timeout_s,
+                                              socket_connect_timeout=connect_timeout_s)
     return client
 
 

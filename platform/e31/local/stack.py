@@ -58,8 +58,12 @@ PRIVATE_FILE_MODE = 0o600     # the store file, the profile, the Redis password
 
 @dataclass
 class Child:
+    """One process of the stack, with the environment it starts with, the first time and
+    every time `supervise` starts it again (the API's alone names the metrics token file)."""
+
     name: str
     argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
 
 
@@ -106,31 +110,35 @@ class LocalStack:
                    E31_FLOWER_PASSWORD=profile["flower_password"])
         if not (self.settings.secrets_key or self.settings.secrets_key_file):
             env["E31_SECRETS_KEY_FILE"] = str(secrets_key_path(home))   # the API's, the worker's
-        me = [sys.executable, "-m", "e31.cli"]
-        self.children = [Child("api", me + ["api"]), Child("scheduler", me + ["scheduler"]),
-                         # --keep-drains: a drained node stays drained when `supervise`
-                         # restarts the launcher, until `e31 worker --undrain`
-                         Child("worker", me + ["worker", "--keep-drains", *self.worker_args])]
         if self.flower:
-            self.children.append(Child("flower", me + ["flower"]))
             # Flower sees every job from the first, its `sent` state too (docs/operations.md)
             env.setdefault("E31_CELERY_EVENTS", "always")
         api_env = dict(env)
         if not (self.settings.metrics_token or self.settings.metrics_token_file):
             api_env["E31_METRICS_TOKEN_FILE"] = str(metrics_token_path(home))
+        me = [sys.executable, "-m", "e31.cli"]
+        self.children = [Child("api", me + ["api"], api_env),
+                         Child("scheduler", me + ["scheduler"], env),
+                         # --keep-drains: a drained node stays drained when `supervise`
+                         # restarts the launcher, until `e31 worker --undrain`
+                         Child("worker", me + ["worker", "--keep-drains", *self.worker_args],
+                               env)]
+        if self.flower:
+            self.children.append(Child("flower", me + ["flower"], env))
         for child in self.children:
-            self._spawn(child, api_env if child.name == "api" else env)
+            self._spawn(child)
         self._write_state(ready=False, profile=profile)
         self._wait_ready(profile["url"], redis_url)
         self._write_state(ready=True, profile=profile)
-        self._env = env
         self._profile = profile
         return profile
 
-    def _spawn(self, child: Child, env: dict[str, str]) -> None:
+    def _spawn(self, child: Child) -> None:
+        """Start `child` with its own environment (a restart too: the API's keeps the metrics
+        token file, which the others never get)."""
         out = open(self.settings.home / "logs" / f"{child.name}.log", "ab")
-        child.proc = subprocess.Popen(child.argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL)
+        child.proc = subprocess.Popen(child.argv, env=child.env, stdout=out,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def _wait_ready(self, url: str, redis_url: str) -> None:
         r = redis.Redis.from_url(redis_url)
@@ -169,7 +177,7 @@ class LocalStack:
                 if child.proc and child.proc.poll() is not None:
                     log.warning("%s exited with code %s; restarting", child.name,
                                 child.proc.returncode)
-                    self._spawn(child, self._env)
+                    self._spawn(child)
                     changed = True
             if changed:
                 self._write_state(ready=True, profile=self._profile)

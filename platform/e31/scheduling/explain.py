@@ -6,7 +6,8 @@ A queued job's reason, strongest first: a dependency not finished; retry back-of
 registered node has as many GPUs of its class as it asks for (`no_node`, a job stored with
 `allow_pending`: e31.scheduling.placement); no live worker consumes its queue at all
 (`no_workers`); published and waiting for its worker to claim
-it; a tenant quota below what the job needs (`quota`, which no amount of waiting ends); else what
+it; a tenant quota below what the job needs (`quota`, which no amount of waiting ends); no
+scheduler leads, so nothing is published (`no_scheduler`: the leader's lock is not held); else what
 the scheduler last wrote for it (no_capacity, quota, reserved_for); else, for a job beyond the
 heads the scheduler reads, `quota` if its tenant is at quota for the class, otherwise
 `no_capacity`. Where nothing but a change by a person (a worker started, a quota raised, Redis
@@ -34,6 +35,7 @@ PUBLISHED = "published"     # not a policy reason: the job's message waits for a
 NO_WORKERS = "no_workers"   # read live from the heartbeats: no worker consumes the job's queue
 BROKER_DOWN = "broker_unreachable"   # the heartbeats could not be read: nothing is published
 NO_NODE = "no_node"         # no registered node has the GPUs it asks for (allow_pending)
+NO_SCHEDULER = "no_scheduler"   # read live from Redis: no scheduler holds the leader's lock
 OTHERS = "others"           # how a non-admin sees every tenant but its own
 FOREIGN_RESERVATION = "GPUs reserved for another tenant's waiting multi-GPU job"
 
@@ -41,11 +43,13 @@ FOREIGN_RESERVATION = "GPUs reserved for another tenant's waiting multi-GPU job"
 def pending(job: JobRecord, pos: QueuePosition, load: QueueLoad, tenants: Mapping[str, Tenant], *,
             now: datetime, half_life_s: float, owns: Callable[[str], bool],
             workers: Sequence[WorkerInfo] | None,
-            nodes: placement.Shapes | None = None) -> dict[str, Any]:
+            nodes: placement.Shapes | None = None,
+            scheduler: bool | None = None) -> dict[str, Any]:
     """The `pending` object of a queued job's status, as its tenant may read it: `owns` says
     whether a job id is that tenant's; `workers` are the live heartbeats, None when they could
     not be read (the broker is down), which is not the same as none; `nodes` the registered
-    node shapes (`placement.shapes`), None when not known."""
+    node shapes (`placement.shapes`), None when not known; `scheduler` whether a scheduler
+    leads (False: none does, so nothing is published; None: not known)."""
     place: int | None = None
     start: datetime | None = None
     no_estimate: str | None = None
@@ -82,6 +86,11 @@ def pending(job: JobRecord, pos: QueuePosition, load: QueueLoad, tenants: Mappin
         text = (f"tenant quota for {job.size_class} is {quota} GPUs and the job needs "
                 f"{job.gpus}: it starts only after an admin raises the quota")
         no_estimate = f"the tenant's {job.size_class} quota ({quota} GPUs) is below what it needs"
+    elif scheduler is False:
+        reason, detail = NO_SCHEDULER, job.queue
+        text = ("no scheduler is running: nothing is published until one is "
+                "(`e31 up` runs one; on a pool, `e31 scheduler`)")
+        no_estimate = "no scheduler is running; one must be started"
     else:
         if pos.stored_reason in {r.value for r in Reason}:
             p = Pending(Reason(pos.stored_reason), pos.stored_detail or "", job.gpus)
@@ -118,10 +127,13 @@ def as_seen_by_owner(p: Pending, owns: Callable[[str], bool]) -> tuple[str, str,
 
 def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo] | None,
                    view: SchedulingView, tenants: Mapping[str, Tenant],
-                   queued: Mapping[tuple[str, str], int], viewer: str | None) -> dict[str, Any]:
-    """Per size class: GPUs and busy GPUs (heartbeats), queued jobs and GPUs running per
-    tenant with each one's share of the class's running GPUs against its share of weight.
-    `viewer` (a tenant id) sees other tenants as one `others` row; None sees every name.
+                   queued: Mapping[tuple[str, str], int],
+                   running: Mapping[str, Mapping[str, int]], viewer: str | None) -> dict[str, Any]:
+    """Per size class: GPUs and busy GPUs (heartbeats), queued jobs and slots running per
+    tenant (`running`: tenant id -> class -> slots held, `running_gpus(..., slots=True)`: a
+    GPU class's GPUs, a CPU class's jobs, one slot each) with each one's share of the class's
+    running slots against its share of weight; `running_gpus` is the GPUs alone (0 on a CPU
+    class). `viewer` (a tenant id) sees other tenants as one `others` row; None every name.
     `workers` None: the heartbeats could not be read; `broker` says so ("unreachable", else
     "ok"), and the GPU counts (0 then) mean unknown, not none."""
     broker = "ok" if workers is not None else "unreachable"
@@ -145,31 +157,25 @@ def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo
         mine = [w for w in workers if w.own_class == c.name]
         gpus = sum(w.gpu_count or (0 if c.gpu_mem_gb else 1) for w in mine)
         busy_gpus = sum(w.gpu_count or (0 if c.gpu_mem_gb else 1) for w in mine if is_busy(w))
-        rows: dict[str, dict[str, float]] = defaultdict(lambda: {"queued": 0, "running_gpus": 0,
-                                                                 "weight": 0.0})
-        for (cls, tenant_id), n in queued.items():
-            if cls == c.name:
-                rows[tenant_id]["queued"] += n
-        for tenant_id, t in tenants.items():
-            if t.running_gpus.get(c.name):
-                rows[tenant_id]["running_gpus"] += t.running_gpus[c.name]
+        rows = _tenant_rows(c.name, queued=queued, running=running, tenants=tenants)
         if not rows and not mine:
             continue
         total_w = sum(tenants[t].weight if t in tenants else 1.0 for t in rows) or 1.0
-        total_run = sum(r["running_gpus"] for r in rows.values()) or 1
+        total_run = sum(r["running"] for r in rows.values()) or 1
         merged: dict[str, dict[str, Any]] = {}
         for tenant_id, r in rows.items():
             m = merged.setdefault(who(tenant_id), {"tenant": who(tenant_id), "queued": 0,
-                                                   "running_gpus": 0, "weight": 0.0,
-                                                   "quota": None})
+                                                   "running": 0, "running_gpus": 0,
+                                                   "weight": 0.0, "quota": None})
             m["queued"] += int(r["queued"])
+            m["running"] += int(r["running"])
             m["running_gpus"] += int(r["running_gpus"])
             m["weight"] += tenants[tenant_id].weight if tenant_id in tenants else 1.0
             if who(tenant_id) != OTHERS and tenant_id in tenants:
                 m["quota"] = tenants[tenant_id].quotas.get(c.name)
         for m in merged.values():
             m["weight_share"] = round(m["weight"] / total_w, 3)
-            m["used_share"] = round(m["running_gpus"] / total_run, 3)
+            m["used_share"] = round(m["running"] / total_run, 3)
         out.append({"size_class": c.name, "gpus": gpus, "busy_gpus": busy_gpus,
                     # what `gpus` counts: GPUs, or a CPU class's workers (one slot each)
                     "slot_kind": "gpu" if c.gpu_mem_gb else "cpu",
@@ -181,6 +187,25 @@ def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo
                     "tenants": sorted(merged.values(), key=lambda m: m["tenant"])})
     return {"classes": out, "tenants": _standing(tenants, who, set(queued_tenants(queued))),
             "broker": broker}
+
+
+def _tenant_rows(size_class: str, *, queued: Mapping[tuple[str, str], int],
+                 running: Mapping[str, Mapping[str, int]],
+                 tenants: Mapping[str, Tenant]) -> dict[str, dict[str, float]]:
+    """Tenant id -> its queued jobs, running slots and running GPUs in `size_class`, for each
+    tenant with any."""
+    rows: dict[str, dict[str, float]] = defaultdict(
+        lambda: {"queued": 0, "running": 0, "running_gpus": 0, "weight": 0.0})
+    for (cls, tenant_id), n in queued.items():
+        if cls == size_class:
+            rows[tenant_id]["queued"] += n
+    for tenant_id, held in running.items():
+        if held.get(size_class):
+            rows[tenant_id]["running"] += held[size_class]
+    for tenant_id, t in tenants.items():
+        if t.running_gpus.get(size_class):
+            rows[tenant_id]["running_gpus"] += t.running_gpus[size_class]
+    return rows
 
 
 def queued_tenants(queued: Mapping[tuple[str, str], int]) -> list[str]:

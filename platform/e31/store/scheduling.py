@@ -195,14 +195,16 @@ def queued_by_tenant(s: Session) -> dict[tuple[str, str], int]:
         .group_by(Job.size_class, Job.tenant_id)).tuples()}
 
 
-def running_gpus(running: Sequence[RunningJob],
-                 outstanding: Sequence[Published]) -> dict[str, dict[str, int]]:
-    """Tenant id -> size class -> GPUs running or published and not yet claimed."""
+def running_gpus(running: Sequence[RunningJob], outstanding: Sequence[Published], *,
+                 slots: bool = False) -> dict[str, dict[str, int]]:
+    """Tenant id -> size class -> GPUs running or published and not yet claimed. With
+    `slots`, the slots they hold: a job of no GPU (the cpu class's) holds one CPU slot, which
+    is what `e31 queue` counts for a CPU class (fair share and quotas count GPUs only)."""
     acc: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for r in running:
-        acc[r.tenant_id][r.size_class] += r.gpus
+        acc[r.tenant_id][r.size_class] += r.gpus or int(slots)
     for p in outstanding:
-        acc[p.tenant_id][p.size_class] += p.gpus
+        acc[p.tenant_id][p.size_class] += p.gpus or int(slots)
     return {t: dict(c) for t, c in acc.items()}
 
 

@@ -20,8 +20,9 @@ def router(svc: QueueService) -> APIRouter:
 
     @r.get("/v1/queue", tags=["queue"], responses=errors.responses(401, 503))
     def queue(t: Caller) -> dict[str, Any]:
-        """Per size class: GPUs, busy GPUs, queued jobs and running GPUs per tenant, each
-        tenant's share of running GPUs against its share of weight (others merged unless admin)."""
+        """Per size class: GPUs, busy GPUs, queued jobs and running slots per tenant (`running`:
+        GPUs, or a CPU class's jobs; `running_gpus`: GPUs alone), each tenant's share of the
+        running slots against its share of weight (others merged unless admin)."""
         return svc.overview(t)
 
     @r.get("/v1/pool/environments", tags=["queue"], responses=errors.responses(401, 422, 503))

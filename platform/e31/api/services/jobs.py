@@ -142,7 +142,8 @@ class JobService:
         pending = explain.pending(
             draft, pos, load, self._readings.tenant_views(self._readings.view(now)), now=now,
             half_life_s=self._settings.fair_share_half_life_s,
-            owns=lambda other: self._owns(tenant, other), workers=workers, nodes=nodes)
+            owns=lambda other: self._owns(tenant, other), workers=workers, nodes=nodes,
+            scheduler=self._readings.scheduler_leads() if workers is not None else None)
         idle = sorted((w for w in workers or () if where.queue in w.queues
                        and w.busy_job is None), key=lambda w: (w.queues[0] != where.queue,
                                                                w.node))
@@ -180,11 +181,13 @@ class JobService:
         tenants = readings.tenant_views(readings.view(now))
         workers = readings.workers()
         nodes = readings.shapes(workers)
+        leads = readings.scheduler_leads() if workers is not None else None
         owner = owner_id or tenant.id
         return {r.id: explain.pending(
             r, self._repo.queue_position(owner, r.id), readings.queue_load(r.queue, now),
             tenants, now=now, half_life_s=self._settings.fair_share_half_life_s,
-            owns=lambda other: self._owns(tenant, other), workers=workers, nodes=nodes)
+            owns=lambda other: self._owns(tenant, other), workers=workers, nodes=nodes,
+            scheduler=leads)
             for r in records if r.state == "queued"}
 
     async def poll(self, tenant: TenantRecord, job_id: str, *, wait_s: int) -> JobRecord:

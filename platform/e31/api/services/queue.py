@@ -1,6 +1,7 @@
 """The shared pool's queues as a tenant may see them (`GET /v1/queue`, `e31.api.routes.queue`):
-per size class, GPUs, busy GPUs, queued jobs and running GPUs per tenant, each tenant's share of
-running GPUs against its share of weight. Only an admin's token sees other tenants by name.
+per size class, GPUs, busy GPUs, queued jobs and running slots (GPUs, or a CPU class's jobs) per
+tenant, each tenant's share of them against its share of weight. Only an admin's token sees
+other tenants by name.
 
 And the Python environments of the live workers that would run a job of given resources
 (`GET /v1/pool/environments`): what `@e31.function` checks a call against before it stores
@@ -33,13 +34,15 @@ class QueueService:
         self._readings = readings
 
     def overview(self, tenant: TenantRecord) -> dict[str, Any]:
-        """Per size class: GPUs, busy GPUs, queued jobs and running GPUs per tenant, share used
-        against weight. Only an admin token sees other tenants by name."""
+        """Per size class: GPUs, busy GPUs, queued jobs and running slots (GPUs, or a CPU
+        class's jobs) per tenant, share used against weight. Only an admin token sees other
+        tenants by name."""
         view = self._readings.view(utcnow())
         overview = explain.queue_overview(
             classes=self._settings.size_classes, workers=self._readings.workers(expand=False),
             view=view, tenants=self._readings.tenant_views(view),
-            queued=self._repo.queued_by_tenant(), viewer=None if tenant.admin else tenant.id)
+            queued=self._repo.queued_by_tenant(), running=self._readings.running_slots(view),
+            viewer=None if tenant.admin else tenant.id)
         # Nodes out of service until their worker starts again: an operator's drain, or a
         # node's own for a GPU's XID error, with the reason.
         overview["drained"] = [d.to_dict() for d in self._repo.drained_nodes()]

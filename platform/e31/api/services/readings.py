@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 
+from e31.core import keys
 from e31.core.clock import utcnow
 from e31.core.records import QueueLoad, SchedulingView
 from e31.core.sizeclasses import all_queues
@@ -53,6 +54,15 @@ class PoolReadings:
         try:
             workers = read_workers(self._redis)
             return expand_gangs(workers) if expand else workers
+        except redis.RedisError as exc:
+            log.warning("pool_unreadable: %s", exc)
+            return None
+
+    def scheduler_leads(self) -> bool | None:
+        """Whether a scheduler holds the leader's lock (it renews it every tick, and it lapses
+        a few ticks after the last one died); None when Redis cannot be read."""
+        try:
+            return bool(self._redis.exists(keys.LEADER))
         except redis.RedisError as exc:
             log.warning("pool_unreadable: %s", exc)
             return None
@@ -108,6 +118,11 @@ class PoolReadings:
     def view(self, now: datetime) -> SchedulingView:
         """What the scheduler would read now: the tenants, and what runs and waits."""
         return self._repo.scheduling_view(now=now, queues=all_queues(self._settings.size_classes))
+
+    def running_slots(self, view: SchedulingView) -> dict[str, dict[str, int]]:
+        """Tenant id -> class -> slots its jobs hold in `view` (a CPU job one; what the queue
+        view counts as running)."""
+        return running_gpus(view.running, view.outstanding, slots=True)
 
     def tenant_views(self, view: SchedulingView) -> dict[str, Tenant]:
         """Each tenant's fair-share standing in `view` (its running GPUs against its weight)."""
