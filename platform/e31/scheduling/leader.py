@@ -279,21 +279,25 @@ class Scheduler:
         places = {c.id: place for c, d in chosen
                   if (place := gang_place(d.node)) is not None}
         tokens = self._repo.mark_dispatched([c.id for c, _ in chosen], now=now, places=places)
-        for c, _ in chosen:
-            if c.id not in tokens:
-                continue
-            label = f"{self._tenant_names.get(c.tenant_id, c.tenant_id)}/{c.name}"
-            queue = node_queue(places[c.id][0]) if c.id in places else c.queue
-            try:
-                self._celery.send_task(
-                    TASK_NAME, args=[c.id, tokens[c.id]], queue=queue, routing_key=queue,
-                    priority=redis_priority(c.size_class, self._settings.size_classes),
-                    shadow=printable(label),   # worker logs show it: one line, whatever the name
-                    argsrepr=repr([c.id, TOKEN_SHOWN]))   # Flower and events show no token
-            except BrokerError as exc:
-                raise SchedulingError(f"cannot publish job {c.id} to {queue}: {exc}") from exc
-            log.info("job_published job=%s queue=%s tenant=%s%s", c.id, queue, c.tenant_id,
-                     f" gpus={places[c.id][1]}" if c.id in places else "")
+        # One producer (and its connection) from Celery's pool for the whole tick, where
+        # each send_task took and gave back its own
+        with self._celery.producer_or_acquire() as producer:
+            for c, _ in chosen:
+                if c.id not in tokens:
+                    continue
+                label = f"{self._tenant_names.get(c.tenant_id, c.tenant_id)}/{c.name}"
+                queue = node_queue(places[c.id][0]) if c.id in places else c.queue
+                try:
+                    self._celery.send_task(
+                        TASK_NAME, args=[c.id, tokens[c.id]], queue=queue, routing_key=queue,
+                        priority=redis_priority(c.size_class, self._settings.size_classes),
+                        shadow=printable(label),   # worker logs: one line, whatever the name
+                        argsrepr=repr([c.id, TOKEN_SHOWN]),   # Flower and events: no token
+                        producer=producer)
+                except BrokerError as exc:
+                    raise SchedulingError(f"cannot publish job {c.id} to {queue}: {exc}") from exc
+                log.info("job_published job=%s queue=%s tenant=%s%s", c.id, queue, c.tenant_id,
+                         f" gpus={places[c.id][1]}" if c.id in places else "")
         return len(tokens)
 
     # -- loop ----------------------------------------------------------------------------
