@@ -35,7 +35,6 @@ import math
 import random
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -53,7 +52,7 @@ from nodes import (
     fair_gpus,
     lost_work_s,
 )
-from sim import accrue
+from sim import UNSAID, accrue, place_outputs
 
 from e31.core.usage import UsageState
 from e31.scheduling.fairshare import Tenant
@@ -492,10 +491,7 @@ RUNS: dict[str, dict[str, object]] = {
 STEADY_RUNS = ("pack", "first-fit", "spread", "pack fair-res", "spread fair-res")
 SMOKE = {"runs": "pack fair-res preempt,spread fair-res preempt", "steady_runs": "pack",
          "horizon_h": 2.0, "scale": 0.05, "json": None}
-TRACKED = ROOT / "bench/fairness/results.json"
-# `--json` not given: a new temporary directory, or with --refresh TRACKED (a Path, not a
-# string, so that argparse hands it back as it is and `is` tells it apart)
-UNSAID = Path("<a new temporary directory>")
+TRACKED = {"json": ROOT / "bench/fairness/results.json"}   # --refresh writes it
 
 
 def config(name: str, **over: object) -> SimConfig:
@@ -523,9 +519,7 @@ def main() -> None:
     ap.add_argument("--horizon-h", type=float, default=HORIZON_S / 3600, help="simulated hours")
     ap.add_argument("--scale", type=float, default=1.0, help="the flood trace's backlogs, scaled")
     args = parse(ap, SMOKE)
-    if args.json is UNSAID:
-        args.json = TRACKED if args.refresh else \
-            Path(tempfile.mkdtemp(prefix="e31-nodesim-")) / "results.json"
+    place_outputs(args, TRACKED, {"json": "results.json"}, prefix="e31-nodesim-")
     pool = node_pool()
     horizon_s = args.horizon_h * 3600
     traces = {"flood": (node_trace(args.seed, horizon_s=horizon_s, scale=args.scale), args.runs),

@@ -313,18 +313,21 @@ def plot(series: Mapping[tuple[str, str], Mapping[str, list[float]]], path: Path
     fig.savefig(path, dpi=90)
 
 
-def place_outputs(args: argparse.Namespace) -> argparse.Namespace:
-    """`--json` and `--png` where they were not given: the tracked files with `--refresh`,
-    else one new temporary directory for both (so a plain run never rewrites tracked files)."""
+def place_outputs(args: argparse.Namespace, tracked: dict[str, Path] = TRACKED,
+                  file_names: dict[str, str] = FILE_NAMES,
+                  prefix: str = "e31-fairness-") -> argparse.Namespace:
+    """The output options of `tracked` (`--json` and `--png` here; nodesim.py's `--json`)
+    where they were not given: the tracked files with `--refresh`, else one new temporary
+    directory for all (so a plain run never rewrites tracked files)."""
     where: Path | None = None
-    for name in ("json", "png"):
+    for name in tracked:
         if getattr(args, name) is not UNSAID:
             continue
         if args.refresh:
-            setattr(args, name, TRACKED[name])
+            setattr(args, name, tracked[name])
             continue
-        where = where or Path(tempfile.mkdtemp(prefix="e31-fairness-"))
-        setattr(args, name, where / FILE_NAMES[name])
+        where = where or Path(tempfile.mkdtemp(prefix=prefix))
+        setattr(args, name, where / file_names[name])
     return args
 
 
