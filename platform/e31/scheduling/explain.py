@@ -157,7 +157,7 @@ def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo
         mine = [w for w in workers if w.own_class == c.name]
         gpus = sum(w.gpu_count or (0 if c.gpu_mem_gb else 1) for w in mine)
         busy_gpus = sum(w.gpu_count or (0 if c.gpu_mem_gb else 1) for w in mine if is_busy(w))
-        rows = _tenant_rows(c.name, queued=queued, running=running, tenants=tenants)
+        rows = _tenant_rows(c, queued=queued, running=running)
         if not rows and not mine:
             continue
         total_w = sum(tenants[t].weight if t in tenants else 1.0 for t in rows) or 1.0
@@ -189,22 +189,19 @@ def queue_overview(*, classes: Sequence[SizeClass], workers: Sequence[WorkerInfo
             "broker": broker}
 
 
-def _tenant_rows(size_class: str, *, queued: Mapping[tuple[str, str], int],
-                 running: Mapping[str, Mapping[str, int]],
-                 tenants: Mapping[str, Tenant]) -> dict[str, dict[str, float]]:
-    """Tenant id -> its queued jobs, running slots and running GPUs in `size_class`, for each
-    tenant with any."""
+def _tenant_rows(c: SizeClass, *, queued: Mapping[tuple[str, str], int],
+                 running: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, float]]:
+    """Tenant id -> its queued jobs, running slots and running GPUs in class `c` (its slots
+    are its GPUs, or none on a CPU class), for each tenant with any."""
     rows: dict[str, dict[str, float]] = defaultdict(
         lambda: {"queued": 0, "running": 0, "running_gpus": 0, "weight": 0.0})
     for (cls, tenant_id), n in queued.items():
-        if cls == size_class:
+        if cls == c.name:
             rows[tenant_id]["queued"] += n
     for tenant_id, held in running.items():
-        if held.get(size_class):
-            rows[tenant_id]["running"] += held[size_class]
-    for tenant_id, t in tenants.items():
-        if t.running_gpus.get(size_class):
-            rows[tenant_id]["running_gpus"] += t.running_gpus[size_class]
+        if held.get(c.name):
+            rows[tenant_id]["running"] += held[c.name]
+            rows[tenant_id]["running_gpus"] += held[c.name] if c.gpu_mem_gb else 0
     return rows
 
 

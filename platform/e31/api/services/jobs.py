@@ -143,7 +143,7 @@ class JobService:
             draft, pos, load, self._readings.tenant_views(self._readings.view(now)), now=now,
             half_life_s=self._settings.fair_share_half_life_s,
             owns=lambda other: self._owns(tenant, other), workers=workers, nodes=nodes,
-            scheduler=self._readings.scheduler_leads() if workers is not None else None)
+            scheduler=self._readings.scheduler_leads(workers))
         idle = sorted((w for w in workers or () if where.queue in w.queues
                        and w.busy_job is None), key=lambda w: (w.queues[0] != where.queue,
                                                                w.node))
@@ -181,7 +181,7 @@ class JobService:
         tenants = readings.tenant_views(readings.view(now))
         workers = readings.workers()
         nodes = readings.shapes(workers)
-        leads = readings.scheduler_leads() if workers is not None else None
+        leads = readings.scheduler_leads(workers)
         owner = owner_id or tenant.id
         return {r.id: explain.pending(
             r, self._repo.queue_position(owner, r.id), readings.queue_load(r.queue, now),

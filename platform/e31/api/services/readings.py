@@ -58,9 +58,12 @@ class PoolReadings:
             log.warning("pool_unreadable: %s", exc)
             return None
 
-    def scheduler_leads(self) -> bool | None:
+    def scheduler_leads(self, workers: list[WorkerInfo] | None) -> bool | None:
         """Whether a scheduler holds the leader's lock (it renews it every tick, and it lapses
-        a few ticks after the last one died); None when Redis cannot be read."""
+        a few ticks after the last one died); None when Redis cannot be read, or (`workers`
+        None: the heartbeats just could not be) is not asked again."""
+        if workers is None:
+            return None
         try:
             return bool(self._redis.exists(keys.LEADER))
         except redis.RedisError as exc:
