@@ -5,7 +5,9 @@ Without it, the job of a SIGKILLed worker process waited for the process's succe
 (a new interpreter, its imports), beat without the job, and for the scheduler to see its lease
 silent. The launcher sees the death within `SUPERVISE_POLL_S`; before it starts the successor
 it takes the node's lock (free once the process died), kills what the dead process's jobs left
-running (its process groups and cgroups: PDEATHSIG has usually done so already), and ends `lost`
+running (its process groups and cgroups: PDEATHSIG has usually done so already, but not for
+a job whose worker died while bubblewrap was still building its sandbox, since the namespace's
+init asks to die with its parent only once the sandbox is up), and ends `lost`
 with the old fencing token each attempt of that node that had not finished, then wakes the
 scheduler: the job is published again within about a second of the death. An attempt whose
 child had finished (its result is in its directory) is left to the successor, which records
