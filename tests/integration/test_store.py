@@ -101,6 +101,22 @@ def test_a_stale_token_cannot_record_an_outcome(repo: Repo) -> None:
     assert repo.get_job(None, job.id).state == "running"
 
 
+def test_the_progress_an_outcome_carries_is_the_ended_jobs_last_progress(repo: Repo) -> None:
+    # Given a job that never renewed its lease (it ended before its first tick)
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    job = submit(repo, tenant.id)
+    held = claim(repo, job.id)
+
+    # When its outcome says how far it got
+    assert repo.record_outcome(job.id, held.token, Outcome(AttemptReason.SUCCEEDED,
+                                                           progress=(7.0, 8.0)),
+                               now=utcnow()) is JobState.SUCCEEDED
+
+    # Then the ended job shows that progress
+    ended = repo.get_job(None, job.id)
+    assert (ended.progress_done, ended.progress_total) == (7.0, 8.0)
+
+
 def test_a_failed_attempt_is_retried_after_its_backoff_and_then_fails_for_good(repo: Repo) -> None:
     tenant, _ = repo.create_tenant("a", now=utcnow())
     job = submit(repo, tenant.id, retries={"max": 1, "backoff_s": 30})

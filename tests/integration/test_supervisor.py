@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -36,6 +37,23 @@ def test_an_entrypoint_returns_its_json_result_and_sees_its_pinned_gpu(tmp_path:
     assert result.result["cuda_visible_devices"] == "3"
     assert (p.output_dir / "greeting.txt").read_text() == "hello, ada\n"
     assert "hello, ada from job j-test attempt 1" in p.log_path.read_text()
+
+
+def test_the_last_progress_of_a_job_that_ends_between_ticks_goes_with_its_outcome(
+        tmp_path: Path) -> None:
+    # Given a job that reports 3 of 3 steps and ends long before the supervisor's first tick
+    p = dataclasses.replace(plan(tmp_path, entrypoint="e31_worker.examples:sleep",
+                                 params={"seconds": 0.03, "steps": 3}), tick_interval_s=60.0)
+    ticks: list[object] = []
+
+    # When it is supervised to its end
+    result = Supervisor(p, tick=lambda progress: ticks.append(progress) or Directive.CONTINUE
+                        ).run()
+
+    # Then its outcome carries that progress, and no tick (a lease renewal) was spent on it
+    assert result.reason is AttemptReason.SUCCEEDED
+    assert result.progress == (3.0, 3.0)
+    assert ticks == []
 
 
 def test_a_command_job_fails_with_its_exit_code_and_its_output_logged(tmp_path: Path) -> None:

@@ -301,6 +301,9 @@ class Outcome:
     error: str | None = None
     exit_code: int | None = None
     outputs: list[dict[str, Any]] = field(default_factory=list)
+    # The job's last progress (done, total) as its child left it: stored with the outcome, so
+    # that a job ending between two lease ticks shows it without a renewal of its own.
+    progress: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

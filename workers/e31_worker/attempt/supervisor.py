@@ -12,6 +12,7 @@ and the verdict is one function (`outcomes` for the child's own end).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -60,6 +61,7 @@ class Supervisor:
         self._start = ChildStart(plan, sandbox=sandbox, warm=warm, on_start=on_start)
         self._on_limits = on_limits  # told the limits the attempt runs under, once it started
         self._disk: DiskWatch | None = None
+        self._final_progress: tuple[float, float] | None = None   # what the child last wrote
 
     def prepare(self) -> None:
         self._plan.make_dirs()
@@ -132,7 +134,10 @@ class Supervisor:
                      plan.attempt, refused, plan.limits.pids_max)
         assert proc.returncode is not None
         code = proc.returncode if self._sandbox is None else exit_code(proc.returncode)
-        return self._result(code, stopped_for, oom_kills)
+        outcome = self._result(code, stopped_for, oom_kills)
+        if self._final_progress is None:
+            return outcome
+        return dataclasses.replace(outcome, progress=self._final_progress)
 
     def _apply_limits(self) -> AttemptLimits:
         """Make the attempt's cgroup (its processes and memory), start watching its disk, and
@@ -190,12 +195,10 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
         self._signal(proc, signal.SIGKILL)  # the job is over: nothing it started may linger
-        final = self._progress()
-        if final is not None:   # relay the last progress it wrote: a job that ends between
-            try:                # two ticks (a warm start's short job) would otherwise show none
-                self._tick(final)
-            except Exception:  # only the progress shown depends on it
-                log.exception("final_progress_not_relayed job=%s", self._plan.job_id)
+        # The last progress it wrote goes with the outcome (`Outcome.progress`): a job that
+        # ends between two ticks (a warm start's short job) would otherwise show none, and a
+        # renewal of its own would cost a store transaction per job.
+        self._final_progress = self._progress()
         return None
 
     def _kill(self, proc: Child, why: str) -> None:
