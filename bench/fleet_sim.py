@@ -19,7 +19,9 @@ the real `e31 scheduler` and `e31 api` processes, and a backlog of queued jobs o
    lists, as kombu's Redis transport consumes them, without kombu's unacked bookkeeping),
    claims the job with the message's dispatch token, renews its lease every heartbeat
    interval for `--job-s` seconds of pretend work, records success, and wakes the
-   scheduler, as a worker does; no process or sandbox is started for the job. A process's
+   scheduler, as a worker does; with `--chain N` it first claims up to N of the array's
+   next items in a row (`claim_next_item`, as a worker with `array_chain_items` does). No
+   process or sandbox is started for the job. A process's
    simulated workers share one worker pool of connections to the store (`make_engine(...,
    worker=True)`: one, and a second while a call nests), as a node's workers would share a
    node-local pooler (docs/architecture.md, "Connections").
@@ -58,7 +60,7 @@ from sqlalchemy import text
 from e31.client import Client
 from e31.core.clock import utcnow
 from e31.core.errors import StoreError
-from e31.core.records import Outcome
+from e31.core.records import Claim, Outcome
 from e31.core.states import AttemptReason
 from e31.edge.settings import Settings
 from e31.local.redisserver import free_port, start_redis
@@ -99,7 +101,7 @@ class Tally:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.done = self.claims_refused = self.renewals = self.store_retries = 0
+        self.done = self.claims_refused = self.renewals = self.store_retries = self.chained = 0
 
     def add(self, **counts: int) -> None:
         with self.lock:
@@ -121,7 +123,7 @@ def retried(tally: Tally, call: Callable[[], T]) -> T:
 
 
 def sim_worker(index: int, repo: Repo, redis_url: str, *, interval_s: float, job_s: float,
-               lease_ttl_s: float, stop: threading.Event, tally: Tally) -> None:
+               lease_ttl_s: float, chain: int, stop: threading.Event, tally: Tally) -> None:
     beats = redis.Redis.from_url(redis_url)
     consumer = redis.Redis.from_url(redis_url, socket_timeout=BRPOP_S + 5)
     node = f"gpu{index % 8}@sim{index // 8}"
@@ -129,6 +131,22 @@ def sim_worker(index: int, repo: Repo, redis_url: str, *, interval_s: float, job
                       size_class="gpu24", isolation="sandbox")
     hb = Heartbeat(redis_client=beats, identity=info, interval_s=interval_s,
                    on_drain=lambda: None, drain_authorized=lambda: False)
+
+    def work(claim: Claim) -> None:
+        """The claimed job's pretend work, its lease renewed every interval, then success."""
+        hb.set_busy(claim.job_id)
+        end = time.monotonic() + job_s
+        renewals = 0
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(interval_s, left))
+            done_s = job_s - max(0.0, end - time.monotonic())
+            retried(tally, partial(repo.renew, claim.job_id, claim.token, now=utcnow(),
+                                   lease_ttl_s=lease_ttl_s, progress=(done_s, job_s)))
+            renewals += 1
+        retried(tally, partial(repo.record_outcome, claim.job_id, claim.token,
+                               Outcome(AttemptReason.SUCCEEDED), now=utcnow()))
+        tally.add(done=1, renewals=renewals)
+
     hb.start()
     try:
         while not stop.is_set():
@@ -142,25 +160,25 @@ def sim_worker(index: int, repo: Repo, redis_url: str, *, interval_s: float, job
             if claim is None:
                 tally.add(claims_refused=1)
                 continue
-            hb.set_busy(job_id)
-            end = time.monotonic() + job_s
-            renewals = 0
-            while (left := end - time.monotonic()) > 0:
-                time.sleep(min(interval_s, left))
-                done_s = job_s - max(0.0, end - time.monotonic())
-                retried(tally, partial(repo.renew, job_id, claim.token, now=utcnow(),
-                                       lease_ttl_s=lease_ttl_s, progress=(done_s, job_s)))
-                renewals += 1
-            retried(tally, partial(repo.record_outcome, job_id, claim.token,
-                                   Outcome(AttemptReason.SUCCEEDED), now=utcnow()))
+            work(claim)
+            for _ in range(chain):   # the array's next items in a row, as a worker does
+                if stop.is_set():
+                    break
+                nxt = retried(tally, partial(
+                    repo.claim_next_item, claim.job_id, queue=QUEUE, worker=node,
+                    gpus=info.gpus, gpu_count=1, now=utcnow(), lease_ttl_s=lease_ttl_s))
+                if nxt is None:
+                    break
+                tally.add(chained=1)
+                work(nxt)
+                claim = nxt
             hb.set_busy(None)
             heartbeat.wake(beats)
-            tally.add(done=1, renewals=renewals)
     finally:
         hb.stop()
 
 
-def sim_process(first: int, count: int, db_url: str, redis_url: str, settings: dict[str, float],
+def sim_process(first: int, count: int, db_url: str, redis_url: str, settings: dict[str, Any],
                 seconds: float, out: Any) -> None:
     """`count` simulated workers as threads sharing one worker engine, for `seconds`."""
     engine = make_engine(db_url, application_name="e31 fleet-sim", worker=True)
@@ -176,7 +194,7 @@ def sim_process(first: int, count: int, db_url: str, redis_url: str, settings: d
     for t in threads:
         t.join(timeout=30)
     engine.dispose()
-    out.put({"done": tally.done, "claims_refused": tally.claims_refused,
+    out.put({"done": tally.done, "claims_refused": tally.claims_refused, "chained": tally.chained,
              "renewals": tally.renewals, "store_retries": tally.store_retries})
 
 
@@ -273,7 +291,8 @@ def run(args: argparse.Namespace, tmp: Path, db_url: str) -> dict[str, Any]:
     url = f"http://127.0.0.1:{api_port}"
     logs = tmp / "logs"
     logs.mkdir()
-    settings = {"interval_s": args.interval_s, "job_s": args.job_s, "lease_ttl_s": 30.0}
+    settings = {"interval_s": args.interval_s, "job_s": args.job_s, "lease_ttl_s": 30.0,
+                "chain": args.chain}
     try:
         with service("api", env, logs) as api, service("scheduler", env, logs) as sched:
             wait("the API", lambda: api_ready(url))
@@ -319,6 +338,8 @@ def run(args: argparse.Namespace, tmp: Path, db_url: str) -> dict[str, Any]:
         "jobs_done": done, "jobs_per_s": round(done / elapsed, 1),
         "jobs_per_s_if_never_idle": round(args.workers / (args.job_s + 0.0001), 1),
         "claims_refused": sum(x["claims_refused"] for x in results),
+        "array_chain_items": args.chain,
+        "claimed_in_a_row": sum(x["chained"] for x in results),
         "store_retries": sum(x["store_retries"] for x in results),
         "renewals_per_s": round(sum(x["renewals"] for x in results) / elapsed, 1),
         "heartbeats_per_s": round(beats / elapsed, 1),
@@ -355,6 +376,9 @@ def main() -> None:
     ap.add_argument("--arrays", type=int, default=1,
                     help="array submits of --array-items each, from up to 8 clients at once "
                          "(100 of 10,000: the million jobs of issue 31's target)")
+    ap.add_argument("--chain", type=int, default=0,
+                    help="array items a simulated worker claims in a row after one it ran "
+                         "(the worker's array_chain_items; 0: every job from a message)")
     args = parse(ap, SMOKE)
     base = Settings(database_url=args.postgres).resolved_database_url
     with tempfile.TemporaryDirectory() as tmp, scratch_database(base, prefix="e31_fleet") as url:

@@ -7,7 +7,9 @@ A private `e31 up` stack (its own redis-server and SQLite store) runs `--jobs`
 command jobs `python3 -c pass` (each in its own child, sandboxed as the pool is configured;
 `--kind entrypoint`: `e31_worker.examples:hello` through the job runner instead),
 submitted from 8 threads and followed with `JobHandle.wait()` from 8 threads, as a user
-would. Before and after the batch (after a warm-up batch, so start-up costs stay out) it
+would; with `--array`, as the items of one array, one submit and one wait for the whole
+(`--chain N` sets the stack's `array_chain_items`: 0 publishes every item). Before and
+after the batch (after a warm-up batch, so start-up costs stay out) it
 reads, for every process of the stack:
 
 - CPU seconds (user + system, from /proc through psutil), and the CPU of the children each
@@ -177,7 +179,13 @@ JOBS = {"command": {"command": CHILD, "resources": {"gpus": 0}},
         "entrypoint": {"entrypoint": "e31_worker.examples:hello", "resources": {"gpus": 0}}}
 
 
-def run_batch(client: Any, n: int, kind: str) -> list[str]:
+def run_batch(client: Any, n: int, kind: str, array: bool = False) -> list[str]:
+    """`n` jobs of `kind`, each submitted and waited for as a user would; with `array`, as the
+    items of one array (one submit, one wait for the whole); their final states."""
+    if array:
+        status = client.submit_many([{} for _ in range(n)], name="profile",
+                                    **JOBS[kind]).wait(timeout=3600)
+        return [item["state"] for item in status["items"]]
     handles = submit_all(client, [JOBS[kind]] * n)
     with ThreadPoolExecutor(8) as pool:
         return list(pool.map(lambda h: h.wait()["state"], handles))
@@ -224,6 +232,10 @@ def main() -> None:
                     help="command: `python3 -c pass` in its own child (default); entrypoint: "
                          "e31_worker.examples:hello through the job runner (warm where the "
                          "worker has a warm start)")
+    ap.add_argument("--array", action="store_true",
+                    help="submit the batch (and the warm-up) as the items of one array")
+    ap.add_argument("--chain", type=int, metavar="N",
+                    help="the stack's array_chain_items (default: the setting's default)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", nargs=3, metavar=("BEFORE", "AFTER", "SVG"), type=Path,
                     help="run nothing: draw two --json results (medians if a path holds a "
@@ -266,15 +278,16 @@ def profile(args: argparse.Namespace, tmp: Path, url: str) -> dict[str, Any]:
 
     r = redis.Redis.from_url(url)
     up_args = ["--cpu-slots", str(args.cpu_slots)]
-    with private_stack(tmp / "home", up_args, redis_url=url) as client:
+    settings = {} if args.chain is None else {"E31_ARRAY_CHAIN_ITEMS": str(args.chain)}
+    with private_stack(tmp / "home", up_args, redis_url=url, settings=settings) as client:
         client._http.event_hooks["request"].append(count)
         up_pid = json.loads((tmp / "home" / "stack.json").read_text())["pid"]
-        warm = run_batch(client, args.warmup, args.kind)
+        warm = run_batch(client, args.warmup, args.kind, args.array)
         time.sleep(0.5)
         spies = start_spies(up_pid, args.py_spy) if args.py_spy else []
         before = snapshot(up_pid, tmp / "prof", r)
         counting.set()
-        states = run_batch(client, args.jobs, args.kind)
+        states = run_batch(client, args.jobs, args.kind, args.array)
         counting.clear()
         for spy in spies:
             spy.send_signal(signal.SIGINT)
@@ -285,6 +298,7 @@ def profile(args: argparse.Namespace, tmp: Path, url: str) -> dict[str, Any]:
     if lost:
         raise SystemExit(f"not every job succeeded: {Counter(lost)}")
     return {"cpu_slots": args.cpu_slots, "database": "sqlite", "kind": args.kind,
+            "array": args.array, "array_chain_items": args.chain,
             **diff(before, after, http, args.jobs)}
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sqlalchemy import select
+
+from e31.store import make_engine
+from e31.store.models import Attempt, Job
 from tests.conftest import wait_for
 
 from .conftest import Stack
@@ -129,3 +133,37 @@ def test_a_bad_sweep_is_one_line_on_stderr_and_exit_2_and_nothing_is_stored(
     assert refused.returncode == 2 and "items[0].resources.gpus" in refused.stderr
     assert len(json.loads(stack.e31("ls", "--json", "--limit", "1000").stdout)) == before
     assert stack.e31("status", "a-" + "0" * 20).returncode == 2
+
+
+def test_a_worker_runs_an_arrays_next_items_in_a_row_each_its_own_attempt(stack: Stack) -> None:
+    # Given a twelve-item array on the stack's two cpu slots, nothing else queued
+    client = stack.client()
+    array = client.submit_many([{"params": {"name": f"n{i}"}} for i in range(12)],
+                               name="in-a-row", **HELLO)
+
+    # When it runs to the end
+    status = array.wait(timeout=120)
+
+    # Then every item succeeded in one attempt, in its own sandbox and attempt record
+    assert (status["total"], status["succeeded"]) == (12, 12)
+    engine = make_engine(f"sqlite:///{stack.home / 'e31.db'}")
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(select(Job.id, Job.dispatch_count, Job.attempts_used)
+                                .where(Job.array_id == array.id)).all()
+            attempts = conn.execute(select(Attempt.job_id, Attempt.reason, Attempt.isolation)
+                                    .join(Job, Job.id == Attempt.job_id)
+                                    .where(Job.array_id == array.id)).all()
+    finally:
+        engine.dispose()
+    assert sorted(r.attempts_used for r in rows) == [1] * 12
+    assert sorted(a.job_id for a in attempts) == sorted(r.id for r in rows)
+    assert {(a.reason, a.isolation) for a in attempts} == {("succeeded", "sandbox")}
+    # and the workers claimed some of them right after the one before, never published:
+    # without the row every item is a publication of the scheduler's (dispatch_count 1)
+    in_a_row = [r.id for r in rows if r.dispatch_count == 0]
+    assert in_a_row, "every item was published: none was claimed in a row"
+    log = (stack.home / "logs" / "worker.log").read_text(errors="replace").splitlines()
+    chained = {line.split(" job=")[1].split()[0] for line in log
+               if "job_claimed" in line and "chained_after=" in line}
+    assert set(in_a_row) <= chained

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import StoreError
@@ -35,13 +35,15 @@ from e31.store import deps, quotas, secrets, tenants, transitions
 from e31.store.arrays import ArrayStore
 from e31.store.base import BillingStore
 from e31.store.drains import DrainStore
-from e31.store.models import Attempt, Job
+from e31.store.models import Attempt, Job, Tenant
 from e31.store.quotas import OutputsCharge
 from e31.store.rows import seconds
 
 ERROR_MAX_CHARS = 16_384   # an attempt's error text; the whole story is in the log
 COUNTED_REASONS = [r.value for r in AttemptReason if r.counts_against_retries]
 INFRA_REASONS = [r.value for r in AttemptReason if r.is_infra_fault]   # infra_retries caps
+QUEUED = JobState.QUEUED.value
+NEXT_ITEMS_READ = 64   # an array's items after an ended one that claim_next_item looks at
 
 
 @dataclass(frozen=True)
@@ -90,29 +92,39 @@ class AttemptStore(BillingStore):
         job's current dispatch token; None if it is not claimable. The claim clears the token:
         the same message delivered again, or replayed, claims nothing."""
         with self._session(write=True) as s:
-            row = s.execute(transitions.move(job_id, JobState.QUEUED, JobState.RUNNING).where(
-                holds_dispatch(dispatch_token), Job.cancel_requested.is_(False),
-                or_(Job.not_before.is_(None), Job.not_before <= now))
-                .values(lease_owner=worker,
-                        lease_token=Job.lease_token + 1,
-                        lease_expires_at=now + timedelta(seconds=lease_ttl_s),
-                        attempts_used=Job.attempts_used + 1,
-                        started_at=func.coalesce(Job.started_at, now),
-                        dispatched_at=None, dispatch_token=None, dispatch_host=None,
-                        dispatch_gpus=None, progress_done=None, progress_total=None)
-                .returning(Job.lease_token, Job.attempts_used, Job.queued_since, Job.spec,
-                           Job.tenant_id, Job.gpus)).first()
+            return _take(s, job_id, holds_dispatch(dispatch_token), worker=worker, gpus=gpus,
+                         gpu_count=gpu_count, now=now, lease_ttl_s=lease_ttl_s)
+
+    def claim_next_item(self, ended_job_id: str, *, queue: str, worker: str, gpus: str,
+                        gpu_count: int, now: datetime, lease_ttl_s: float) -> Claim | None:
+        """The next item of the array of `ended_job_id`, an item this worker just ran, claimed
+        without a publication (docs/scheduling.md, "Array items in a row"); None when the
+        scheduler must choose instead. `queue` is the worker's own class's: an item it took
+        from a queue it spills to is not followed by more (its bigger GPU goes back to its
+        own class's work). One transaction: the candidate is the array's next queued,
+        unpublished, runnable item by index in the same queue and of as many GPUs, among the
+        `NEXT_ITEMS_READ` items after the ended one; it is taken only while no other job
+        waits in that queue that the scheduler could put first (another tenant's, one of a
+        higher band, an older one of the same band), the tenant is enabled, and its quota for
+        the class holds one more (the items running and published, as the scheduler counts
+        them). It is claimed as a published job is, its fencing token and attempt row with
+        it."""
+        with self._session(write=True) as s:
+            row = s.execute(select(Job.array_id, Job.array_index, Job.tenant_id, Job.queue,
+                                   Job.size_class, Job.gpus, Job.priority, Job.submitted_at)
+                            .where(Job.id == ended_job_id)).first()
             if row is None:
                 return None
-            token, attempt, queued_since, spec, tenant_id, job_gpus = row
-            s.execute(update(Job).where(Job.id == job_id).values(
-                queued_seconds=Job.queued_seconds + seconds(queued_since, now), queued_since=None))
-            s.add(Attempt(job_id=job_id, n=attempt, worker=worker, gpus=gpus, gpu_count=gpu_count,
-                          started_at=now))
-        # Validated after the commit: params of up to a megabyte are not checked while the
-        # write transaction holds the store. It was validated on submit, so it passes again.
-        return Claim(job_id=job_id, tenant_id=tenant_id, token=token, attempt=attempt,
-                     spec=JobSpec.parse(spec, stored=True), gpus=job_gpus)
+            array_id, index, tenant_id, its_queue, size_class, job_gpus, priority, at = row
+            if array_id is None or index is None or its_queue != queue:
+                return None
+            ended = _Item(array_id, index, tenant_id, its_queue, size_class, job_gpus, priority,
+                          at)
+            item = _next_item(s, ended, now)
+            if item is None or _put_first(s, ended) or not _quota_holds(s, ended):
+                return None
+            return _take(s, item, Job.dispatched_at.is_(None), worker=worker, gpus=gpus,
+                         gpu_count=gpu_count, now=now, lease_ttl_s=lease_ttl_s)
 
     def renew(self, job_id: str, token: int, *, now: datetime, lease_ttl_s: float,
               progress: tuple[float, float] | None = None) -> Renewal:
@@ -267,6 +279,100 @@ def holds_dispatch(dispatch_token: str) -> ColumnElement[bool]:
     return Job.dispatch_token == dispatch_token
 
 
+class _Item(NamedTuple):
+    """The array item a worker just ran, as `claim_next_item` compares its next one."""
+
+    array_id: str
+    array_index: int
+    tenant_id: str
+    queue: str
+    size_class: str
+    gpus: int
+    priority: int
+    submitted_at: datetime
+
+
+def _take(s: Session, job_id: str, claimable: ColumnElement[bool], *, worker: str, gpus: str,
+          gpu_count: int, now: datetime, lease_ttl_s: float) -> Claim | None:
+    """Move the queued job `job_id` to running if `claimable` holds and it is runnable now: a
+    new lease and fencing token, one more attempt used, its queued time counted and the
+    attempt's row added; None if it is not claimable."""
+    row = s.execute(transitions.move(job_id, JobState.QUEUED, JobState.RUNNING).where(
+        claimable, Job.cancel_requested.is_(False),
+        or_(Job.not_before.is_(None), Job.not_before <= now))
+        .values(lease_owner=worker,
+                lease_token=Job.lease_token + 1,
+                lease_expires_at=now + timedelta(seconds=lease_ttl_s),
+                attempts_used=Job.attempts_used + 1,
+                started_at=func.coalesce(Job.started_at, now),
+                dispatched_at=None, dispatch_token=None, dispatch_host=None,
+                dispatch_gpus=None, progress_done=None, progress_total=None)
+        .returning(Job.lease_token, Job.attempts_used, Job.queued_since, Job.spec,
+                   Job.tenant_id, Job.gpus)).first()
+    if row is None:
+        return None
+    token, attempt, queued_since, spec, tenant_id, job_gpus = row
+    s.execute(update(Job).where(Job.id == job_id).values(
+        queued_seconds=Job.queued_seconds + seconds(queued_since, now), queued_since=None))
+    s.add(Attempt(job_id=job_id, n=attempt, worker=worker, gpus=gpus, gpu_count=gpu_count,
+                  started_at=now))
+    # Validated after the statements: params of up to a megabyte are not checked while the
+    # write transaction holds the store. It was validated on submit, so it passes again.
+    return Claim(job_id=job_id, tenant_id=tenant_id, token=token, attempt=attempt,
+                 spec=JobSpec.parse(spec, stored=True), gpus=job_gpus)
+
+
+def _next_item(s: Session, ended: _Item, now: datetime) -> str | None:
+    """The id of the first item after `ended` in its array that may run now on the ended
+    one's slot, among the next `NEXT_ITEMS_READ` by index; None if none of those may. The
+    read names only the array index's columns, so it is that index's ordered range whatever
+    the planner thinks of the rest (a filter on the state made PostgreSQL sort the whole
+    array's queued items: 10 ms a claim at 10,000); the claim checks the state again."""
+    rows = s.execute(select(Job.id, Job.state, Job.queue, Job.gpus, Job.dispatched_at,
+                            Job.deps_pending, Job.cancel_requested, Job.not_before)
+                     .where(Job.array_id == ended.array_id, Job.array_index > ended.array_index)
+                     .order_by(Job.array_index).limit(NEXT_ITEMS_READ)).tuples()
+    for job_id, state, queue, gpus, dispatched_at, deps_pending, cancel, not_before in rows:
+        if (state == QUEUED and queue == ended.queue and gpus == ended.gpus
+                and dispatched_at is None and deps_pending == 0 and not cancel
+                and (not_before is None or not_before <= now)):
+            return job_id
+    return None
+
+
+def _put_first(s: Session, ended: _Item) -> bool:
+    """Whether a runnable job waits in the ended item's queue that the scheduler's order
+    (docs/scheduling.md: band, share key, age) could put before the array's next item: another
+    tenant's, or the same tenant's in a higher band or older in the same band. One statement
+    of four EXISTS, each one range of the heads index (state, deps, queue, tenant, band, age),
+    so the array's own queued items, however many, are never scanned."""
+    waiting = [Job.state == QUEUED, Job.deps_pending == 0, Job.queue == ended.queue]
+    own = [*waiting, Job.tenant_id == ended.tenant_id]
+    return bool(s.scalar(select(or_(*(exists().where(*where) for where in (
+        [*waiting, Job.tenant_id < ended.tenant_id],
+        [*waiting, Job.tenant_id > ended.tenant_id],
+        [*own, Job.priority > ended.priority],
+        [*own, Job.priority == ended.priority, Job.submitted_at < ended.submitted_at]))))))
+
+
+def _quota_holds(s: Session, ended: _Item) -> bool:
+    """Whether the tenant is enabled and its quota of the item's class holds one more item:
+    its jobs of the class running or published and not yet claimed, counted as the scheduler
+    counts them (`Tenant.fits_quota`)."""
+    tenant = s.execute(select(Tenant.quotas, Tenant.disabled_at)
+                       .where(Tenant.id == ended.tenant_id)).first()
+    if tenant is None or tenant.disabled_at is not None:
+        return False
+    quota = (tenant.quotas or {}).get(ended.size_class)
+    if quota is None:
+        return True
+    held = s.scalar(select(func.coalesce(func.sum(Job.gpus), 0)).where(
+        Job.tenant_id == ended.tenant_id, Job.size_class == ended.size_class,
+        or_(Job.state == JobState.RUNNING.value,
+            and_(Job.state == QUEUED, Job.dispatched_at.is_not(None)))))
+    return int(held or 0) + ended.gpus <= int(quota)
+
+
 def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, now: datetime,
                 half_life_s: float, oom: OomRule | None = None,
                 infra_retries: int = INFRA_RETRIES_DEFAULT) -> JobState | None:
@@ -381,6 +487,8 @@ def _outcome_values(job: Job, outcome: Outcome, state: JobState, now: datetime,
         "lease_owner": None, "lease_expires_at": None, "preempt_requested_at": None}
     if outcome.outputs:
         values["outputs"] = outcome.outputs
+    if outcome.progress is not None:
+        values.update(progress_done=outcome.progress[0], progress_total=outcome.progress[1])
     if state is JobState.QUEUED:
         retries = RetryPolicy.model_validate(job.spec.get("retries") or {})
         delay_s = _backoff_s(retries, outcome.reason, counts)

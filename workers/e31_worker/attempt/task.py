@@ -112,13 +112,45 @@ def run_job(svc: AttemptServices, job_id: Any, dispatch_token: Any) -> Ended | N
                  ident.node, gpus)
         svc.busy(job_id)
         try:
-            return _attempt(svc, claim, gpus)
+            ended = _attempt(svc, claim, gpus)
+            if not ident.gang:
+                _chain(svc, claim.job_id, gpus)
+            return ended
         finally:
             svc.busy(None)
             try:
                 wake(svc.redis)
             except Exception:  # noqa: BLE001 - the next tick publishes anyway
                 pass
+
+
+def _chain(svc: AttemptServices, job_id: str, gpus: str) -> None:
+    """Array items in a row (docs/scheduling.md): after an item of an array, run up to
+    `array_chain_items` of its next items on the same slot, each claimed by the store without
+    a publication (`AttemptStore.claim_next_item`: only from the worker's own class's queue,
+    while no other job waits there, within the tenant's quota) and each still its own
+    attempt, fenced and sandboxed as any other. Not while the worker drains; a claim the
+    store cannot make ends the row, and the scheduler publishes what is left as before. The
+    scheduler is woken at the row's end, not at each item's."""
+    node = svc.identity.node
+    for _ in range(svc.settings.array_chain_items):
+        if svc.draining.is_set():
+            return
+        try:
+            claim = svc.repo.claim_next_item(
+                job_id, queue=svc.identity.queues[0], worker=node, gpus=gpus,
+                gpu_count=len([g for g in gpus.split(",") if g]), now=utcnow(),
+                lease_ttl_s=svc.settings.lease_ttl_s)
+        except StoreError as exc:  # nothing taken: the scheduler publishes the items
+            log.warning("chain_claim_failed after=%s node=%s: %s", job_id, node, exc)
+            return
+        if claim is None:
+            return
+        log.info("job_claimed job=%s attempt=%d node=%s gpus=%r chained_after=%s", claim.job_id,
+                 claim.attempt, node, gpus, job_id)
+        svc.busy(claim.job_id)
+        _attempt(svc, claim, gpus)
+        job_id = claim.job_id
 
 
 def _take_gang_gpus(svc: AttemptServices, job_id: str, dispatch_token: str) -> list[str] | None:
