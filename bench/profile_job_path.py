@@ -12,8 +12,9 @@ would; with `--array`, as the items of one array, one submit and one wait for th
 after the batch (after a warm-up batch, so start-up costs stay out) it
 reads, for every process of the stack:
 
-- CPU seconds (user + system, from /proc through psutil), and the CPU of the children each
-  reaped (the jobs themselves, on the worker processes);
+- CPU seconds (user + system, from each process's CPU-time clock; the processes found in
+  /proc through psutil, `bench/stack.py`'s `cpu_s`), and the CPU of the children each reaped
+  (the jobs themselves, on the worker processes and the warm zygote; /proc);
 - SQL statements (a `before_cursor_execute` listener on every SQLAlchemy engine, by verb) and
   transactions (`commit` events);
 - artifact-store calls by method (`e31.edge.artifacts.ArtifactStore`);
@@ -33,7 +34,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import signal
 import statistics
 import subprocess
@@ -52,7 +52,7 @@ import redis
 from e31.local.redisserver import start_redis
 
 from report import parse, save
-from stack import private_stack, submit_all
+from stack import JOB_REAPERS, cpu_s, own_cpu_s, private_stack, role, submit_all
 
 CHILD = ["python3", "-c", "pass"]
 PROFILE_DIR_ENV = "PROFILE_JOB_PATH_DIR"   # not E31_*: private_stack drops those
@@ -124,32 +124,12 @@ def _e31_profile():
 _e31_profile()
 '''
 
-ROLES = (("api", re.compile(r"e31\.cli api\b")), ("scheduler", re.compile(r"e31\.cli scheduler")),
-         ("worker", re.compile(r"e31_worker\.node\.celery_process")),
-         ("launcher", re.compile(r"e31\.cli worker\b")), ("up", re.compile(r"e31\.cli up\b")),
-         ("zygote", re.compile(r"e31_worker\.child\.zygote")))   # the warm start's fork server
 ROUTE = re.compile(r"/j-[0-9a-f]{20}")
-
-
-def role(cmd: str) -> str:
-    return next((name for name, pat in ROLES if pat.search(cmd)), "other")
 
 
 def snapshot(up_pid: int, prof_dir: Path, r: redis.Redis) -> dict[str, Any]:
     """CPU per role, SQL and artifact calls per role, Redis commands: now."""
-    cpu: Counter[str] = Counter()
-    children: Counter[str] = Counter()
-    root = psutil.Process(up_pid)
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            name = role(" ".join(p.cmdline()))
-            if name == "other":   # a job's child, bwrap, redis: counted where they are reaped
-                continue
-            t = p.cpu_times()
-        except psutil.Error:
-            continue
-        cpu[name] += t.user + t.system
-        children[name] += t.children_user + t.children_system
+    cpu, children = cpu_s([up_pid])
     sql: dict[str, Counter[str]] = {}
     tx: Counter[str] = Counter()
     arts: Counter[str] = Counter()
@@ -165,12 +145,7 @@ def snapshot(up_pid: int, prof_dir: Path, r: redis.Redis) -> dict[str, Any]:
     stats = r.info("commandstats")
     cmds = Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
     return {"cpu": cpu, "children": children, "sql": sql, "tx": tx, "artifacts": arts,
-            "redis": cmds, "self_cpu": _self_cpu(), "t": time.monotonic()}
-
-
-def _self_cpu() -> float:
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    return u.ru_utime + u.ru_stime
+            "redis": cmds, "self_cpu": own_cpu_s(), "t": time.monotonic()}
 
 
 SMOKE = {"jobs": 4, "warmup": 2, "cpu_slots": 1}
@@ -207,7 +182,7 @@ def diff(before: dict[str, Any], after: dict[str, Any], http: Counter[str], n: i
                            for name in roles}
         | {"client": round(1000 * (after["self_cpu"] - before["self_cpu"]) * per, 2)},
         "job_children_cpu_ms_per_job": round(1000 * sum(
-            after["children"][k] - before["children"][k] for k in ("worker", "zygote")) * per, 2),
+            after["children"][k] - before["children"][k] for k in JOB_REAPERS) * per, 2),
         "sql_per_job": {name: round(sum(v.values()), 2) for name, v in sql.items()},
         "sql_by_verb_per_job": {name: {k: round(v, 2) for k, v in sorted(verbs.items())}
                                 for name, verbs in sql.items() if verbs},

@@ -1,18 +1,24 @@
-"""A private `e31 up` stack for the bench scripts: its own home, ports and Redis."""
+"""A private `e31 up` stack for the bench scripts: its own home, ports and Redis; and the
+CPU its processes spent, by the part of the stack each one is."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import resource
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from e31.client import Client, JobHandle
 from e31.core.states import FINAL_STATES
@@ -20,6 +26,17 @@ from e31.local.redisserver import free_port
 from e31.local.state import stack_ready
 
 UP_SHOWN_CHARS = 4_000   # the end of `e31 up`'s output when it fails to start
+
+# The processes of an `e31 up` stack by their command lines. Any other under it (a job's
+# bubblewrap and child, slirp4netns) is the job's own: it counts once reaped, in the CPU of
+# its parent's children.
+ROLES = (("api", re.compile(r"e31\.cli api\b")), ("scheduler", re.compile(r"e31\.cli scheduler")),
+         ("worker", re.compile(r"e31_worker\.node\.celery_process")),
+         ("launcher", re.compile(r"e31\.cli worker\b")), ("up", re.compile(r"e31\.cli up\b")),
+         ("zygote", re.compile(r"e31_worker\.child\.zygote")))   # the warm start's fork server
+CONTROL_PATH = ("api", "scheduler", "worker", "launcher", "up")   # what carries a job to its run
+JOB_REAPERS = ("worker", "zygote")   # their reaped children are the jobs' own processes
+CPUCLOCK_SCHED = 2   # Linux's CPU-time clock of a process, in ns (include/linux/posix-timers.h)
 
 
 @contextmanager
@@ -48,6 +65,54 @@ def private_stack(home: Path, up_args: Sequence[str], *, redis_url: str | None =
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(timeout=120)
+
+
+def role(cmd: str) -> str:
+    """Which process of a stack the command line `cmd` is (ROLES); `other` when none."""
+    return next((name for name, pat in ROLES if pat.search(cmd)), "other")
+
+
+def cpu_s(roots: Iterable[int], role_of: Callable[[str], str] = role,
+          ) -> tuple[defaultdict[str, float], defaultdict[str, float]]:
+    """CPU seconds so far of the processes `roots` and their descendants by `role_of` their
+    command line (`process_cpu_s`), and of the children each of them reaped (read from /proc
+    through psutil), by the same role. A process of role `other` is left out while it lives,
+    so that it counts once: when reaped, in its parent's children."""
+    own: defaultdict[str, float] = defaultdict(float)
+    reaped: defaultdict[str, float] = defaultdict(float)
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for p in procs:
+            try:
+                name = role_of(" ".join(p.cmdline()))
+                if name == "other":
+                    continue
+                t = p.cpu_times()
+                used_s = process_cpu_s(p.pid)
+            except (psutil.Error, OSError):   # gone, or a zombie not yet reaped
+                continue
+            own[name] += used_s
+            reaped[name] += t.children_user + t.children_system
+    return own, reaped
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds so far (user + system, every thread, ended ones too) of the live process
+    `pid`, to the nanosecond: its CPU-time clock, whose id is made as glibc's
+    clock_getcpuclockid(3) makes it. /proc/PID/stat gives the same total in 10 ms ticks: a
+    process that spent 6 ms over a four-job window reads there as 0 or 10. OSError once it
+    has ended."""
+    return time.clock_gettime_ns((~pid << 3) | CPUCLOCK_SCHED) / 1e9
+
+
+def own_cpu_s() -> float:
+    """The CPU seconds so far (user + system, every thread) of this process: the client."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
 
 
 def celery_workers_ready(app: Any, count: int, timeout_s: float = 60.0) -> None:

@@ -95,7 +95,8 @@ def test_a_burst_runs_every_job_once_and_no_process_says_database_is_locked(
 @pytest.mark.timeout(180)
 def test_dispatch_runs_bare_celery_and_e31_without_loss_and_gives_their_ratios(
         tmp_path: Path) -> None:
-    # Given bare Celery (a no-op and a child per task) and E31 (command and entrypoint jobs)
+    # Given bare Celery (a no-op and a child per task) and E31 (command and entrypoint jobs,
+    # and entrypoint jobs as the items of one array)
     figures = run_bench("dispatch_vs_celery.py", tmp_path, timeout_s=170)
 
     # Then each side ran every job once, and the ratios are numbers
@@ -104,8 +105,17 @@ def test_dispatch_runs_bare_celery_and_e31_without_loss_and_gives_their_ratios(
         assert figures[side]["runs"] == figures[side]["distinct"] == jobs, figures[side]
     for kind in ("command", "entrypoint"):
         assert figures["e31"][kind]["succeeded_in_one_attempt"] == jobs, figures["e31"]
+    assert figures["e31"]["array"]["succeeded"] == jobs, figures["e31"]["array"]
+    assert figures["e31"]["array"]["lost_or_rerun"] == 0, figures["e31"]["array"]
     assert a_ratio(figures["ratio_e31_best_over_celery_noop"]), figures
     assert a_ratio(figures["ratio_e31_command_over_celery_subprocess"]), figures
+    assert a_ratio(figures["ratio_e31_array_over_celery_noop"]), figures
+
+    # And each side's CPU per job was read: the Celery workers', E31's control path
+    for side in ("bare_celery_noop_in_process", "bare_celery_subprocess_per_task"):
+        assert figures[side]["cpu_ms_per_job"]["workers"] > 0, figures[side]
+    for kind in ("command", "entrypoint", "array"):
+        assert figures["e31"][kind]["cpu_ms_per_job"]["control_path"] > 0, figures["e31"][kind]
 
 
 @pytest.mark.timeout(150)
