@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+import redis
 from sqlalchemy import select
 
+from e31.core import keys
 from e31.store import make_engine
 from e31.store.models import Attempt, Job
 from tests.conftest import wait_for
@@ -135,11 +142,36 @@ def test_a_bad_sweep_is_one_line_on_stderr_and_exit_2_and_nothing_is_stored(
     assert stack.e31("status", "a-" + "0" * 20).returncode == 2
 
 
-def test_a_worker_runs_an_arrays_next_items_in_a_row_each_its_own_attempt(stack: Stack) -> None:
-    # Given a twelve-item array on the stack's two cpu slots, nothing else queued
+CHAIN_NODE = "gpu0@chainhost"
+
+
+@pytest.fixture
+def chaining_worker(stack: Stack) -> Iterator[Path]:
+    """An extra `e31 worker` with `array_chain_items` 16 and one simulated 80 GB GPU, a class
+    the stack lacks, so that only it runs gpu80 jobs; yields its log."""
+    log_path = stack.home / "logs" / "chain-worker.log"
+    log = open(log_path, "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "e31.cli", "worker", "--simulate-gpus", "1x80",
+                             "--hostname", CHAIN_NODE.split("@")[1], "--loglevel", "INFO"],
+                            env=stack.env_with_redis(E31_ARRAY_CHAIN_ITEMS="16"),
+                            stdout=log, stderr=subprocess.STDOUT)
+    r = redis.Redis.from_url(stack.redis_url)
+    try:
+        wait_for(lambda: r.get(keys.worker(CHAIN_NODE)), timeout_s=60, what="the gpu80 worker")
+        yield log_path
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        log.close()
+
+
+def test_a_worker_runs_an_arrays_next_items_in_a_row_each_its_own_attempt(
+        stack: Stack, chaining_worker: Path) -> None:
+    # Given a twelve-item gpu80 array, which only the worker with array_chain_items 16 serves
     client = stack.client()
     array = client.submit_many([{"params": {"name": f"n{i}"}} for i in range(12)],
-                               name="in-a-row", **HELLO)
+                               name="in-a-row", entrypoint="e31_worker.examples:hello",
+                               resources={"gpu_mem_gb": 80}, timeout_s=60)
 
     # When it runs to the end
     status = array.wait(timeout=120)
@@ -151,19 +183,38 @@ def test_a_worker_runs_an_arrays_next_items_in_a_row_each_its_own_attempt(stack:
         with engine.connect() as conn:
             rows = conn.execute(select(Job.id, Job.dispatch_count, Job.attempts_used)
                                 .where(Job.array_id == array.id)).all()
-            attempts = conn.execute(select(Attempt.job_id, Attempt.reason, Attempt.isolation)
+            attempts = conn.execute(select(Attempt.job_id, Attempt.reason, Attempt.isolation,
+                                           Attempt.worker)
                                     .join(Job, Job.id == Attempt.job_id)
                                     .where(Job.array_id == array.id)).all()
     finally:
         engine.dispose()
     assert sorted(r.attempts_used for r in rows) == [1] * 12
     assert sorted(a.job_id for a in attempts) == sorted(r.id for r in rows)
-    assert {(a.reason, a.isolation) for a in attempts} == {("succeeded", "sandbox")}
-    # and the workers claimed some of them right after the one before, never published:
+    assert {(a.reason, a.isolation, a.worker) for a in attempts} == \
+        {("succeeded", "sandbox", CHAIN_NODE)}
+    # and the worker claimed most of them right after the one before, never published:
     # without the row every item is a publication of the scheduler's (dispatch_count 1)
     in_a_row = [r.id for r in rows if r.dispatch_count == 0]
-    assert in_a_row, "every item was published: none was claimed in a row"
-    log = (stack.home / "logs" / "worker.log").read_text(errors="replace").splitlines()
+    assert len(in_a_row) >= 6, rows
+    log = chaining_worker.read_text(errors="replace").splitlines()
     chained = {line.split(" job=")[1].split()[0] for line in log
                if "job_claimed" in line and "chained_after=" in line}
     assert set(in_a_row) <= chained
+
+
+def test_the_stacks_workers_leave_every_item_to_the_scheduler_by_default(stack: Stack) -> None:
+    # Given an array on the stack's own cpu slots (array_chain_items not set: 0)
+    array = stack.client().submit_many([{"params": {"name": f"n{i}"}} for i in range(4)],
+                                       name="published", **HELLO)
+
+    # When it runs to the end, then every item was published by the scheduler
+    assert array.wait(timeout=120)["succeeded"] == 4
+    engine = make_engine(f"sqlite:///{stack.home / 'e31.db'}")
+    try:
+        with engine.connect() as conn:
+            counts = conn.execute(select(Job.dispatch_count)
+                                  .where(Job.array_id == array.id)).scalars().all()
+    finally:
+        engine.dispose()
+    assert sorted(counts) == [1] * 4

@@ -32,7 +32,7 @@ def run(repo: Repo, job_id: str) -> Claim:
     return claim
 
 
-def chain(repo: Repo, after: str, queue: str = GPU24) -> Claim | None:
+def chain(repo: Repo, after: str, queue: str | None = GPU24) -> Claim | None:
     return repo.claim_next_item(after, queue=queue, worker=WORKER, gpus="0", gpu_count=1,
                                 now=utcnow(), lease_ttl_s=60)
 
@@ -51,12 +51,15 @@ def test_the_next_unpublished_item_is_claimed_with_its_own_attempt_and_fencing_t
     # Then it holds item 2 (item 1's message is another worker's), running under a lease of
     # its own with an attempt row, never published
     assert claim is not None and claim.job_id == items[2] and claim.attempt == 1
+    assert repo.get_job(None, items[3]).state == "queued"    # one claim, one item
     with repo.engine.connect() as conn:
         job = conn.execute(select(Job.state, Job.lease_owner, Job.lease_token, Job.dispatch_count,
                                   Job.queued_since).where(Job.id == items[2])).one()
+        waited = conn.execute(select(Job.queued_seconds).where(Job.id == items[2])).scalar()
         attempts = conn.execute(select(Attempt.n, Attempt.worker)
                                 .where(Attempt.job_id == items[2])).all()
     assert tuple(job) == ("running", WORKER, claim.token, 0, None)
+    assert waited > 0       # its time in the queue, counted as a published job's is
     assert [tuple(a) for a in attempts] == [(1, WORKER)]
     # and its outcome is fenced by that token as any claim's
     assert repo.record_outcome(items[2], claim.token + 1, Outcome(AttemptReason.SUCCEEDED),
@@ -155,7 +158,10 @@ def test_an_item_a_bigger_worker_took_from_a_queue_it_spills_to_is_not_followed(
     _, items = array(repo, tenant.id, 3)
     run(repo, items[0])
 
-    # Then that worker chains nothing; one of the class's own would
+    # Then that worker chains nothing; one of the class's own would, and so would a gang
+    # worker (no queue of its own: its dispatch gave it GPUs for the item's class)
     assert chain(repo, items[0], queue="e31.gpu48") is None
     claim = chain(repo, items[0])
     assert claim is not None and claim.job_id == items[1]
+    gang = chain(repo, items[1], queue=None)
+    assert gang is not None and gang.job_id == items[2]

@@ -68,8 +68,10 @@ class Settings(BaseModel):
     dispatch_headroom: int = Field(default=1, ge=0)
     dispatch_timeout_s: float = Field(default=10.0, gt=0)   # with an idle consumer (below)
     # Array items in a row (docs/scheduling.md): a worker that ends an array's item may claim
-    # this many of its next items itself, while no other job waits in their queue; 0: off
-    array_chain_items: int = Field(default=16, ge=0, le=10_000)
+    # this many of its next items itself, while no other job waits in their queue. 0 (the
+    # default): off, every item is the scheduler's; a win where the scheduler's cost per job
+    # dominates (one host, short items), a loss measured at fleet scale (docs/performance.md)
+    array_chain_items: int = Field(default=0, ge=0, le=10_000)
     # Fair share and admission (docs/scheduling.md).
     fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0)  # usage decay: a week
     # how long a blocked big job waits before it reserves GPUs, and what counts as big

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, and_, exists, func, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import StoreError
@@ -95,35 +95,31 @@ class AttemptStore(BillingStore):
             return _take(s, job_id, holds_dispatch(dispatch_token), worker=worker, gpus=gpus,
                          gpu_count=gpu_count, now=now, lease_ttl_s=lease_ttl_s)
 
-    def claim_next_item(self, ended_job_id: str, *, queue: str, worker: str, gpus: str,
+    def claim_next_item(self, ended_job_id: str, *, queue: str | None, worker: str, gpus: str,
                         gpu_count: int, now: datetime, lease_ttl_s: float) -> Claim | None:
         """The next item of the array of `ended_job_id`, an item this worker just ran, claimed
         without a publication (docs/scheduling.md, "Array items in a row"); None when the
         scheduler must choose instead. `queue` is the worker's own class's: an item it took
         from a queue it spills to is not followed by more (its bigger GPU goes back to its
-        own class's work). One transaction: the candidate is the array's next queued,
-        unpublished, runnable item by index in the same queue and of as many GPUs, among the
-        `NEXT_ITEMS_READ` items after the ended one; it is taken only while no other job
-        waits in that queue that the scheduler could put first (another tenant's, one of a
-        higher band, an older one of the same band), the tenant is enabled, and its quota for
-        the class holds one more (the items running and published, as the scheduler counts
-        them). It is claimed as a published job is, its fencing token and attempt row with
-        it."""
+        own class's work); None for a gang worker, whose dispatch chose the ended item's
+        GPUs for its class: the next item must be of that class. One transaction: the
+        runnable ones of the `NEXT_ITEMS_READ` items after the ended one
+        (`_runnable_after`); whether anything waits that the scheduler could put before the first
+        runnable one, and whether its tenant may have one more (`_may_take`); then the claim
+        of the first runnable one no other transaction holds, as a published job's claim
+        (its fencing token, its queued time, its attempt row)."""
         with self._session(write=True) as s:
-            row = s.execute(select(Job.array_id, Job.array_index, Job.tenant_id, Job.queue,
-                                   Job.size_class, Job.gpus, Job.priority, Job.submitted_at)
-                            .where(Job.id == ended_job_id)).first()
-            if row is None:
+            runnable = _runnable_after(s, ended_job_id, queue, now)
+            if not runnable or not _may_take(s, runnable[0]):
                 return None
-            array_id, index, tenant_id, its_queue, size_class, job_gpus, priority, at = row
-            if array_id is None or index is None or its_queue != queue:
-                return None
-            ended = _Item(array_id, index, tenant_id, its_queue, size_class, job_gpus, priority,
-                          at)
-            item = _next_item(s, ended, now)
-            if item is None or _put_first(s, ended) or not _quota_holds(s, ended):
-                return None
-            return _take(s, item, Job.dispatched_at.is_(None), worker=worker, gpus=gpus,
+            # The first of them that no one else is taking: the scheduler publishes an array's
+            # items from the same end, and other workers chain from the same window. SKIP
+            # LOCKED passes over the rows their transactions hold instead of waiting for them
+            # (SQLite has one writer: no lock to skip).
+            first = (select(Job.id).where(Job.id.in_([item.id for item in runnable]),
+                                          Job.state == QUEUED, Job.dispatched_at.is_(None))
+                     .order_by(Job.array_index).limit(1).with_for_update(skip_locked=True))
+            return _take(s, first, Job.dispatched_at.is_(None), worker=worker, gpus=gpus,
                          gpu_count=gpu_count, now=now, lease_ttl_s=lease_ttl_s)
 
     def renew(self, job_id: str, token: int, *, now: datetime, lease_ttl_s: float,
@@ -280,24 +276,37 @@ def holds_dispatch(dispatch_token: str) -> ColumnElement[bool]:
 
 
 class _Item(NamedTuple):
-    """The array item a worker just ran, as `claim_next_item` compares its next one."""
+    """An item of an array after the one a worker ran, as `claim_next_item` reads it."""
 
-    array_id: str
-    array_index: int
-    tenant_id: str
+    id: str
+    state: str
     queue: str
+    tenant_id: str
+    priority: int
     size_class: str
     gpus: int
-    priority: int
     submitted_at: datetime
+    dispatched_at: datetime | None
+    deps_pending: int
+    cancel_requested: bool
+    not_before: datetime | None
+    queued_since: datetime | None
+
+    def runnable(self, queue: str, now: datetime) -> bool:
+        """Queued in `queue`, unpublished, not cancelled, no dependency left, due."""
+        return (self.state == QUEUED and self.queue == queue and self.dispatched_at is None
+                and self.deps_pending == 0 and not self.cancel_requested
+                and (self.not_before is None or self.not_before <= now))
 
 
-def _take(s: Session, job_id: str, claimable: ColumnElement[bool], *, worker: str, gpus: str,
-          gpu_count: int, now: datetime, lease_ttl_s: float) -> Claim | None:
-    """Move the queued job `job_id` to running if `claimable` holds and it is runnable now: a
-    new lease and fencing token, one more attempt used, its queued time counted and the
-    attempt's row added; None if it is not claimable."""
-    row = s.execute(transitions.move(job_id, JobState.QUEUED, JobState.RUNNING).where(
+def _take(s: Session, job: str | Select[Any], claimable: ColumnElement[bool], *,
+          worker: str, gpus: str, gpu_count: int, now: datetime,
+          lease_ttl_s: float) -> Claim | None:
+    """Move the queued job `job` (an id, or the select of at most one) to running if
+    `claimable` holds and it is runnable now: a new lease and fencing token, one more attempt
+    used, its queued time counted and the attempt's row added; None if it is not
+    claimable."""
+    row = s.execute(transitions.move(job, JobState.QUEUED, JobState.RUNNING).where(
         claimable, Job.cancel_requested.is_(False),
         or_(Job.not_before.is_(None), Job.not_before <= now))
         .values(lease_owner=worker,
@@ -307,11 +316,12 @@ def _take(s: Session, job_id: str, claimable: ColumnElement[bool], *, worker: st
                 started_at=func.coalesce(Job.started_at, now),
                 dispatched_at=None, dispatch_token=None, dispatch_host=None,
                 dispatch_gpus=None, progress_done=None, progress_total=None)
-        .returning(Job.lease_token, Job.attempts_used, Job.queued_since, Job.spec,
-                   Job.tenant_id, Job.gpus)).first()
+        .returning(Job.id, Job.lease_token, Job.attempts_used, Job.queued_since, Job.spec,
+                   Job.tenant_id, Job.gpus), execution_options={"synchronize_session": False}
+    ).first()
     if row is None:
         return None
-    token, attempt, queued_since, spec, tenant_id, job_gpus = row
+    job_id, token, attempt, queued_since, spec, tenant_id, job_gpus = row
     s.execute(update(Job).where(Job.id == job_id).values(
         queued_seconds=Job.queued_seconds + seconds(queued_since, now), queued_since=None))
     s.add(Attempt(job_id=job_id, n=attempt, worker=worker, gpus=gpus, gpu_count=gpu_count,
@@ -322,56 +332,63 @@ def _take(s: Session, job_id: str, claimable: ColumnElement[bool], *, worker: st
                  spec=JobSpec.parse(spec, stored=True), gpus=job_gpus)
 
 
-def _next_item(s: Session, ended: _Item, now: datetime) -> str | None:
-    """The id of the first item after `ended` in its array that may run now on the ended
-    one's slot, among the next `NEXT_ITEMS_READ` by index; None if none of those may. The
-    read names only the array index's columns, so it is that index's ordered range whatever
-    the planner thinks of the rest (a filter on the state made PostgreSQL sort the whole
-    array's queued items: 10 ms a claim at 10,000); the claim checks the state again."""
-    rows = s.execute(select(Job.id, Job.state, Job.queue, Job.gpus, Job.dispatched_at,
-                            Job.deps_pending, Job.cancel_requested, Job.not_before)
-                     .where(Job.array_id == ended.array_id, Job.array_index > ended.array_index)
-                     .order_by(Job.array_index).limit(NEXT_ITEMS_READ)).tuples()
-    for job_id, state, queue, gpus, dispatched_at, deps_pending, cancel, not_before in rows:
-        if (state == QUEUED and queue == ended.queue and gpus == ended.gpus
-                and dispatched_at is None and deps_pending == 0 and not cancel
-                and (not_before is None or not_before <= now)):
-            return job_id
-    return None
+def _runnable_after(s: Session, ended_job_id: str, queue: str | None,
+                    now: datetime) -> list[_Item]:
+    """The items among the `NEXT_ITEMS_READ` after `ended_job_id` in its array, by index, that
+    may run now in `queue` (None: the ended item's own); none if it is no array's item or,
+    with `queue` given, was not taken from it. One statement: the ended item's array, index
+    and queue are its scalar subqueries, so the read is the array index's ordered range
+    whatever the planner thinks of the rest (a filter on the state made PostgreSQL sort the
+    whole array's queued items: 10 ms a claim at 10,000)."""
+    ended = select(Job.array_id, Job.array_index, Job.queue).where(
+        Job.id == ended_job_id).subquery()
+    its_queue = select(ended.c.queue).scalar_subquery()
+    q = (select(Job.id, Job.state, Job.queue, Job.tenant_id, Job.priority, Job.size_class,
+                Job.gpus, Job.submitted_at, Job.dispatched_at, Job.deps_pending,
+                Job.cancel_requested, Job.not_before, Job.queued_since, its_queue)
+         .where(Job.array_id == select(ended.c.array_id).scalar_subquery(),
+                Job.array_index > select(ended.c.array_index).scalar_subquery()))
+    if queue is not None:
+        q = q.where(its_queue == queue)
+    items = []
+    for *fields, ended_queue in s.execute(q.order_by(Job.array_index)
+                                          .limit(NEXT_ITEMS_READ)).tuples():
+        item = _Item._make(fields)
+        if item.runnable(ended_queue, now):
+            items.append(item)
+    return items
 
-
-def _put_first(s: Session, ended: _Item) -> bool:
-    """Whether a runnable job waits in the ended item's queue that the scheduler's order
-    (docs/scheduling.md: band, share key, age) could put before the array's next item: another
-    tenant's, or the same tenant's in a higher band or older in the same band. One statement
-    of four EXISTS, each one range of the heads index (state, deps, queue, tenant, band, age),
-    so the array's own queued items, however many, are never scanned."""
-    waiting = [Job.state == QUEUED, Job.deps_pending == 0, Job.queue == ended.queue]
-    own = [*waiting, Job.tenant_id == ended.tenant_id]
-    return bool(s.scalar(select(or_(*(exists().where(*where) for where in (
-        [*waiting, Job.tenant_id < ended.tenant_id],
-        [*waiting, Job.tenant_id > ended.tenant_id],
-        [*own, Job.priority > ended.priority],
-        [*own, Job.priority == ended.priority, Job.submitted_at < ended.submitted_at]))))))
-
-
-def _quota_holds(s: Session, ended: _Item) -> bool:
-    """Whether the tenant is enabled and its quota of the item's class holds one more item:
-    its jobs of the class running or published and not yet claimed, counted as the scheduler
-    counts them (`Tenant.fits_quota`)."""
-    tenant = s.execute(select(Tenant.quotas, Tenant.disabled_at)
-                       .where(Tenant.id == ended.tenant_id)).first()
-    if tenant is None or tenant.disabled_at is not None:
+def _may_take(s: Session, item: _Item) -> bool:
+    """Whether the store may hand `item` to the worker instead of the scheduler choosing: no
+    runnable job waits in its queue that the scheduler's order (docs/scheduling.md: band,
+    share key, age) could put first (another tenant's, or the same tenant's in a higher band
+    or older in the same band), its tenant is enabled, and its quota of the class, if it has
+    one, holds one more (its jobs of the class running or published, as the scheduler counts
+    them: `Tenant.fits_quota`). One statement with the tenant's row (a second only under a
+    quota); each EXISTS is one range of the heads index (state, deps, queue, tenant, band,
+    age), so the array's own queued items, however many, are never scanned."""
+    waiting = [Job.state == QUEUED, Job.deps_pending == 0, Job.queue == item.queue]
+    own = [*waiting, Job.tenant_id == item.tenant_id]
+    before = or_(*(exists().where(*where) for where in (
+        [*waiting, Job.tenant_id < item.tenant_id],
+        [*waiting, Job.tenant_id > item.tenant_id],
+        [*own, Job.priority > item.priority],
+        [*own, Job.priority == item.priority, Job.submitted_at < item.submitted_at])))
+    row = s.execute(select(Tenant.quotas, Tenant.disabled_at, before)
+                    .where(Tenant.id == item.tenant_id)).first()
+    if row is None:
         return False
-    quota = (tenant.quotas or {}).get(ended.size_class)
+    quotas, disabled_at, put_first = row
+    if put_first or disabled_at is not None:
+        return False
+    quota = (quotas or {}).get(item.size_class)
     if quota is None:
         return True
     held = s.scalar(select(func.coalesce(func.sum(Job.gpus), 0)).where(
-        Job.tenant_id == ended.tenant_id, Job.size_class == ended.size_class,
+        Job.tenant_id == item.tenant_id, Job.size_class == item.size_class,
         or_(Job.state == JobState.RUNNING.value,
             and_(Job.state == QUEUED, Job.dispatched_at.is_not(None)))))
-    return int(held or 0) + ended.gpus <= int(quota)
-
+    return int(held or 0) + item.gpus <= int(quota)
 
 def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, now: datetime,
                 half_life_s: float, oom: OomRule | None = None,
@@ -394,8 +411,9 @@ def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, n
         # code, building the environment and staging inputs is never billed.
         duration = max(0.0, seconds(attempt.started_at, ended_at) - (attempt.setup_s or 0.0))
         bill_s = duration * attempt.gpu_count
-        job.gpu_seconds += bill_s
-    job.run_seconds += duration
+    # The job's totals go in the statement that moves it on (`_outcome_values`), not in a
+    # flush of their own: one UPDATE of the job per outcome.
+    totals = {"gpu_seconds": job.gpu_seconds + bill_s, "run_seconds": job.run_seconds + duration}
     move = None
     if outcome.reason is AttemptReason.OOM and oom is not None and attempt is not None \
             and not job.cancel_requested:
@@ -417,8 +435,8 @@ def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, n
     state, error = _next_state(job, outcome, counts, infra_retries)
     if move is not None:
         state, error = JobState.QUEUED, f"oom: moved to {move.size_class}: {outcome.error}"
-    values = _outcome_values(job, dataclasses.replace(outcome, error=error), state, now,
-                             counts)
+    values = totals | _outcome_values(job, dataclasses.replace(outcome, error=error), state,
+                                      now, counts)
     if move is not None:    # its next attempt, in the bigger class, may start at once
         values.update(size_class=move.size_class, queue=move.queue, not_before=now)
     res = s.execute(transitions.move(job.id, JobState.RUNNING, state)
@@ -483,7 +501,6 @@ def _next_state(job: Job, outcome: Outcome, counts: Tally,
 def _outcome_values(job: Job, outcome: Outcome, state: JobState, now: datetime,
                     counts: Tally) -> dict[str, Any]:
     values: dict[str, Any] = {
-        "gpu_seconds": job.gpu_seconds, "run_seconds": job.run_seconds,
         "lease_owner": None, "lease_expires_at": None, "preempt_requested_at": None}
     if outcome.outputs:
         values["outputs"] = outcome.outputs

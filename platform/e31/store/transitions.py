@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Update, delete, update
+from sqlalchemy import Select, Update, delete, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import IllegalTransition
@@ -25,13 +26,19 @@ from e31.store.models import Job, JobDep
 from e31.store.rows import CHUNK, seconds
 
 
-def move(ids: str | Sequence[str], src: JobState, dst: JobState) -> Update:
+def move(ids: str | Sequence[str] | Select[Any], src: JobState, dst: JobState) -> Update:
     """The statement that moves the jobs `ids` still in `src` to `dst`; add conditions with
     `.where`, columns with `.values`. The state is compared unindexed: every move names its
-    rows by key, and the key is the index to use."""
+    rows by key (an id, ids, or the select of at most one id, compared with `=` so that
+    PostgreSQL runs it once: under `IN` it may run it again for each row it looks at, and a
+    `LIMIT 1 ... SKIP LOCKED` select then names a second row), and the key is the index to
+    use."""
     if not can_transition(src, dst):
         raise IllegalTransition(f"a job may not go from {src.value} to {dst.value}")
-    rows = Job.id == ids if isinstance(ids, str) else Job.id.in_(ids)
+    if isinstance(ids, Select):
+        rows = Job.id == ids.scalar_subquery()
+    else:
+        rows = Job.id == ids if isinstance(ids, str) else Job.id.in_(ids)
     return update(Job).where(rows, unindexed(Job.state) == src.value).values(state=dst.value)
 
 

@@ -113,8 +113,7 @@ def run_job(svc: AttemptServices, job_id: Any, dispatch_token: Any) -> Ended | N
         svc.busy(job_id)
         try:
             ended = _attempt(svc, claim, gpus)
-            if not ident.gang:
-                _chain(svc, claim.job_id, gpus)
+            _chain(svc, claim.job_id, gpus)
             return ended
         finally:
             svc.busy(None)
@@ -128,17 +127,20 @@ def _chain(svc: AttemptServices, job_id: str, gpus: str) -> None:
     """Array items in a row (docs/scheduling.md): after an item of an array, run up to
     `array_chain_items` of its next items on the same slot, each claimed by the store without
     a publication (`AttemptStore.claim_next_item`: only from the worker's own class's queue,
-    while no other job waits there, within the tenant's quota) and each still its own
-    attempt, fenced and sandboxed as any other. Not while the worker drains; a claim the
-    store cannot make ends the row, and the scheduler publishes what is left as before. The
-    scheduler is woken at the row's end, not at each item's."""
+    while no other job waits there, within the tenant's quota; a gang worker's next items
+    are of the ended one's class and run on the GPUs its dispatch gave, which it holds in the
+    host's ledger until the row ends) and each still its own attempt, fenced and sandboxed as
+    any other. Not while the worker drains; a claim the store cannot make ends the row, and
+    the scheduler publishes what is left as before. The scheduler is woken at the row's end,
+    not at each item's."""
     node = svc.identity.node
     for _ in range(svc.settings.array_chain_items):
         if svc.draining.is_set():
             return
         try:
             claim = svc.repo.claim_next_item(
-                job_id, queue=svc.identity.queues[0], worker=node, gpus=gpus,
+                job_id, queue=None if svc.identity.gang else svc.identity.queues[0],
+                worker=node, gpus=gpus,
                 gpu_count=len([g for g in gpus.split(",") if g]), now=utcnow(),
                 lease_ttl_s=svc.settings.lease_ttl_s)
         except StoreError as exc:  # nothing taken: the scheduler publishes the items
