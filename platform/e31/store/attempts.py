@@ -92,8 +92,9 @@ class AttemptStore(BillingStore):
         job's current dispatch token; None if it is not claimable. The claim clears the token:
         the same message delivered again, or replayed, claims nothing."""
         with self._session(write=True) as s:
-            return _take(s, job_id, holds_dispatch(dispatch_token), worker=worker, gpus=gpus,
-                         gpu_count=gpu_count, now=now, lease_ttl_s=lease_ttl_s)
+            taken = _take(s, job_id, holds_dispatch(dispatch_token), worker=worker, gpus=gpus,
+                          gpu_count=gpu_count, now=now, lease_ttl_s=lease_ttl_s)
+        return _claim(taken)
 
     def claim_next_item(self, ended_job_id: str, *, queue: str | None, worker: str, gpus: str,
                         gpu_count: int, now: datetime, lease_ttl_s: float) -> Claim | None:
@@ -119,8 +120,9 @@ class AttemptStore(BillingStore):
             first = (select(Job.id).where(Job.id.in_([item.id for item in runnable]),
                                           Job.state == QUEUED, Job.dispatched_at.is_(None))
                      .order_by(Job.array_index).limit(1).with_for_update(skip_locked=True))
-            return _take(s, first, Job.dispatched_at.is_(None), worker=worker, gpus=gpus,
-                         gpu_count=gpu_count, now=now, lease_ttl_s=lease_ttl_s)
+            taken = _take(s, first, Job.dispatched_at.is_(None), worker=worker, gpus=gpus,
+                          gpu_count=gpu_count, now=now, lease_ttl_s=lease_ttl_s)
+        return _claim(taken)
 
     def renew(self, job_id: str, token: int, *, now: datetime, lease_ttl_s: float,
               progress: tuple[float, float] | None = None) -> Renewal:
@@ -290,7 +292,6 @@ class _Item(NamedTuple):
     deps_pending: int
     cancel_requested: bool
     not_before: datetime | None
-    queued_since: datetime | None
 
     def runnable(self, queue: str, now: datetime) -> bool:
         """Queued in `queue`, unpublished, not cancelled, no dependency left, due."""
@@ -301,11 +302,11 @@ class _Item(NamedTuple):
 
 def _take(s: Session, job: str | Select[Any], claimable: ColumnElement[bool], *,
           worker: str, gpus: str, gpu_count: int, now: datetime,
-          lease_ttl_s: float) -> Claim | None:
+          lease_ttl_s: float) -> tuple[str, str, int, int, Any, int] | None:
     """Move the queued job `job` (an id, or the select of at most one) to running if
     `claimable` holds and it is runnable now: a new lease and fencing token, one more attempt
-    used, its queued time counted and the attempt's row added; None if it is not
-    claimable."""
+    used, its queued time counted and the attempt's row added. Returns what `_claim` makes
+    the claim of (its spec as stored), None if it is not claimable."""
     row = s.execute(transitions.move(job, JobState.QUEUED, JobState.RUNNING).where(
         claimable, Job.cancel_requested.is_(False),
         or_(Job.not_before.is_(None), Job.not_before <= now))
@@ -326,10 +327,18 @@ def _take(s: Session, job: str | Select[Any], claimable: ColumnElement[bool], *,
         queued_seconds=Job.queued_seconds + seconds(queued_since, now), queued_since=None))
     s.add(Attempt(job_id=job_id, n=attempt, worker=worker, gpus=gpus, gpu_count=gpu_count,
                   started_at=now))
-    # Validated after the statements: params of up to a megabyte are not checked while the
-    # write transaction holds the store. It was validated on submit, so it passes again.
+    return job_id, tenant_id, token, attempt, spec, job_gpus
+
+
+def _claim(taken: tuple[str, str, int, int, Any, int] | None) -> Claim | None:
+    """The claim of what `_take` took, its spec validated after the commit: params of up to a
+    megabyte are not checked while the write transaction holds the store. It was validated on
+    submit, so it passes again."""
+    if taken is None:
+        return None
+    job_id, tenant_id, token, attempt, spec, gpus = taken
     return Claim(job_id=job_id, tenant_id=tenant_id, token=token, attempt=attempt,
-                 spec=JobSpec.parse(spec, stored=True), gpus=job_gpus)
+                 spec=JobSpec.parse(spec, stored=True), gpus=gpus)
 
 
 def _runnable_after(s: Session, ended_job_id: str, queue: str | None,
@@ -345,7 +354,7 @@ def _runnable_after(s: Session, ended_job_id: str, queue: str | None,
     its_queue = select(ended.c.queue).scalar_subquery()
     q = (select(Job.id, Job.state, Job.queue, Job.tenant_id, Job.priority, Job.size_class,
                 Job.gpus, Job.submitted_at, Job.dispatched_at, Job.deps_pending,
-                Job.cancel_requested, Job.not_before, Job.queued_since, its_queue)
+                Job.cancel_requested, Job.not_before, its_queue)
          .where(Job.array_id == select(ended.c.array_id).scalar_subquery(),
                 Job.array_index > select(ended.c.array_index).scalar_subquery()))
     if queue is not None:
