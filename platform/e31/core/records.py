@@ -290,6 +290,7 @@ class Claim:
     attempt: int
     spec: JobSpec
     gpus: int
+    array_id: str | None = None   # the array it is an item of (a worker may chain its next)
 
 
 @dataclass(frozen=True)

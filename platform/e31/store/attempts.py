@@ -302,7 +302,7 @@ class _Item(NamedTuple):
 
 def _take(s: Session, job: str | Select[Any], claimable: ColumnElement[bool], *,
           worker: str, gpus: str, gpu_count: int, now: datetime,
-          lease_ttl_s: float) -> tuple[str, str, int, int, Any, int] | None:
+          lease_ttl_s: float) -> tuple[str, str, int, int, Any, int, str | None] | None:
     """Move the queued job `job` (an id, or the select of at most one) to running if
     `claimable` holds and it is runnable now: a new lease and fencing token, one more attempt
     used, its queued time counted and the attempt's row added. Returns what `_claim` makes
@@ -318,27 +318,28 @@ def _take(s: Session, job: str | Select[Any], claimable: ColumnElement[bool], *,
                 dispatched_at=None, dispatch_token=None, dispatch_host=None,
                 dispatch_gpus=None, progress_done=None, progress_total=None)
         .returning(Job.id, Job.lease_token, Job.attempts_used, Job.queued_since, Job.spec,
-                   Job.tenant_id, Job.gpus), execution_options={"synchronize_session": False}
+                   Job.tenant_id, Job.gpus, Job.array_id),
+        execution_options={"synchronize_session": False}
     ).first()
     if row is None:
         return None
-    job_id, token, attempt, queued_since, spec, tenant_id, job_gpus = row
+    job_id, token, attempt, queued_since, spec, tenant_id, job_gpus, array_id = row
     s.execute(update(Job).where(Job.id == job_id).values(
         queued_seconds=Job.queued_seconds + seconds(queued_since, now), queued_since=None))
     s.add(Attempt(job_id=job_id, n=attempt, worker=worker, gpus=gpus, gpu_count=gpu_count,
                   started_at=now))
-    return job_id, tenant_id, token, attempt, spec, job_gpus
+    return job_id, tenant_id, token, attempt, spec, job_gpus, array_id
 
 
-def _claim(taken: tuple[str, str, int, int, Any, int] | None) -> Claim | None:
+def _claim(taken: tuple[str, str, int, int, Any, int, str | None] | None) -> Claim | None:
     """The claim of what `_take` took, its spec validated after the commit: params of up to a
     megabyte are not checked while the write transaction holds the store. It was validated on
     submit, so it passes again."""
     if taken is None:
         return None
-    job_id, tenant_id, token, attempt, spec, gpus = taken
+    job_id, tenant_id, token, attempt, spec, gpus, array_id = taken
     return Claim(job_id=job_id, tenant_id=tenant_id, token=token, attempt=attempt,
-                 spec=JobSpec.parse(spec, stored=True), gpus=gpus)
+                 spec=JobSpec.parse(spec, stored=True), gpus=gpus, array_id=array_id)
 
 
 def _runnable_after(s: Session, ended_job_id: str, queue: str | None,
@@ -367,6 +368,7 @@ def _runnable_after(s: Session, ended_job_id: str, queue: str | None,
             items.append(item)
     return items
 
+
 def _may_take(s: Session, item: _Item) -> bool:
     """Whether the store may hand `item` to the worker instead of the scheduler choosing: no
     runnable job waits in its queue that the scheduler's order (docs/scheduling.md: band,
@@ -376,7 +378,7 @@ def _may_take(s: Session, item: _Item) -> bool:
     them: `Tenant.fits_quota`). One statement with the tenant's row (a second only under a
     quota); each EXISTS is one range of the heads index (state, deps, queue, tenant, band,
     age), so the array's own queued items, however many, are never scanned."""
-    waiting = [Job.state == QUEUED, Job.deps_pending == 0, Job.queue == item.queue]
+    waiting = list(transitions.runnable_prefix(item.queue))
     own = [*waiting, Job.tenant_id == item.tenant_id]
     before = or_(*(exists().where(*where) for where in (
         [*waiting, Job.tenant_id < item.tenant_id],

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, case, func, or_, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.records import (
@@ -42,6 +42,7 @@ from e31.store.db import unindexed
 from e31.store.jobs import find_job
 from e31.store.models import Attempt, Job, Tenant
 from e31.store.rows import CHUNK
+from e31.store.transitions import runnable_prefix
 
 QUEUED = JobState.QUEUED.value
 RECENT_STARTS_S = 600.0     # the window of starts behind a queued job's estimated start
@@ -56,17 +57,12 @@ def new_dispatch_token() -> str:
     return secrets.token_urlsafe(DISPATCH_TOKEN_BYTES)
 
 
-def _runnable_prefix(queue: str) -> tuple[ColumnElement[bool], ...]:
-    """The equality prefix of `ix_jobs_heads`: queued, no dependency left, this queue."""
-    return (Job.state == QUEUED, Job.deps_pending == 0, Job.queue == queue)
-
-
 def tenants_with_work(s: Session, queue: str) -> list[str]:
     """Tenant ids with queued, dependency-free jobs in `queue`: one index seek per tenant."""
     found: list[str] = []
     after = ""
     while True:
-        nxt = s.scalar(select(Job.tenant_id).where(*_runnable_prefix(queue), Job.tenant_id > after)
+        nxt = s.scalar(select(Job.tenant_id).where(*runnable_prefix(queue), Job.tenant_id > after)
                        .order_by(Job.tenant_id).limit(1))
         if nxt is None:
             return found
@@ -80,7 +76,7 @@ def bands(s: Session, queue: str, tenant_id: str) -> list[int]:
     below = 10 ** 6
     while True:
         top = s.scalar(select(Job.priority).where(   # ORDER BY … LIMIT 1: one index seek
-            *_runnable_prefix(queue), Job.tenant_id == tenant_id, Job.priority < below)
+            *runnable_prefix(queue), Job.tenant_id == tenant_id, Job.priority < below)
             .order_by(Job.priority.desc()).limit(1))
         if top is None:
             return found
@@ -100,7 +96,7 @@ def heads(s: Session, queues: Mapping[str, int], *, now: datetime) -> list[Candi
                     select(Job.id, Job.name, Job.size_class, Job.gpus, Job.submitted_at,
                            Job.timeout_s, Job.pending_reason, Job.pending_detail,
                            Job.queued_since, Job.deadline_at)
-                    .where(*_runnable_prefix(queue), Job.tenant_id == tenant_id,
+                    .where(*runnable_prefix(queue), Job.tenant_id == tenant_id,
                            Job.priority == band, Job.dispatched_at.is_(None),
                            or_(Job.not_before.is_(None), Job.not_before <= now))
                     # the earliest deadline first, then those without one, oldest first
@@ -165,7 +161,7 @@ def load(s: Session, queue: str, *, now: datetime) -> QueueLoad:
     on the scheduler's tick; one index range over the queue's runnable jobs."""
     backlog = {(t, int(p)): int(n) for t, p, n in s.execute(
         select(Job.tenant_id, Job.priority, func.count()).where(
-            *_runnable_prefix(queue), Job.dispatched_at.is_(None))
+            *runnable_prefix(queue), Job.dispatched_at.is_(None))
         .group_by(Job.tenant_id, Job.priority)).tuples()}
     starts = int(s.scalar(select(func.count()).select_from(Attempt)
                           .join(Job, Job.id == Attempt.job_id)
@@ -178,7 +174,7 @@ def position(s: Session, job: Job) -> QueuePosition:
     """What one queued job's explanation needs besides its queue's load: its tenant's older
     jobs in its band (counted up to POSITION_CAP), its first unfinished dependency."""
     older = select(Job.id).where(
-        *_runnable_prefix(job.queue), Job.tenant_id == job.tenant_id,
+        *runnable_prefix(job.queue), Job.tenant_id == job.tenant_id,
         Job.priority == job.priority, Job.dispatched_at.is_(None),
         Job.submitted_at < job.submitted_at).limit(POSITION_CAP).subquery()
     older_own = int(s.scalar(select(func.count()).select_from(older)) or 0)

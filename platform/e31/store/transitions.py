@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, Update, delete, update
+from sqlalchemy import ColumnElement, Select, Update, delete, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import IllegalTransition
@@ -24,6 +24,12 @@ from e31.core.states import JobState, can_transition
 from e31.store.db import unindexed
 from e31.store.models import Job, JobDep
 from e31.store.rows import CHUNK, seconds
+
+
+def runnable_prefix(queue: str) -> tuple[ColumnElement[bool], ...]:
+    """The equality prefix of `ix_jobs_heads`: queued, no dependency left, this queue (what
+    the scheduler's heads read, and what a row of array items checks waits before it)."""
+    return (Job.state == JobState.QUEUED.value, Job.deps_pending == 0, Job.queue == queue)
 
 
 def move(ids: str | Sequence[str] | Select[Any], src: JobState, dst: JobState) -> Update:

@@ -113,7 +113,8 @@ def run_job(svc: AttemptServices, job_id: Any, dispatch_token: Any) -> Ended | N
         svc.busy(job_id)
         try:
             ended = _attempt(svc, claim, gpus)
-            _chain(svc, claim.job_id, gpus)
+            if claim.array_id is not None:   # no store call after a job of no array
+                _chain(svc, claim.job_id, gpus)
             return ended
         finally:
             svc.busy(None)
