@@ -56,7 +56,7 @@ def test_token_create_expires_at_is_stored_and_listed_exactly_as_given(
     assert "naive" not in tokens
 
 
-def test_an_expires_at_without_a_zone_past_too_far_or_with_seconds_is_refused_by_name(
+def test_an_expires_at_past_too_far_or_not_rfc3339_is_refused_by_name(
         repo: Repo, api: TestClient) -> None:
     # Given a tenant
     _, token = repo.create_tenant("team-a", now=utcnow())
@@ -73,6 +73,9 @@ def test_an_expires_at_without_a_zone_past_too_far_or_with_seconds_is_refused_by
         "beyond ten years": create("c", expires_at=midnight_in(3651 + 1)),
         "both": create("d", expires_at=midnight_in(60), expires_in_s=3600),
         "no time": create("e", expires_at="next tuesday"),
+        # RFC 3339, as the document's format says: seconds too (fromisoformat alone reads these)
+        "no seconds": create("e", expires_at=midnight_in(60).replace(":00Z", "Z")),
+        "a date alone": create("e", expires_at=midnight_in(60)[:10]),
     }
 
     # Then each is refused naming expires_at, and none was made
@@ -83,3 +86,5 @@ def test_an_expires_at_without_a_zone_past_too_far_or_with_seconds_is_refused_by
     assert create("f", expires_at=midnight_in(60)) == (201, None)
     assert create("g", expires_at=midnight_in(3640)) == (201, None)
     assert create("h", expires_in_s=3600) == (201, None)
+    # and so is RFC 3339 in lower case, with a fraction and an offset
+    assert create("i", expires_at=midnight_in(60).lower().replace("z", ".25+02:00")) == (201, None)

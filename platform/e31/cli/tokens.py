@@ -25,8 +25,8 @@ def token_create(name: str,
                  expires_in: str | None = typer.Option(
                      None, "--expires-in", help="refused after this long: 90m, 12h, 30d, 2w"),
                  expires_at: str | None = typer.Option(
-                     None, "--expires-at", help="refused from this ISO 8601 time, with its "
-                                                "zone, kept exactly: 2027-01-31T00:00:00Z"),
+                     None, "--expires-at", help="refused from this RFC 3339 time (seconds "
+                                                "and zone), kept exactly: 2027-01-31T00:00:00Z"),
                  tenant: str | None = TenantOpt, as_json: bool = JsonOpt) -> None:
     """Make a new named token; it is printed once (only its hash is stored)."""
     made = call(tenancy().create_token, name, tenant=tenant,

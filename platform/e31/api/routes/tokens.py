@@ -7,6 +7,7 @@ Bodies are typed strictly; what only the store knows answers 404 (no such tenant
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -21,6 +22,10 @@ from e31.core.errors import SpecError
 from e31.store.tokens import EXPIRY_MAX
 
 ExpiresIn = Annotated[int, Field(ge=1, le=int(EXPIRY_MAX.total_seconds())), WHOLE]
+# RFC 3339's date-time, the grammar of the document's `format: date-time` (its T and Z in either
+# case): the API takes what the document says it takes, no more (datetime.fromisoformat alone
+# also reads a date without a time, or minutes without seconds)
+RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})", re.ASCII)
 TenantQuery = Annotated[str | None, Query(
     pattern=NAME_PATTERN, description="another tenant's tokens (an admin's token only)")]
 
@@ -47,7 +52,10 @@ class TokenList(BaseModel):
 
 
 class NewToken(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # one expiry or the other, as the document states it: not both given (null is not given)
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"not": {
+        "required": ["expires_in_s", "expires_at"],
+        "properties": {"expires_in_s": {"type": "integer"}, "expires_at": {"type": "string"}}}})
     name: Name = Field(description="unique among the tenant's live tokens")
     expires_in_s: ExpiresIn | None = Field(
         default=None,
@@ -56,21 +64,25 @@ class NewToken(BaseModel):
                     "refused (422) and none means when that one expires")
     expires_at: str | None = Field(
         default=None, max_length=64, examples=["2027-01-31T00:00:00Z"],
-        description="the token is refused (401) from this ISO 8601 instant, which must name "
-                    "its zone, be in the future and within ten years; stored exactly as given. "
+        json_schema_extra={"format": "date-time"},
+        description="the token is refused (401) from this instant (RFC 3339, ISO 8601 with "
+                    "seconds and its zone), which must be in the future and within ten years "
+                    "(422 otherwise); stored exactly as given. "
                     "Not with expires_in_s (422); bounded by the asking token as expires_in_s is")
 
 
 def instant(text: str | None) -> datetime | None:
-    """An ISO 8601 `expires_at` as an aware datetime (422 naming `expires_at` when it is no
-    ISO time; the store refuses one without a zone, past or too far)."""
+    """An RFC 3339 `expires_at` as an aware datetime (422 naming `expires_at` when it is none;
+    the store refuses one past or too far)."""
     if text is None:
         return None
     try:
-        return datetime.fromisoformat(text)
+        if not RFC3339.fullmatch(text.upper()):
+            raise ValueError(text)
+        return datetime.fromisoformat(text.upper())
     except ValueError:
-        raise SpecError.one("expires_at", f"{text!r} is no ISO 8601 time; e.g. "
-                                          "2027-01-31T00:00:00Z") from None
+        raise SpecError.one("expires_at", f"{text!r} is no RFC 3339 time (ISO 8601 with seconds "
+                                          "and its zone); e.g. 2027-01-31T00:00:00Z") from None
 
 
 def router(svc: TokenService) -> APIRouter:
