@@ -6,7 +6,7 @@ another tenant, an admin, a revoked token and no token. No check left out, no op
 out, no status code waved through: never a 5xx, every status the API answers is documented,
 every answer fits its documented schema, a body the schema allows is taken (or refused for what
 only the store or the token knows: 401, 403, 404, 409) and a body it refuses is refused; the
-two verdicts the document cannot decide alone are dropped by fuzz_hooks.py, narrowly.
+verdicts the document cannot decide alone are dropped by fuzz_hooks.py, narrowly.
 Bounded for CI by each caller's examples per operation (`CALLERS`: about 60 s in all on an
 idle machine), each run capped in time only against a hang; the seed is random, and a failure
 prints it with the command that replays the run (docs/development.md, "The API fuzz test").
@@ -65,8 +65,8 @@ NOT_BEARER = "Authorization: Bearer"   # no token: the scheme alone, which the A
 WORKERS = 1   # one thread: hypothesis describes lambdas with `ast.parse`, which under CPython 3.11
 # failed twice with 2 threads ("SystemError: AST constructor recursion depth mismatch")
 START_TIMEOUT_S = 30.0
-# The two verdicts the document cannot decide alone (a token's expiry window, a retyped file
-# part), each dropped narrowly: fuzz_hooks.py says which and why
+# The verdicts the document cannot decide alone (a rule JSON Schema cannot state, a retyped
+# file part), each dropped narrowly: fuzz_hooks.py says which and why
 HOOKS = Path(__file__).with_name("fuzz_hooks.py")
 OUTPUT_SHOWN_CHARS = 12_000    # the end of schemathesis's report, in a failure's message
 # Keywords pydantic writes when it cannot say a bound in JSON Schema; a validator would

@@ -42,6 +42,7 @@ MAX_SECRETS = 64              # secrets per job: as many as any job's credential
 ENTRYPOINT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
 _ITEM_REASON = re.compile(r"^((?:after|pip|secrets)\[\d+\]): (.*)$", re.DOTALL)
 _FIELD_REASON = re.compile(r"^([a-z_]+(?:\.[a-z_]+)+): (.*)$", re.DOTALL)  # a nested field
+SECRET_IN_ENV = "is also in env; give it one way"   # after the secret's name
 DEP_ID = re.compile(r"^[ja]-[0-9a-f]{20}$")   # a job id j-… or an array id a-…
 
 
@@ -166,7 +167,7 @@ class JobSpec(Strict):
                 raise ValueError(f"secrets[{i}]: {name} is set by the worker and cannot be "
                                  "overridden")
             if name in env:
-                raise ValueError(f"secrets[{i}]: {name} is also in env; give it one way")
+                raise ValueError(f"secrets[{i}]: {name} {SECRET_IN_ENV}")
         return list(dict.fromkeys(v))   # a secret named twice is given once
 
     @field_validator("name")

@@ -76,10 +76,11 @@ def instant(text: str | None) -> datetime | None:
     the store refuses one past or too far)."""
     if text is None:
         return None
+    upper = text.upper()
     try:
-        if not RFC3339.fullmatch(text.upper()):
+        if not RFC3339.fullmatch(upper):
             raise ValueError(text)
-        return datetime.fromisoformat(text.upper())
+        return datetime.fromisoformat(upper)
     except ValueError:
         raise SpecError.one("expires_at", f"{text!r} is no RFC 3339 time (ISO 8601 with seconds "
                                           "and its zone); e.g. 2027-01-31T00:00:00Z") from None
