@@ -76,13 +76,16 @@ def _e31_profile():
     from collections import Counter
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
-    counts = {"sql": Counter(), "tx": 0, "artifacts": Counter()}
+    counts = {"sql": Counter(), "tx": 0, "artifacts": Counter(), "texts": Counter()}
+    texts = os.environ.get("PROFILE_JOB_PATH_STATEMENTS") == "1"
     lock = threading.Lock()
 
     def on_sql(conn, cursor, statement, *rest):
         verb = statement.lstrip().split(None, 1)[0].upper() if statement.strip() else "?"
         with lock:
             counts["sql"][verb] += 1
+            if texts:
+                counts["texts"][" ".join(statement.split())[:110]] += 1
 
     def on_commit(conn):
         with lock:
@@ -110,7 +113,7 @@ def _e31_profile():
         while True:
             with lock:
                 snap = json.dumps({"cmd": cmd, "sql": counts["sql"], "tx": counts["tx"],
-                                   "artifacts": counts["artifacts"]})
+                                   "artifacts": counts["artifacts"], "texts": counts["texts"]})
             if snap != last:
                 with open(path + ".tmp", "w") as f:
                     f.write(snap)
@@ -131,6 +134,7 @@ def snapshot(up_pid: int, prof_dir: Path, r: redis.Redis) -> dict[str, Any]:
     """CPU per role, SQL and artifact calls per role, Redis commands: now."""
     cpu, children = cpu_s([up_pid])
     sql: dict[str, Counter[str]] = {}
+    texts: dict[str, Counter[str]] = {}
     tx: Counter[str] = Counter()
     arts: Counter[str] = Counter()
     for f in prof_dir.glob("*.json"):
@@ -140,11 +144,13 @@ def snapshot(up_pid: int, prof_dir: Path, r: redis.Redis) -> dict[str, Any]:
             continue
         name = role(data["cmd"])
         sql.setdefault(name, Counter()).update(data["sql"])
+        texts.setdefault(name, Counter()).update(data.get("texts", {}))
         tx[name] += data["tx"]
         arts.update({f"{name}.{k}": v for k, v in data["artifacts"].items()})
     stats = r.info("commandstats")
     cmds = Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
-    return {"cpu": cpu, "children": children, "sql": sql, "tx": tx, "artifacts": arts,
+    return {"cpu": cpu, "children": children, "sql": sql, "texts": texts, "tx": tx,
+            "artifacts": arts,
             "redis": cmds, "self_cpu": own_cpu_s(), "t": time.monotonic()}
 
 
@@ -186,6 +192,11 @@ def diff(before: dict[str, Any], after: dict[str, Any], http: Counter[str], n: i
         "sql_per_job": {name: round(sum(v.values()), 2) for name, v in sql.items()},
         "sql_by_verb_per_job": {name: {k: round(v, 2) for k, v in sorted(verbs.items())}
                                 for name, verbs in sql.items() if verbs},
+        "statements_per_job": {
+            name: {k: round(v * per, 2) for k, v in (after["texts"].get(name, Counter())
+                                                     - before["texts"].get(name, Counter())
+                                                     ).most_common()}
+            for name in roles if after["texts"].get(name)},
         "transactions_per_job": {name: round((after["tx"][name] - before["tx"][name]) * per, 2)
                                  for name in roles},
         "artifact_calls_per_job": {k: round(v * per, 2) for k, v in
@@ -212,6 +223,9 @@ def main() -> None:
     ap.add_argument("--chain", type=int, metavar="N",
                     help="the stack's array_chain_items (default: the setting's default)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--statements", action="store_true",
+                    help="also count each SQL statement's text (its first 110 characters) by "
+                         "process, and list them per job: what the store calls cost, by call")
     ap.add_argument("--plot", nargs=3, metavar=("BEFORE", "AFTER", "SVG"), type=Path,
                     help="run nothing: draw two --json results (medians if a path holds a "
                          "glob) as bars of CPU ms per job and process, into SVG")
@@ -229,6 +243,8 @@ def main() -> None:
     (tmp / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     (tmp / "prof").mkdir()
     os.environ[PROFILE_DIR_ENV] = str(tmp / "prof")
+    if args.statements:
+        os.environ["PROFILE_JOB_PATH_STATEMENTS"] = "1"
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(tmp / "site"), os.environ.get("PYTHONPATH")) if p)
     redis_proc, url = start_redis(tmp / "redis")
@@ -348,6 +364,9 @@ def table(res: dict[str, Any]) -> str:
               f"{json.dumps(res['redis_by_command_per_job'])}",
               f"HTTP requests per job: {res['http_requests_per_job']} "
               f"{json.dumps(res['http_by_route_per_job'])}"]
+    for name, stmts in res["statements_per_job"].items():
+        lines += ["", f"SQL statements per job, {name}:"]
+        lines += [f"  {n:6.2f}  {text}" for text, n in stmts.items()]
     return "\n".join(lines)
 
 
