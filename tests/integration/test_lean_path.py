@@ -4,9 +4,9 @@ artifact store and the suite's redis-server: what a tiny job costs the worker an
 - An attempt that leaves no file asks the artifact store for nothing but its log, and its
   claim and outcome run a bounded number of SQL statements; one that leaves an output still
   lists, uploads and records it.
-- An attempt's start is noted on it in one write (how it started, its limits, its setup's
-  time) when the start is known at once (warm and command jobs; issue 31); a cold entrypoint
-  job's start, known once it ended, in a second.
+- What an attempt notes of its start (how it started, its limits, its setup's time) goes
+  with its next write: its outcome for a job that ends within a beat, no write of its own
+  (issue 31), else its lease's first renewal.
 - Without the lease check that an attempt with nothing to store now skips, a late outcome is
   still refused by the fence.
 - `GET /v1/jobs/{id}?wait_s=N` answers when the job ends: woken by the worker's announcement,
@@ -165,42 +165,72 @@ def test_an_attempt_with_an_output_still_checks_its_lease_and_stores_it(
     assert store.list_outputs(tenant_id, job_id) == [{"path": "answer.txt", "size": 3}]
 
 
-@pytest.mark.parametrize(("fields", "warm", "notes", "start"), [
-    ({"entrypoint": "e31_worker.examples:hello"}, True, 1, "warm"),
-    ({"command": ["true"]}, False, 1, "cold"),
-    ({"entrypoint": "e31_worker.examples:hello"}, False, 2, "cold"),
+@pytest.mark.parametrize(("fields", "warm", "start"), [
+    ({"entrypoint": "e31_worker.examples:hello"}, True, "warm"),
+    ({"command": ["true"]}, False, "cold"),
+    ({"entrypoint": "e31_worker.examples:hello"}, False, "cold"),
 ], ids=["warm-entrypoint", "command", "cold-entrypoint"])
-def test_an_attempts_start_is_noted_in_one_write_where_it_is_known_at_once(
+def test_an_attempts_start_goes_with_its_outcome_when_it_ends_within_a_beat(
         repo: Repo, redis_client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        fields: dict[str, Any], warm: bool, notes: int, start: str) -> None:
-    # Given a job, and a worker with a warm process or without
+        fields: dict[str, Any], warm: bool, start: str) -> None:
+    # Given a job, and a worker (with a warm process or without) whose first beat comes
+    # after the job's end
     _, job_id = submit(repo, **fields)
     svc = services(repo, redis_client, tmp_path, ArtifactStore(f"file://{tmp_path / 'a'}"))
+    svc = dataclasses.replace(svc, settings=svc.settings.model_copy(
+        update={"heartbeat_interval_s": 600.0}))
     if warm:
         svc = dataclasses.replace(svc, warm=WarmStarter(env=warm_env(os.environ)))
         assert isinstance(svc.warm, WarmStarter)
         svc.warm.start()
         assert svc.warm.wait_ready(60), "the warm process did not start"
-    written: list[AttemptFacts] = []
-    note = repo.note_attempt
-    monkeypatch.setattr(repo, "note_attempt", lambda job, n, facts: (written.append(facts),
-                                                                     note(job, n, facts))[1])
+    notes: list[AttemptFacts] = []
+    monkeypatch.setattr(repo, "note_attempt", lambda job, n, facts: notes.append(facts))
+    token = publish(repo, job_id)
 
     # When the worker runs it
-    try:
-        task.run_job(svc, job_id, publish(repo, job_id))
-    finally:
-        if isinstance(svc.warm, WarmStarter):
-            svc.warm.close()
+    with statements(repo) as seen:
+        try:
+            task.run_job(svc, job_id, token)
+        finally:
+            if isinstance(svc.warm, WarmStarter):
+                svc.warm.close()
 
-    # Then it succeeded, and its start, limits and setup time were noted in as many writes
-    # as said: one where the start was known at once
+    # Then it succeeded, and its start, limits and setup time were written by one statement,
+    # the outcome's, with no note of their own (two transactions fewer for a cold entrypoint
+    # job, one for the others)
     [attempt] = repo.get_job(None, job_id).to_status()["attempts"]
     assert attempt["reason"] == "succeeded", attempt
-    assert len(written) == notes, written
+    assert notes == []
+    assert len([q for q in seen if q.lstrip().upper().startswith("UPDATE ATTEMPTS")]) == 1, seen
     assert attempt["start"] == start and attempt["limits"] is not None
     assert attempt["setup_s"] is not None and attempt["isolation"] == "process"
-    assert written[0].limits is not None and written[0].setup_s is not None
+
+
+def test_a_running_attempts_start_is_noted_by_its_first_renewal(
+        repo: Repo, redis_client: redis.Redis, tmp_path: Path) -> None:
+    # Given a job that runs for several beats (0.2 s each)
+    _, job_id = submit(repo, command=["sleep", "3"])
+    svc = services(repo, redis_client, tmp_path, ArtifactStore(f"file://{tmp_path / 'a'}"))
+    token = publish(repo, job_id)
+
+    # When its worker runs it
+    worker = threading.Thread(target=task.run_job, args=(svc, job_id, token))
+    worker.start()
+    try:
+        # Then its start and limits show while it runs, carried by a renewal of its lease
+        def noted() -> dict[str, Any] | None:
+            status = repo.get_job(None, job_id).to_status()
+            attempts = status["attempts"]
+            return status if attempts and attempts[0]["limits"] is not None else None
+
+        status = wait_for(noted, timeout_s=30, what="the attempt's start to be noted")
+        assert status["state"] == "running", status
+        assert status["attempts"][0]["start"] == "cold"
+        assert status["attempts"][0]["setup_s"] is not None
+    finally:
+        worker.join(timeout=60)
+    assert repo.get_job(None, job_id).state == "succeeded"
 
 
 def test_without_the_lease_check_a_late_outcome_is_still_refused_by_the_fence(
@@ -259,19 +289,25 @@ def test_a_long_poll_answers_when_the_worker_announces_the_end(
     svc = services(sqlite_repo, redis_client, tmp_path,
                    ArtifactStore(f"file://{tmp_path / 'a'}"))
     claim, _ = _claimed(sqlite_repo, svc, job_id)
-    thread, answer = _long_poll(client, headers, job_id, wait_s=waits.WAIT_MAX_S)
-    wait_for(lambda: dict(redis_client.pubsub_numsub(keys.JOB_ENDED)).get(
-        keys.JOB_ENDED.encode(), 0) >= 1, what="the API to listen for job ends")
+    shipper = _ended_attempt(svc, claim, output=False)
+    with statements(sqlite_repo) as seen:
+        thread, answer = _long_poll(client, headers, job_id, wait_s=waits.WAIT_MAX_S)
+        wait_for(lambda: dict(redis_client.pubsub_numsub(keys.JOB_ENDED)).get(
+            keys.JOB_ENDED.encode(), 0) >= 1, what="the API to listen for job ends")
+        wait_for(lambda: any("jobs.state" in q for q in seen), what="the poll's first read")
 
-    # When its worker records the end (and announces it)
-    state = finish_attempt(svc, claim, _ended_attempt(svc, claim, output=False),
-                           Outcome(AttemptReason.SUCCEEDED, exit_code=0))
+        # When its worker records the end (and announces it)
+        state = finish_attempt(svc, claim, shipper, Outcome(AttemptReason.SUCCEEDED,
+                                                            exit_code=0))
 
-    # Then the held request answers with the final status; had the announcement not woken
-    # it, it would have answered "running" after its WAIT_MAX_S
-    thread.join()
+        # Then the held request answers with the final status; had the announcement not
+        # woken it, it would have answered "running" after its WAIT_MAX_S
+        thread.join()
     assert state == "succeeded"
     assert answer["status"] == 200 and answer["body"]["state"] == "succeeded"
+    # And it read the job's state once, before it waited: the announcement is not read back
+    # (a worker announces an end once it is stored, and the answer reads the job anyway)
+    assert len([q for q in seen if q.lstrip().startswith("SELECT jobs.state ")]) == 1, seen
 
 
 def test_a_long_poll_sees_an_end_no_worker_announces_by_reading_the_store(

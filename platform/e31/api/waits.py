@@ -13,7 +13,6 @@ asyncio waits: a thousand waiting clients hold no thread of the API's pool.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 from collections import defaultdict
@@ -45,9 +44,11 @@ class JobEnds:
 
     async def wait_until_final(self, job_id: str, is_final: Callable[[], Awaitable[bool]],
                                timeout_s: float) -> None:
-        """Return when `is_final()` (a store read) says the job ended, or after `timeout_s`.
-        The waiter is registered before each read, so an end announced meanwhile is not
-        missed; without an announcement the store is read again every RECHECK_S."""
+        """Return when the job's end is announced, when `is_final()` (a store read) says it
+        ended, or after `timeout_s`. The waiter is registered before the first read, so an
+        end announced meanwhile is not missed; an announcement is not read back (a worker
+        announces an end only once its transaction committed: the answer's own read sees
+        it); without one the store is read again every RECHECK_S."""
         loop = asyncio.get_running_loop()
         entry = (loop, asyncio.Event())
         deadline = loop.time() + timeout_s
@@ -59,9 +60,11 @@ class JobEnds:
                 left = deadline - loop.time()
                 if left <= 0:
                     return
-                with contextlib.suppress(asyncio.TimeoutError):
+                try:
                     await asyncio.wait_for(entry[1].wait(), min(left, RECHECK_S))
-                entry[1].clear()
+                except TimeoutError:
+                    continue
+                return   # announced: a worker announces an end once it is stored
         finally:
             with self._lock:
                 waiting = self._waiters.get(job_id)
