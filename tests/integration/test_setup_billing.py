@@ -1,6 +1,9 @@
 """Setup is never billed: an attempt's GPU-seconds and run time start where its setup (code,
 environment, inputs: `setup_s`, noted by its worker) ended, whether the attempt ends with an
-outcome or is lost with its worker. Real SQLite and PostgreSQL, times given exactly."""
+outcome or is lost with its worker. The worker's note goes with its next write (a renewal or
+the outcome, `AttemptNote`), as `e31_worker.attempt.notes` sends it; in the outcome's
+transaction it is set before the bill is reckoned. Real SQLite and PostgreSQL, times given
+exactly."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason
 from e31.edge.settings import Settings
 from e31.store import Repo
-from e31.store.attempts import AttemptFacts
+from e31.store.attempts import AttemptFacts, AttemptNote
 
 CLASSES = Settings().size_classes
 LEASE_TTL_S = 10.0
@@ -33,14 +36,15 @@ def claimed(repo: Repo, *, gpus: int, retries: int = 0) -> tuple[str, Claim]:
 
 
 def test_an_attempts_bill_leaves_out_its_setup(repo: Repo) -> None:
-    # Given a 2-GPU attempt whose setup took 4 s
+    # Given a 2-GPU attempt whose setup took 4 s, which no renewal carried (it ran less
+    # than a beat)
     tenant_id, claim = claimed(repo, gpus=2)
     [attempt] = repo.get_job(tenant_id, claim.job_id).attempts
-    assert repo.note_attempt(claim.job_id, claim.attempt, AttemptFacts(setup_s=4.0))
 
-    # When it succeeds 10 s after it was claimed
+    # When it succeeds 10 s after it was claimed, its outcome carrying the note
     repo.record_outcome(claim.job_id, claim.token, Outcome(AttemptReason.SUCCEEDED),
-                        now=attempt.started_at + timedelta(seconds=10))
+                        now=attempt.started_at + timedelta(seconds=10),
+                        note=AttemptNote(claim.attempt, AttemptFacts(setup_s=4.0)))
 
     # Then it is billed for the 6 s it ran, on each GPU
     status = repo.get_job(tenant_id, claim.job_id).to_status()
@@ -53,7 +57,9 @@ def test_a_lost_attempt_is_billed_from_the_end_of_its_setup_too(repo: Repo) -> N
     # Given a 1-GPU attempt whose setup took 3 s, then whose worker died
     tenant_id, claim = claimed(repo, gpus=1)
     [attempt] = repo.get_job(tenant_id, claim.job_id).attempts
-    repo.note_attempt(claim.job_id, claim.attempt, AttemptFacts(setup_s=3.0))
+    repo.renew(claim.job_id, claim.token, now=attempt.started_at + timedelta(seconds=4),
+               lease_ttl_s=LEASE_TTL_S,
+               note=AttemptNote(claim.attempt, AttemptFacts(setup_s=3.0)))
     repo.renew(claim.job_id, claim.token, now=attempt.started_at + timedelta(seconds=5),
                lease_ttl_s=LEASE_TTL_S)
 
@@ -71,14 +77,33 @@ def test_an_attempt_that_failed_in_its_setup_bills_nothing(repo: Repo) -> None:
     # did not install)
     tenant_id, claim = claimed(repo, gpus=1, retries=3)
     [attempt] = repo.get_job(tenant_id, claim.job_id).attempts
-    repo.note_attempt(claim.job_id, claim.attempt, AttemptFacts(setup_s=7.5))
 
-    # When it fails with reason setup just after
+    # When it fails with reason setup just after, its outcome carrying the setup's time
     state = repo.record_outcome(claim.job_id, claim.token,
                                 Outcome(AttemptReason.SETUP, error="setup failed: no such pkg"),
-                                now=attempt.started_at + timedelta(seconds=7.5))
+                                now=attempt.started_at + timedelta(seconds=7.5),
+                                note=AttemptNote(claim.attempt, AttemptFacts(setup_s=7.5)))
 
     # Then the job failed at once (no retry) and nothing was billed
     status = repo.get_job(tenant_id, claim.job_id).to_status()
     assert state is not None and state.value == "failed"
     assert (status["reason"], status["gpu_seconds"], status["run_seconds"]) == ("setup", 0.0, 0.0)
+
+
+def test_a_fenced_outcome_still_writes_its_attempts_note(repo: Repo) -> None:
+    # Given an attempt whose lease expired and was recovered while it ran
+    tenant_id, claim = claimed(repo, gpus=1, retries=3)
+    [attempt] = repo.get_job(tenant_id, claim.job_id).attempts
+    repo.expire_leases(now=attempt.started_at + timedelta(seconds=60), lease_ttl_s=LEASE_TTL_S)
+
+    # When its worker offers its outcome with what it noted of its start
+    state = repo.record_outcome(claim.job_id, claim.token, Outcome(AttemptReason.SUCCEEDED),
+                                now=attempt.started_at + timedelta(seconds=61),
+                                note=AttemptNote(claim.attempt,
+                                                 AttemptFacts(setup_s=2.0, start_ms=12.5)))
+
+    # Then the fence refuses the outcome, and the attempt's note is written all the same:
+    # it says how that attempt ran, whoever recorded its end
+    assert state is None
+    [lost] = repo.get_job(tenant_id, claim.job_id).to_status()["attempts"]
+    assert (lost["reason"], lost["setup_s"], lost["start_ms"]) == ("lost", 2.0, 12.5)

@@ -25,6 +25,7 @@ from e31.core import keys
 from e31.core.records import Renewal
 from e31.ops.heartbeat import GpuSample, WorkerInfo
 from e31_worker.attempt import logpump, shipping, watchdog
+from e31_worker.attempt.notes import PendingNote
 from e31_worker.attempt.plan import Directive
 from e31_worker.node.exits import EXIT_THREAD_DIED
 from e31_worker.node.heartbeat import Heartbeat
@@ -112,7 +113,8 @@ def lease_keeper(poke: Callable[[], None]) -> watchdog.LeaseKeeper:
                                                            preempt=False)),
         settings=SimpleNamespace(lease_ttl_s=10.0), draining=threading.Event())
     return watchdog.LeaseKeeper(svc, SimpleNamespace(job_id="j1", token=1, attempt=1),  # type: ignore[arg-type]
-                                SimpleNamespace(poke=poke))  # type: ignore[arg-type]
+                                SimpleNamespace(poke=poke),  # type: ignore[arg-type]
+                                PendingNote("j1", 1))
 
 
 def test_the_lease_keeper_keeps_the_lease_when_its_upload_cannot_start(

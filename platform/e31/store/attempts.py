@@ -3,10 +3,11 @@
 Who uses it: the worker (`e31_worker`): the claim of a published job for the message that
 carries its dispatch token, the lease's renewal, the fenced outcome write, the dispatch
 checks of a message that claimed nothing, the facts it notes on an attempt while it runs
-(`AttemptFacts`), the ciphertexts of the attempt's secrets, the charge of its outputs against
-its tenant's quota. Two of the worker's calls are other nouns' and reach their stores on the
-same engine: an array's manifest (`ArrayStore`, for an array input) and its node's drain
-requests (`DrainStore`). `end_attempt`, the statement that ends an attempt and moves its job
+(`AttemptFacts`, carried by its next renewal or its outcome as an `AttemptNote`), the
+ciphertexts of the attempt's secrets, the charge of its outputs against its tenant's quota.
+Two of the worker's calls are other nouns' and reach their stores on the same engine: an
+array's manifest (`ArrayStore`, for an array input) and its node's drain requests
+(`DrainStore`). `end_attempt`, the statement that ends an attempt and moves its job
 on, also serves the scheduler's recovery of expired leases (`SchedulingStore.expire_leases`).
 
 The attempt facts' columns are nullable: an attempt started before they existed, or one whose
@@ -72,6 +73,29 @@ class AttemptFacts:
         return out
 
 
+@dataclass(frozen=True)
+class AttemptNote:
+    """Facts for attempt `n` of a job that a renewal or an outcome writes in its own
+    transaction: a worker keeps what it learns at an attempt's start (how it started, its
+    limits, its setup's time) for its next store write instead of a write of its own."""
+
+    n: int
+    facts: AttemptFacts
+
+
+def _write_note(s: Session, job_id: str, note: AttemptNote | None) -> bool:
+    """Set `note`'s facts on its attempt of `job_id`; False when there is no such attempt.
+    Not fenced by the lease: the row is the attempt's own, and what it notes describes how
+    it ran, whoever records its outcome."""
+    values = note.facts.values() if note is not None else {}
+    if not values:
+        return True
+    assert note is not None
+    res = s.execute(update(Attempt).where(Attempt.job_id == job_id, Attempt.n == note.n)
+                    .values(**values))
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
 class AttemptStore(BillingStore):
     """The worker's store: claim, renew, record; dispatch checks; attempt facts; secrets and
     outputs for an attempt; and, through their stores, array manifests and drain requests."""
@@ -125,13 +149,16 @@ class AttemptStore(BillingStore):
         return _claim(taken)
 
     def renew(self, job_id: str, token: int, *, now: datetime, lease_ttl_s: float,
-              progress: tuple[float, float] | None = None) -> Renewal:
+              progress: tuple[float, float] | None = None,
+              note: AttemptNote | None = None) -> Renewal:
         """Extend the lease; says whether it is still ours and whether the job's owner
-        cancelled it or the scheduler asked to preempt it."""
+        cancelled it or the scheduler asked to preempt it. `note`: facts of the attempt
+        written in the same transaction."""
         values: dict[str, Any] = {"lease_expires_at": now + timedelta(seconds=lease_ttl_s)}
         if progress is not None:
             values.update(progress_done=progress[0], progress_total=progress[1])
         with self._session(write=True) as s:
+            _write_note(s, job_id, note)
             row = s.execute(update(Job).where(
                 Job.id == job_id, Job.lease_token == token, Job.state == JobState.RUNNING.value)
                 .values(**values).returning(Job.cancel_requested, Job.preempt_requested_at)
@@ -151,19 +178,25 @@ class AttemptStore(BillingStore):
 
     def record_outcome(self, job_id: str, token: int, outcome: Outcome, *,
                        now: datetime, oom: OomRule | None = None,
-                       infra_retries: int = INFRA_RETRIES_DEFAULT) -> JobState | None:
+                       infra_retries: int = INFRA_RETRIES_DEFAULT,
+                       note: AttemptNote | None = None) -> JobState | None:
         """Write an attempt's outcome if `token` still holds the lease; None when fenced off.
         `oom`: the pool's rule for an attempt that ran out of memory (the next size class);
         None: such an attempt is retried in its own class like any failure. `infra_retries`:
         the pool's patience with its own faults (`AttemptReason.is_infra_fault`), which the
-        worker reads from its settings as it reads `oom`'s."""
+        worker reads from its settings as it reads `oom`'s. `note`: facts of the attempt not
+        written yet, written in the same transaction, fenced off or not (its setup's time
+        before the bill is reckoned from it)."""
         with self._session(write=True) as s:
             job = s.scalar(select(Job).where(Job.id == job_id).with_for_update())
             if job is None or job.state != JobState.RUNNING.value or job.lease_token != token:
+                _write_note(s, job_id, note)
                 return None
+            # the token is this claim's: the job's current attempt is the note's
             return end_attempt(s, job, outcome, ended_at=now, now=now,
                                half_life_s=self._half_life_s, oom=oom,
-                               infra_retries=infra_retries)
+                               infra_retries=infra_retries,
+                               facts=note.facts if note is not None else None)
 
     def release_dispatch(self, job_id: str, dispatch_token: str) -> bool:
         """Forget a publication that a worker received but will not claim (it is draining),
@@ -206,13 +239,10 @@ class AttemptStore(BillingStore):
         Not fenced by the lease: the row is this attempt's own, and what it notes describes
         how it ran, whoever records its outcome.
         """
-        values = facts.values()
-        if not values:
+        if not facts.values():
             return True
         with self._session(write=True) as s:
-            res = s.execute(update(Attempt).where(Attempt.job_id == job_id,
-                                                  Attempt.n == attempt).values(**values))
-            return bool(res.rowcount)  # type: ignore[attr-defined]
+            return _write_note(s, job_id, AttemptNote(attempt, facts))
 
     def mark_idle(self, job_id: str, attempt: int, since: datetime | None) -> bool:
         """Flag attempt `attempt` of `job_id` idle since `since` (its watchdog saw no log,
@@ -403,18 +433,23 @@ def _may_take(s: Session, item: _Item) -> bool:
 
 def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, now: datetime,
                 half_life_s: float, oom: OomRule | None = None,
-                infra_retries: int = INFRA_RETRIES_DEFAULT) -> JobState | None:
+                infra_retries: int = INFRA_RETRIES_DEFAULT,
+                facts: AttemptFacts | None = None) -> JobState | None:
     """End the running attempt of a row-locked `job` with `outcome`, bill it (the job and its
     tenant's decayed usage), move the job on, and settle what waited for it. An `oom`
     attempt that `oom` sends to a bigger class queues the job there at once, noted on the
     attempt (`moved_to`) and not counted against its retries (docs/scheduling.md). A fault of
     the pool's own is retried up to `infra_retries` such attempts (`_next_state`); the
-    scheduler's recovery ends only `lost` attempts, which that cap leaves alone."""
+    scheduler's recovery ends only `lost` attempts, which that cap leaves alone. `facts`:
+    what the worker noted on the attempt and had not written yet, set with its end (its
+    setup's time before the bill is reckoned)."""
     token = job.lease_token
     attempt = s.scalar(select(Attempt).where(Attempt.job_id == job.id,
                                              Attempt.n == job.attempts_used))
     duration = bill_s = 0.0
     if attempt is not None:
+        for name, value in (facts.values() if facts is not None else {}).items():
+            setattr(attempt, name, value)
         ended_at = max(ended_at, attempt.started_at)
         attempt.ended_at, attempt.reason = ended_at, outcome.reason.value
         attempt.error, attempt.exit_code = _clean(outcome.error), outcome.exit_code

@@ -5,6 +5,7 @@ do the same for an attempt its predecessor could not finish recording.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -23,7 +24,9 @@ from e31.core.records import Claim, Outcome
 from e31.core.sizeclasses import OomRule
 from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason
+from e31.store.attempts import AttemptNote
 from e31_worker.attempt.claimfiles import CLAIM_FILE
+from e31_worker.attempt.notes import PendingNote
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.shipping import Shipper
 
@@ -36,10 +39,13 @@ UPLOAD_WAIT_MAX_S = 30.0    # the longest pause between two uploads of an attemp
 
 
 def finish_attempt(svc: AttemptServices, claim: Claim, shipper: Shipper,
-                   result: Outcome) -> str | None:
+                   result: Outcome, *, note: PendingNote | None = None) -> str | None:
     """Store an ended attempt's files and record its outcome, if it still holds the lease;
-    returns the job's new state, or None when fenced off. Also used by a restarted worker
-    for the attempt its predecessor could not finish recording (e31_worker.attempt.settle)."""
+    returns the job's new state, or None when fenced off. What the attempt noted of itself
+    and no renewal carried (`note`) goes with the outcome, in its transaction. Also used by
+    a restarted worker for the attempt its predecessor could not finish recording
+    (e31_worker.attempt.settle)."""
+    facts = note.take() if note is not None else None
     shipper.finish()
     # An attempt with no file to store skips the lease check: the fenced outcome write below
     # refuses it all the same if the job was recovered elsewhere.
@@ -48,7 +54,7 @@ def finish_attempt(svc: AttemptServices, claim: Claim, shipper: Shipper,
         # It ended on its own, but the job was recovered elsewhere meanwhile: its files
         # are not stored, and its outcome is offered to the fence, which refuses it.
         shipper.ship_log()
-        state = record_outcome(svc, claim, result)
+        state = record_outcome(svc, claim, result, facts)
         log.warning("lease_lost_at_end job=%s attempt=%d node=%s recorded=%s", claim.job_id,
                     claim.attempt, svc.identity.node, state)
         return state
@@ -56,6 +62,9 @@ def finish_attempt(svc: AttemptServices, claim: Claim, shipper: Shipper,
         shipper.ship_log()                    # those of the attempt that replaced it
         log.warning("lease_lost job=%s attempt=%d node=%s", claim.job_id, claim.attempt,
                     svc.identity.node)
+        if facts is not None:   # how it ran is still its own: noted, unfenced
+            with contextlib.suppress(StoreError):
+                svc.repo.note_attempt(claim.job_id, facts.n, facts.facts)
         return None
     outputs, upload_error = shipper.store_files()
     if upload_error and result.reason is AttemptReason.SUCCEEDED:
@@ -66,7 +75,7 @@ def finish_attempt(svc: AttemptServices, claim: Claim, shipper: Shipper,
         # on its account; a job that failed anyway keeps its own reason.
         result = Outcome(AttemptReason.UPLOAD_FAILED, exit_code=result.exit_code,
                          error=f"the job succeeded but {upload_error}")
-    state = record_outcome(svc, claim, dataclasses.replace(result, outputs=outputs))
+    state = record_outcome(svc, claim, dataclasses.replace(result, outputs=outputs), facts)
     log.info("job_%s job=%s attempt=%d node=%s reason=%s", state or "fenced", claim.job_id,
              claim.attempt, svc.identity.node, result.reason.value)
     return state
@@ -131,8 +140,10 @@ def still_ours(svc: AttemptServices, claim: Claim) -> bool:
     return renewal.ours
 
 
-def record_outcome(svc: AttemptServices, claim: Claim, outcome: Outcome) -> str | None:
-    """Write the outcome, retrying through a store outage; None when fenced off or lost. An
+def record_outcome(svc: AttemptServices, claim: Claim, outcome: Outcome,
+                   note: AttemptNote | None = None) -> str | None:
+    """Write the outcome (with `note`, the attempt's facts not written yet), retrying through
+    a store outage; None when fenced off or lost. An
     attempt that ran out of memory goes on to the next size class where the job's
     `resources.on_oom` (or the pool's `on_oom_default`) says so (docs/scheduling.md); one
     that ended for a fault of the pool's own is retried up to the pool's `infra_retries`."""
@@ -143,7 +154,8 @@ def record_outcome(svc: AttemptServices, claim: Claim, outcome: Outcome) -> str 
                                    lambda: svc.repo.record_outcome(claim.job_id, claim.token,
                                                                    outcome, now=utcnow(),
                                                                    oom=oom,
-                                                                   infra_retries=patience))
+                                                                   infra_retries=patience,
+                                                                   note=note))
     except StoreError:
         # The lease has long expired: the scheduler recovers the job as `lost`.
         log.error("outcome_lost job=%s attempt=%d: store unreachable for %.0f s", claim.job_id,

@@ -32,21 +32,17 @@ attempt's outcome (reason `worker_crashed`, the pool's) and the worker goes on s
 from __future__ import annotations
 
 import contextlib
-import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from e31.core.errors import StoreError
 from e31.core.records import Claim, Outcome
-from e31.store.attempts import AttemptFacts
+from e31_worker.attempt.notes import PendingNote
 from e31_worker.attempt.plan import AttemptPlan, Tick
 from e31_worker.attempt.services import AttemptServices
 
 if TYPE_CHECKING:   # the shipping stage's module defines the shipper, and imports this one
     from e31_worker.attempt.shipping import Shipper
     from e31_worker.attempt.supervisor import Supervisor
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -61,30 +57,13 @@ class Attempt:
     # What the child's supervisor calls every beat: the lease, and behind it the watchdog
     # once its stage set it up (before_run).
     tick: Tick
+    # What it learns of itself (its setup's time, start, limits, GPU use), until its next
+    # store write carries it (e31_worker.attempt.notes)
+    note: PendingNote
     # What the setup holds for the attempt (its environment, against eviction): released
     # once the child ended, before the record.
     held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     child: Supervisor | None = None   # the run, made by the isolation stage (before_run)
-    setup_s: float | None = None      # the setup's time while it is not yet noted
-
-    def take_setup_s(self) -> float | None:
-        """The setup's time, if not noted yet, for a note that carries it; then it is noted."""
-        setup_s, self.setup_s = self.setup_s, None
-        return setup_s
-
-    def note_setup(self) -> None:
-        """Note the setup's time on the attempt if no other note carried it (the isolation
-        stage's carries it with the limits, just before the child starts), so that its bill
-        leaves it out even if the worker dies later (docs/jobs.md)."""
-        setup_s = self.take_setup_s()
-        if setup_s is None:
-            return
-        claim = self.claim
-        try:
-            self.svc.repo.note_attempt(claim.job_id, claim.attempt, AttemptFacts(setup_s=setup_s))
-        except StoreError as exc:  # the bill then counts the setup: better than holding the job
-            log.warning("setup_note_failed job=%s attempt=%d setup_s=%.2f: %s", claim.job_id,
-                        claim.attempt, setup_s, exc)
 
 
 class Stage:

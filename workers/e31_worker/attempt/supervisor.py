@@ -89,8 +89,7 @@ class Supervisor:
         return self._ended(proc, stopped_for)
 
     def _watch(self, proc: Child, limits: AttemptLimits) -> Stop | None:
-        """Say the limits it runs under (after a warm or command start's own note, so that
-        both go in one write), pump the child's log and supervise it to its end; whatever
+        """Say the limits it runs under, pump the child's log and supervise it to its end; whatever
         happens, the child is not left running, and the log and the group's record are
         closed."""
         plan = self._plan

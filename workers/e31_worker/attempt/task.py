@@ -23,12 +23,14 @@ from e31.core.records import Claim, Outcome
 from e31.core.states import AttemptReason
 from e31.edge.celeryapp import TASK_NAME
 from e31.ops.heartbeat import wake
+from e31.store.attempts import AttemptFacts
 from e31.store.repo import JOB_ID
 from e31_worker.attempt.attemptlimits import attempt_limits
 from e31_worker.attempt.code import CodeStage
 from e31_worker.attempt.environment import EnvironmentStage
 from e31_worker.attempt.inputs import InputsStage
 from e31_worker.attempt.isolation import IsolationStage
+from e31_worker.attempt.notes import PendingNote
 from e31_worker.attempt.outcomes import stopped_outcome
 from e31_worker.attempt.plan import AttemptPlan
 from e31_worker.attempt.record import finish_attempt, with_store_retries
@@ -224,13 +226,15 @@ def _attempt(svc: AttemptServices, claim: Claim, gpus: str) -> Ended:
     """The claimed attempt, stage by stage: set up, run, record, end."""
     plan = attempt_plan(svc, claim, gpus)
     shipper = Shipper(svc, claim, plan)
-    lease = LeaseKeeper(svc, claim, shipper)
-    attempt = Attempt(svc=svc, claim=claim, plan=plan, shipper=shipper, lease=lease, tick=lease)
+    note = PendingNote(claim.job_id, claim.attempt)
+    lease = LeaseKeeper(svc, claim, shipper, note)
+    attempt = Attempt(svc=svc, claim=claim, plan=plan, shipper=shipper, lease=lease, tick=lease,
+                      note=note)
     stages = attempt_stages()
     with attempt.held:   # what the setup holds for the attempt (its environment)
         result = _run(attempt, stages)
     try:
-        state = finish_attempt(svc, claim, shipper, result)  # ship and record
+        state = finish_attempt(svc, claim, shipper, result, note=note)  # ship and record
     finally:
         for stage in stages:
             stage.on_end(attempt, result)
@@ -242,14 +246,11 @@ def _run(attempt: Attempt, stages: list[Stage]) -> Outcome:
     outcome, which is also what a failed setup or the worker's own error makes of it."""
     claim = attempt.claim
     try:
-        try:
-            _setup(attempt, stages)
-            for stage in stages:
-                stage.before_run(attempt)
-            assert attempt.child is not None, "no stage made the child's supervisor"
-            result = attempt.child.run()
-        finally:
-            attempt.note_setup()   # unless the note of the limits carried it
+        _setup(attempt, stages)
+        for stage in stages:
+            stage.before_run(attempt)
+        assert attempt.child is not None, "no stage made the child's supervisor"
+        result = attempt.child.run()
         for stage in stages:
             stage.after_run(attempt, result)
     except SetupError as exc:  # the user's error (a requirement that does not install), or
@@ -272,10 +273,10 @@ def _run(attempt: Attempt, stages: list[Stage]) -> Outcome:
 
 def _setup(attempt: Attempt, stages: list[Stage]) -> None:
     """Every stage's setup, in order; their time is the attempt's `setup_s` (never billed),
-    kept on it until a note carries it, and the lease is kept while it lasts."""
+    noted with its next store write, and the lease is kept while it lasts."""
     started = time.monotonic()
     try:
         for stage in stages:
             stage.setup(attempt)
     finally:
-        attempt.setup_s = time.monotonic() - started
+        attempt.note.add(AttemptFacts(setup_s=time.monotonic() - started))

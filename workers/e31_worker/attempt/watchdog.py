@@ -24,8 +24,11 @@ reading that fails (telemetry's NVML or a full disk under the gang ledger: logge
 `gpu_sample_failed`, and the beat counts as work, as the watchdog cannot see).
 
 The GPU readings it takes are also the attempt's GPU use: the most memory one of its GPUs
-held and their mean utilisation, noted on the attempt when it ends (`gpu_mem_peak_gb`,
-`gpu_util_mean`).
+held and their mean utilisation, noted on the attempt by its outcome's write
+(`gpu_mem_peak_gb`, `gpu_util_mean`).
+
+The renewal also carries what the attempt noted of itself since the last store write (its
+start, its limits, its setup's time: `e31_worker.attempt.notes`), in its own transaction.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from e31.core.records import Claim, Outcome
 from e31.ops.heartbeat import GpuSample, silence_s
 from e31.store.attempts import AttemptFacts
 from e31_worker.attempt.envcache import Beat
+from e31_worker.attempt.notes import PendingNote
 from e31_worker.attempt.plan import AttemptPlan, Directive, Tick
 from e31_worker.attempt.services import AttemptServices, GpuSampler, HeldGpus
 from e31_worker.attempt.shipping import Shipper
@@ -69,7 +73,7 @@ class WatchdogStage(Stage):
 
     def after_run(self, attempt: Attempt, outcome: Outcome) -> None:
         if self._watchdog is not None:
-            note_gpu_use(attempt.svc, attempt.claim, self._watchdog)
+            note_gpu_use(attempt, self._watchdog)
 
 
 class LeaseKeeper:
@@ -84,16 +88,20 @@ class LeaseKeeper:
     seconds").
     """
 
-    def __init__(self, svc: AttemptServices, claim: Claim, shipper: Shipper) -> None:
-        self._svc, self._claim, self._shipper = svc, claim, shipper
+    def __init__(self, svc: AttemptServices, claim: Claim, shipper: Shipper,
+                 note: PendingNote) -> None:
+        self._svc, self._claim, self._shipper, self._note = svc, claim, shipper, note
         self._renewed = time.monotonic()
 
     def __call__(self, progress: tuple[float, float] | None) -> Directive:
         svc, claim = self._svc, self._claim
+        note = self._note.take()   # what the attempt noted since: in the renewal's transaction
         try:
             renewal = svc.repo.renew(claim.job_id, claim.token, now=utcnow(),
-                                     lease_ttl_s=svc.settings.lease_ttl_s, progress=progress)
+                                     lease_ttl_s=svc.settings.lease_ttl_s, progress=progress,
+                                     note=note)
         except Exception as exc:  # noqa: BLE001 - keep the job running while the lease lasts
+            self._note.put_back(note)
             silent_s = time.monotonic() - self._renewed
             log.warning("lease_renew_failed job=%s silent_s=%.1f: %s: %s", claim.job_id, silent_s,
                         type(exc).__name__, exc)
@@ -280,16 +288,12 @@ def _store_flag(svc: AttemptServices, claim: Claim, since: datetime | None) -> b
     return True
 
 
-def note_gpu_use(svc: AttemptServices, claim: Claim, watchdog: Watchdog) -> None:
-    """Note the attempt's GPU use (`gpu_mem_peak_gb`, `gpu_util_mean`) once its child ended;
-    nothing where no GPU was read. A store that fails only costs the note."""
-    facts = watchdog.use.facts()
+def note_gpu_use(attempt: Attempt, watchdog: Watchdog) -> None:
+    """Note the attempt's GPU use (`gpu_mem_peak_gb`, `gpu_util_mean`) once its child ended,
+    for its outcome's write to carry; nothing where no GPU was read."""
+    facts, claim = watchdog.use.facts(), attempt.claim
     if facts.gpu_mem_peak_gb is None and facts.gpu_util_mean is None:
         return
-    try:
-        svc.repo.note_attempt(claim.job_id, claim.attempt, facts)
-    except StoreError as exc:
-        log.warning("gpu_use_note_failed job=%s attempt=%d: %s", claim.job_id, claim.attempt,
-                    exc)
+    attempt.note.add(facts)
     log.info("gpu_use job=%s attempt=%d gpu_mem_peak_gb=%s gpu_util_mean=%s", claim.job_id,
              claim.attempt, facts.gpu_mem_peak_gb, facts.gpu_util_mean)
