@@ -335,3 +335,34 @@ def test_a_long_poll_past_its_bounds_is_refused_naming_wait_s(
     for wait_s in (str(waits.WAIT_MAX_S + 1), "-1", "1.5", "x"):
         r = client.get(f"/v1/jobs/{job_id}", params={"wait_s": wait_s}, headers=headers)
         assert r.status_code == 422 and "wait_s" in r.text, (wait_s, r.text)
+
+
+def test_an_admins_wait_for_an_ended_job_reads_its_row_in_full_once(
+        api: tuple[TestClient, dict[str, str]], sqlite_repo: Repo, redis_client: redis.Redis,
+        tmp_path: Path) -> None:
+    # Given a tenant's job that ended, and an admin's token (which reads any tenant's job)
+    client, headers = api
+    job_id = client.post("/v1/jobs", json={"command": ["true"], "resources": {"gpus": 0}},
+                         headers=headers).json()["id"]
+    svc = services(sqlite_repo, redis_client, tmp_path,
+                   ArtifactStore(f"file://{tmp_path / 'a'}"))
+    claim, _ = _claimed(sqlite_repo, svc, job_id)
+    finish_attempt(svc, claim, _ended_attempt(svc, claim, output=False),
+                   Outcome(AttemptReason.SUCCEEDED, exit_code=0))
+    _, admin_token = sqlite_repo.create_tenant("ops", admin=True, now=utcnow())
+
+    # When the admin waits for it
+    with statements(sqlite_repo) as seen:
+        r = client.get(f"/v1/jobs/{job_id}", params={"wait_s": 8},
+                       headers={"Authorization": f"Bearer {admin_token}"})
+
+    # Then the answer is the ended job, with its tenant's name; whose job it is was read as
+    # one column, its state once, and its row in full once, joined to its tenant's name
+    assert r.status_code == 200 and r.json()["state"] == "succeeded"
+    assert r.json()["tenant"] == "team-a"
+    reads = [" ".join(q.split()).split(" FROM ")[0] for q in seen
+             if q.lstrip().startswith("SELECT")]
+    assert reads.count("SELECT jobs.tenant_id") == 1, reads
+    assert reads.count("SELECT jobs.state") == 1, reads
+    assert len([q for q in reads if q.startswith("SELECT jobs.id, jobs.tenant_id")]) == 1, reads
+    assert "SELECT tenants.name" not in reads, reads

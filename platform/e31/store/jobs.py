@@ -12,9 +12,9 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import Select, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import NotFound
@@ -27,6 +27,8 @@ from e31.store.base import Store
 from e31.store.models import Attempt, Job, Tenant
 from e31.store.rows import queued_job, seconds
 from e31.store.tenantlimits import hold_queued
+
+S = TypeVar("S", bound=Select[*tuple[Any, ...]])   # a select of any columns
 
 JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
 
@@ -65,13 +67,20 @@ class JobStore(Store):
     def get_job(self, tenant_id: str | None, job_id: str) -> JobRecord:
         """A job of the tenant (any tenant when `tenant_id` is None: workers, operators)."""
         with self._session() as s:
-            job = find_job(s, tenant_id, job_id)
-            return _job_record(s, job, with_attempts=True)
+            named = select(Job, Tenant.name).join(Tenant, Tenant.id == Job.tenant_id)
+            row = s.execute(_owned(named, tenant_id, job_id)).first()
+            if row is None:
+                raise NotFound(f"no job {job_id}")
+            return _job_record(s, row[0], with_attempts=True, tenant=row[1])
 
     def job_tenant_id(self, job_id: str) -> str:
-        """The id of the tenant whose job `job_id` is (`NotFound` for none)."""
+        """The id of the tenant whose job `job_id` is (`NotFound` for none): one column read
+        (an admin's every read of a job asks it first)."""
         with self._session() as s:
-            return find_job(s, None, job_id).tenant_id
+            tenant_id = s.scalar(_owned(select(Job.tenant_id), None, job_id))
+        if tenant_id is None:
+            raise NotFound(f"no job {job_id}")
+        return str(tenant_id)
 
     def job_state(self, tenant_id: str, job_id: str) -> str:
         """A job's state alone, by key (the API's long poll reads it while it waits); NotFound
@@ -208,15 +217,20 @@ class JobStore(Store):
 def find_job(s: Session, tenant_id: str | None, job_id: str, *, lock: bool = False) -> Job:
     """The row of a job of the tenant (any tenant's when `tenant_id` is None), row-locked if
     asked; NotFound for a malformed id or a job that is not the tenant's."""
-    if not JOB_ID.fullmatch(job_id):
-        raise NotFound(f"no job {job_id[:64]!r}")
-    q = select(Job).where(Job.id == job_id)
-    if tenant_id is not None:
-        q = q.where(Job.tenant_id == tenant_id)
+    q = _owned(select(Job), tenant_id, job_id)
     job = s.scalar(q.with_for_update() if lock else q)
     if job is None:
         raise NotFound(f"no job {job_id}")
     return job
+
+
+def _owned(q: S, tenant_id: str | None, job_id: str) -> S:
+    """`q` narrowed to the job `job_id` of the tenant (any tenant's when `tenant_id` is None);
+    NotFound at once for a malformed id."""
+    if not JOB_ID.fullmatch(job_id):
+        raise NotFound(f"no job {job_id[:64]!r}")
+    q = q.where(Job.id == job_id)
+    return q if tenant_id is None else q.where(Job.tenant_id == tenant_id)
 
 
 def _tenant_names(s: Session) -> dict[str, str]:
@@ -224,9 +238,12 @@ def _tenant_names(s: Session) -> dict[str, str]:
     return dict(s.execute(select(Tenant.id, Tenant.name)).tuples().all())
 
 
-def _job_record(s: Session, job: Job, *, with_attempts: bool = False) -> JobRecord:
-    """The record of `job`, with its tenant's name and, if asked, its attempts in order."""
-    tenant = s.scalar(select(Tenant.name).where(Tenant.id == job.tenant_id)) or ""
+def _job_record(s: Session, job: Job, *, with_attempts: bool = False,
+                tenant: str | None = None) -> JobRecord:
+    """The record of `job`, with its tenant's name (`tenant`, else read) and, if asked, its
+    attempts in order."""
+    if tenant is None:
+        tenant = s.scalar(select(Tenant.name).where(Tenant.id == job.tenant_id)) or ""
     attempts: list[AttemptRecord] = []
     if with_attempts:
         attempts = [AttemptRecord(a.n, a.worker, a.gpus, a.gpu_count, a.started_at, a.ended_at,

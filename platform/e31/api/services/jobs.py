@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import logging
 from collections.abc import Iterator
 from typing import IO, Any
@@ -162,9 +163,10 @@ class JobService:
         that is not there or, to a tenant, another's."""
         return self._repo.job_tenant_id(job_id) if tenant.admin else tenant.id
 
-    def get(self, tenant: TenantRecord, job_id: str) -> JobRecord:
-        """A job; a queued one with its `pending` reason, position and estimated start."""
-        owner = self.reader_of(tenant, job_id)
+    def get(self, tenant: TenantRecord, job_id: str, *, owner: str | None = None) -> JobRecord:
+        """A job; a queued one with its `pending` reason, position and estimated start.
+        `owner`: the tenant id it is read under, when the caller asked `reader_of` already."""
+        owner = owner or self.reader_of(tenant, job_id)
         record = self._with_fanout_progress(owner, self._repo.get_job(owner, job_id))
         if record.state != "queued":
             return record
@@ -193,15 +195,15 @@ class JobService:
     async def poll(self, tenant: TenantRecord, job_id: str, *, wait_s: int) -> JobRecord:
         """`get`, after a long poll of up to `wait_s` for the job to be final (0: at once):
         woken by the worker's announcement (`e31.api.waits`), else a store read."""
-        if wait_s:
-            owner = await run_in_threadpool(self.reader_of, tenant, job_id)
+        if not wait_s:
+            return await run_in_threadpool(self.get, tenant, job_id)
+        owner = await run_in_threadpool(self.reader_of, tenant, job_id)
 
-            async def is_final() -> bool:
-                return await run_in_threadpool(self._repo.job_state, owner,
-                                               job_id) in FINAL_STATES
+        async def is_final() -> bool:
+            return await run_in_threadpool(self._repo.job_state, owner, job_id) in FINAL_STATES
 
-            await self._ends.wait_until_final(job_id, is_final, wait_s)
-        return await run_in_threadpool(self.get, tenant, job_id)
+        await self._ends.wait_until_final(job_id, is_final, wait_s)
+        return await run_in_threadpool(functools.partial(self.get, tenant, job_id, owner=owner))
 
     def _with_fanout_progress(self, tenant_id: str, record: JobRecord) -> JobRecord:
         """A live fan-out merge job's progress is its array's: frames done of those planned,
