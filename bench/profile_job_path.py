@@ -232,6 +232,10 @@ def main() -> None:
     ap.add_argument("--py-spy", metavar="DIR", type=Path,
                     help="also sample the api, scheduler and worker processes with py-spy "
                          "(on PATH) during the batch: collapsed stacks in DIR/<role>-<pid>.txt")
+    ap.add_argument("--py-spy-gil", action="store_true",
+                    help="with --py-spy: sample only the thread holding the GIL (py-spy --gil), "
+                         "so that the samples follow the process's Python CPU rather than its "
+                         "threads' waits")
     args = parse(ap, SMOKE)
     if args.plot:
         before, after, out = args.plot
@@ -275,7 +279,7 @@ def profile(args: argparse.Namespace, tmp: Path, url: str) -> dict[str, Any]:
         up_pid = json.loads((tmp / "home" / "stack.json").read_text())["pid"]
         warm = run_batch(client, args.warmup, args.kind, args.array)
         time.sleep(0.5)
-        spies = start_spies(up_pid, args.py_spy) if args.py_spy else []
+        spies = start_spies(up_pid, args.py_spy, gil=args.py_spy_gil) if args.py_spy else []
         before = snapshot(up_pid, tmp / "prof", r)
         counting.set()
         states = run_batch(client, args.jobs, args.kind, args.array)
@@ -293,7 +297,7 @@ def profile(args: argparse.Namespace, tmp: Path, url: str) -> dict[str, Any]:
             **diff(before, after, http, args.jobs)}
 
 
-def start_spies(up_pid: int, out: Path) -> list[subprocess.Popen[bytes]]:
+def start_spies(up_pid: int, out: Path, *, gil: bool = False) -> list[subprocess.Popen[bytes]]:
     out.mkdir(parents=True, exist_ok=True)
     spies = []
     for p in psutil.Process(up_pid).children(recursive=True):
@@ -301,6 +305,7 @@ def start_spies(up_pid: int, out: Path) -> list[subprocess.Popen[bytes]]:
         if name in ("api", "scheduler", "worker"):
             spies.append(subprocess.Popen(
                 ["py-spy", "record", "--pid", str(p.pid), "--format", "raw", "--rate", "250",
+                 *(["--gil"] if gil else []),
                  "--nonblocking", "--output", str(out / f"{name}-{p.pid}.txt")],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     time.sleep(1.0)   # attached
