@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, Update, delete, update
+from sqlalchemy import BindParameter, ColumnElement, Select, Update, delete, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import IllegalTransition
@@ -26,9 +26,10 @@ from e31.store.models import Job, JobDep
 from e31.store.rows import CHUNK, seconds
 
 
-def runnable_prefix(queue: str) -> tuple[ColumnElement[bool], ...]:
+def runnable_prefix(queue: str | BindParameter[str]) -> tuple[ColumnElement[bool], ...]:
     """The equality prefix of `ix_jobs_heads`: queued, no dependency left, this queue (what
-    the scheduler's heads read, and what a row of array items checks waits before it)."""
+    the scheduler's heads read, and what a row of array items checks waits before it); the
+    queue may be a parameter bound when the statement runs."""
     return (Job.state == JobState.QUEUED.value, Job.deps_pending == 0, Job.queue == queue)
 
 
