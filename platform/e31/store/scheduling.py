@@ -127,25 +127,29 @@ def view(s: Session, *, now: datetime, queues: Sequence[str]) -> SchedulingView:
     tenants = [TenantShare(id=t.id, name=t.name, weight=t.weight, quotas=dict(t.quotas or {}),
                            usage_gpu_s=t.usage_gpu_s, usage_at=t.usage_at,
                            disabled=t.disabled_at is not None)
-               for t in s.scalars(select(Tenant))]
+               for t in s.scalars(_TENANTS)]
     running = [RunningJob(id=r[0], tenant_id=r[1], node=r[2], size_class=r[3], gpus=r[4],
                           started_at=r[5], timeout_s=r[6],
                           lease_live=r[7] is not None and r[7] > now, priority=r[8],
                           preemptible=bool(r[9]), preempt_requested=r[10] is not None,
                           held_gpus=r[11] or "")
-               for r in s.execute(
-                   select(Job.id, Job.tenant_id, Job.lease_owner, Job.size_class, Job.gpus,
-                          Attempt.started_at, Job.timeout_s, Job.lease_expires_at,
-                          Job.priority, Job.preemptible, Job.preempt_requested_at,
-                          Attempt.gpus)
-                   .outerjoin(Attempt, and_(Attempt.job_id == Job.id,
-                                            Attempt.n == Job.attempts_used))
-                   .where(Job.state == JobState.RUNNING.value))]
-    outstanding = [Published._make(r) for r in s.execute(
-        select(Job.tenant_id, Job.queue, Job.size_class, Job.gpus, Job.timeout_s, Job.id,
-               Job.priority, Job.queued_since, Job.dispatch_host, Job.dispatch_gpus)
-        .where(Job.state == QUEUED, Job.queue.in_(list(queues)), Job.dispatched_at >= EPOCH))]
+               for r in s.execute(_RUNNING)]
+    outstanding = [Published._make(r) for r in s.execute(_OUTSTANDING,
+                                                         {"queues": list(queues)})]
     return SchedulingView(tenants=tenants, running=running, outstanding=outstanding)
+
+
+# The view's reads, built once as the heads' are
+_TENANTS = select(Tenant)
+_RUNNING = (select(Job.id, Job.tenant_id, Job.lease_owner, Job.size_class, Job.gpus,
+                   Attempt.started_at, Job.timeout_s, Job.lease_expires_at, Job.priority,
+                   Job.preemptible, Job.preempt_requested_at, Attempt.gpus)
+            .outerjoin(Attempt, and_(Attempt.job_id == Job.id, Attempt.n == Job.attempts_used))
+            .where(Job.state == JobState.RUNNING.value))
+_OUTSTANDING = (select(Job.tenant_id, Job.queue, Job.size_class, Job.gpus, Job.timeout_s, Job.id,
+                       Job.priority, Job.queued_since, Job.dispatch_host, Job.dispatch_gpus)
+                .where(Job.state == QUEUED, Job.queue.in_(bindparam("queues", expanding=True)),
+                       Job.dispatched_at >= EPOCH))
 
 
 def write_pending(s: Session, changes: Iterable[tuple[str, str | None, str | None]]) -> int:
