@@ -21,9 +21,25 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import ColumnElement, Select, and_, exists, func, or_, select, update
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Float,
+    Select,
+    String,
+    Table,
+    Update,
+    and_,
+    bindparam,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from e31.core.errors import StoreError
@@ -36,7 +52,7 @@ from e31.store import deps, quotas, secrets, tenants, transitions
 from e31.store.arrays import ArrayStore
 from e31.store.base import BillingStore
 from e31.store.drains import DrainStore
-from e31.store.models import Attempt, Job, Tenant
+from e31.store.models import Attempt, Job, Tenant, UTCDateTime
 from e31.store.quotas import OutputsCharge
 from e31.store.rows import seconds
 
@@ -116,8 +132,8 @@ class AttemptStore(BillingStore):
         job's current dispatch token; None if it is not claimable. The claim clears the token:
         the same message delivered again, or replayed, claims nothing."""
         with self._session(write=True) as s:
-            taken = _take(s, job_id, holds_dispatch(dispatch_token), worker=worker, gpus=gpus,
-                          gpu_count=gpu_count, now=now, lease_ttl_s=lease_ttl_s)
+            taken = _take(s, _CLAIM, worker=worker, gpus=gpus, gpu_count=gpu_count, now=now,
+                          lease_ttl_s=lease_ttl_s, job_id=job_id, token=dispatch_token)
         return _claim(taken)
 
     def claim_next_item(self, ended_job_id: str, *, queue: str | None, worker: str, gpus: str,
@@ -144,7 +160,8 @@ class AttemptStore(BillingStore):
             first = (select(Job.id).where(Job.id.in_([item.id for item in runnable]),
                                           Job.state == QUEUED, Job.dispatched_at.is_(None))
                      .order_by(Job.array_index).limit(1).with_for_update(skip_locked=True))
-            taken = _take(s, first, Job.dispatched_at.is_(None), worker=worker, gpus=gpus,
+            taken = _take(s, _take_statement(first, Job.dispatched_at.is_(None)), worker=worker,
+                          gpus=gpus,
                           gpu_count=gpu_count, now=now, lease_ttl_s=lease_ttl_s)
         return _claim(taken)
 
@@ -188,7 +205,7 @@ class AttemptStore(BillingStore):
         written yet, written in the same transaction, fenced off or not (its setup's time
         before the bill is reckoned from it)."""
         with self._session(write=True) as s:
-            job = s.scalar(select(Job).where(Job.id == job_id).with_for_update())
+            job = s.scalar(_JOB_TO_END, {"job_id": job_id})
             if job is None or job.state != JobState.RUNNING.value or job.lease_token != token:
                 _write_note(s, job_id, note)
                 return None
@@ -300,7 +317,7 @@ class AttemptStore(BillingStore):
 
 # -- statements on a session a store opens -------------------------------------------------
 
-def holds_dispatch(dispatch_token: str) -> ColumnElement[bool]:
+def holds_dispatch(dispatch_token: str | BindParameter[str]) -> ColumnElement[bool]:
     """The condition that a message's token is its job's current dispatch token: the one
     check that lets a message claim a job or hand its publication back (docs/security.md,
     "The broker is not a trust boundary")."""
@@ -330,34 +347,55 @@ class _Item(NamedTuple):
                 and (self.not_before is None or self.not_before <= now))
 
 
-def _take(s: Session, job: str | Select[Any], claimable: ColumnElement[bool], *,
-          worker: str, gpus: str, gpu_count: int, now: datetime,
-          lease_ttl_s: float) -> tuple[str, str, int, int, Any, int, str | None] | None:
-    """Move the queued job `job` (an id, or the select of at most one) to running if
-    `claimable` holds and it is runnable now: a new lease and fencing token, one more attempt
-    used, its queued time counted and the attempt's row added. Returns what `_claim` makes
-    the claim of (its spec as stored), None if it is not claimable."""
-    row = s.execute(transitions.move(job, JobState.QUEUED, JobState.RUNNING).where(
-        claimable, Job.cancel_requested.is_(False),
-        or_(Job.not_before.is_(None), Job.not_before <= now))
-        .values(lease_owner=worker,
-                lease_token=Job.lease_token + 1,
-                lease_expires_at=now + timedelta(seconds=lease_ttl_s),
-                attempts_used=Job.attempts_used + 1,
-                started_at=func.coalesce(Job.started_at, now),
-                dispatched_at=None, dispatch_token=None, dispatch_host=None,
-                dispatch_gpus=None, progress_done=None, progress_total=None)
-        .returning(Job.id, Job.lease_token, Job.attempts_used, Job.queued_since, Job.spec,
-                   Job.tenant_id, Job.gpus, Job.array_id),
-        execution_options={"synchronize_session": False}
-    ).first()
+def _take_statement(job: BindParameter[str] | Select[Any],
+                    claimable: ColumnElement[bool]) -> Update:
+    """The statement that moves the queued job `job` (a bound id, or the select of at most
+    one) to running if `claimable` holds and it is runnable now: a new lease and fencing
+    token, one more attempt used. Its values are bound when it runs (`_take`): `worker`,
+    `now`, `expires` (the lease's end)."""
+    now = bindparam("now", type_=UTCDateTime())
+    return (transitions.move(job, JobState.QUEUED, JobState.RUNNING)
+            .where(claimable, Job.cancel_requested.is_(False),
+                   or_(Job.not_before.is_(None), Job.not_before <= now))
+            .values(lease_owner=bindparam("worker", type_=String()),
+                    lease_token=Job.lease_token + 1,
+                    lease_expires_at=bindparam("expires", type_=UTCDateTime()),
+                    attempts_used=Job.attempts_used + 1,
+                    started_at=func.coalesce(Job.started_at, now),
+                    dispatched_at=None, dispatch_token=None, dispatch_host=None,
+                    dispatch_gpus=None, progress_done=None, progress_total=None)
+            .returning(Job.id, Job.lease_token, Job.attempts_used, Job.queued_since, Job.spec,
+                       Job.tenant_id, Job.gpus, Job.array_id))
+
+
+# A published job's claim, built once (its construction was a tenth of a claim's CPU, issue
+# 31): the job and the message's token are bound at each claim.
+_CLAIM = _take_statement(bindparam("job_id", type_=String()),
+                         holds_dispatch(bindparam("token", type_=String())))
+# The job an outcome ends, row-locked (built once)
+_JOB_TO_END = select(Job).where(Job.id == bindparam("job_id", type_=String())).with_for_update()
+# What the claim also writes: the job's queued time, and the attempt's row.
+_COUNT_QUEUED = (update(Job).where(Job.id == bindparam("taken", type_=String()))
+                 .values(queued_seconds=Job.queued_seconds + bindparam("waited", type_=Float()),
+                         queued_since=None))
+_ADD_ATTEMPT = insert(cast(Table, Attempt.__table__))
+
+
+def _take(s: Session, statement: Update, *, worker: str, gpus: str, gpu_count: int,
+          now: datetime, lease_ttl_s: float,
+          **bound: str) -> tuple[str, str, int, int, Any, int, str | None] | None:
+    """Run a take (`_take_statement`, with `bound`: its own parameters), and if it took the
+    job, count its queued time and add the attempt's row. Returns what `_claim` makes the
+    claim of (its spec as stored), None if it is not claimable."""
+    row = s.execute(statement, {"worker": worker, "now": now,
+                                "expires": now + timedelta(seconds=lease_ttl_s), **bound},
+                    execution_options={"synchronize_session": False}).first()
     if row is None:
         return None
     job_id, token, attempt, queued_since, spec, tenant_id, job_gpus, array_id = row
-    s.execute(update(Job).where(Job.id == job_id).values(
-        queued_seconds=Job.queued_seconds + seconds(queued_since, now), queued_since=None))
-    s.add(Attempt(job_id=job_id, n=attempt, worker=worker, gpus=gpus, gpu_count=gpu_count,
-                  started_at=now))
+    s.execute(_COUNT_QUEUED, {"taken": job_id, "waited": seconds(queued_since, now)})
+    s.execute(_ADD_ATTEMPT, {"job_id": job_id, "n": attempt, "worker": worker, "gpus": gpus,
+                             "gpu_count": gpu_count, "started_at": now})
     return job_id, tenant_id, token, attempt, spec, job_gpus, array_id
 
 
@@ -444,18 +482,17 @@ def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, n
     what the worker noted on the attempt and had not written yet, set with its end (its
     setup's time before the bill is reckoned)."""
     token = job.lease_token
-    attempt = s.scalar(select(Attempt).where(Attempt.job_id == job.id,
-                                             Attempt.n == job.attempts_used))
+    attempt = s.execute(_CURRENT_ATTEMPT, {"job": job.id, "n": job.attempts_used}).first()
     duration = bill_s = 0.0
+    ended: dict[str, Any] = facts.values() if facts is not None else {}
     if attempt is not None:
-        for name, value in (facts.values() if facts is not None else {}).items():
-            setattr(attempt, name, value)
         ended_at = max(ended_at, attempt.started_at)
-        attempt.ended_at, attempt.reason = ended_at, outcome.reason.value
-        attempt.error, attempt.exit_code = _clean(outcome.error), outcome.exit_code
+        ended.update(ended_at=ended_at, reason=outcome.reason.value,
+                     error=_clean(outcome.error), exit_code=outcome.exit_code)
         # Run time from the end of its setup, which its worker noted (`setup_s`): fetching
         # code, building the environment and staging inputs is never billed.
-        duration = max(0.0, seconds(attempt.started_at, ended_at) - (attempt.setup_s or 0.0))
+        setup_s = ended.get("setup_s", attempt.setup_s) or 0.0
+        duration = max(0.0, seconds(attempt.started_at, ended_at) - setup_s)
         bill_s = duration * attempt.gpu_count
     # The job's totals go in the statement that moves it on (`_outcome_values`), not in a
     # flush of their own: one UPDATE of the job per outcome.
@@ -465,8 +502,10 @@ def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, n
             and not job.cancel_requested:
         move = oom.target((job.spec.get("resources") or {}).get("on_oom"), job.size_class,
                           job.gpus)
-        attempt.moved_to = move.size_class if move else None
-    s.flush()
+        ended["moved_to"] = move.size_class if move else None
+    if attempt is not None:   # one UPDATE by key, before the tally below reads it
+        s.execute(update(Attempt).where(Attempt.id == attempt.id).values(**ended),
+                  execution_options={"synchronize_session": False})
     # The tally of earlier endings decides only whether a retryable ending is retried: a
     # success, a cancel or a final error skips it (one statement less per outcome).
     tally: dict[str | None, int] = {}
@@ -486,13 +525,20 @@ def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, n
     if move is not None:    # its next attempt, in the bigger class, may start at once
         values.update(size_class=move.size_class, queue=move.queue, not_before=now)
     res = s.execute(transitions.move(job.id, JobState.RUNNING, state)
-                    .where(Job.lease_token == token).values(**values))
+                    .where(Job.lease_token == token).values(**values),
+                    execution_options={"synchronize_session": False})   # `job` is not read again
     if not res.rowcount:  # type: ignore[attr-defined]
         return None
     if state.is_final:
         deps.on_final(s, [(job.id, job.array_id, state.value)], now=now)
     tenants.bill(s, job.tenant_id, bill_s, now=now, half_life_s=half_life_s)
     return state
+
+
+# The attempt an outcome ends, read by key with what its bill needs (built once, issue 31)
+_CURRENT_ATTEMPT = select(Attempt.id, Attempt.started_at, Attempt.setup_s,
+                          Attempt.gpu_count).where(Attempt.job_id == bindparam("job"),
+                                                   Attempt.n == bindparam("n"))
 
 
 def _clean(text: str | None) -> str | None:

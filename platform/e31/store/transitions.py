@@ -33,19 +33,20 @@ def runnable_prefix(queue: str | BindParameter[str]) -> tuple[ColumnElement[bool
     return (Job.state == JobState.QUEUED.value, Job.deps_pending == 0, Job.queue == queue)
 
 
-def move(ids: str | Sequence[str] | Select[Any], src: JobState, dst: JobState) -> Update:
+def move(ids: str | BindParameter[str] | Sequence[str] | Select[Any], src: JobState,
+         dst: JobState) -> Update:
     """The statement that moves the jobs `ids` still in `src` to `dst`; add conditions with
     `.where`, columns with `.values`. The state is compared unindexed: every move names its
-    rows by key (an id, ids, or the select of at most one id, compared with `=` so that
-    PostgreSQL runs it once: under `IN` it may run it again for each row it looks at, and a
-    `LIMIT 1 ... SKIP LOCKED` select then names a second row), and the key is the index to
-    use."""
+    rows by key (an id, bound now or when it runs, ids, or the select of at most one id,
+    compared with `=` so that PostgreSQL runs it once: under `IN` it may run it again for
+    each row it looks at, and a `LIMIT 1 ... SKIP LOCKED` select then names a second row), and
+    the key is the index to use."""
     if not can_transition(src, dst):
         raise IllegalTransition(f"a job may not go from {src.value} to {dst.value}")
     if isinstance(ids, Select):
         rows = Job.id == ids.scalar_subquery()
     else:
-        rows = Job.id == ids if isinstance(ids, str) else Job.id.in_(ids)
+        rows = Job.id == ids if isinstance(ids, str | BindParameter) else Job.id.in_(ids)
     return update(Job).where(rows, unindexed(Job.state) == src.value).values(state=dst.value)
 
 
