@@ -15,7 +15,9 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from e31 import __version__
 from e31.api import console, errors, schema
@@ -96,11 +98,26 @@ def create_app(settings: Settings, *, services: Services | None = None) -> FastA
                        exempt=(bundles.BUNDLES_PATH, files.FILES_PATH))
     app.add_middleware(BodyLimit, max_bytes=settings.batch_file_max_bytes + FORM_OVERHEAD_BYTES,
                        only=(files.FILES_PATH,))
-
-    @app.middleware("http")
-    async def _version_header(request: Request, call_next: Any) -> Any:
-        response = await call_next(request)
-        response.headers["X-E31-Version"] = __version__
-        return response
-
+    app.add_middleware(VersionHeader)
     return app
+
+
+class VersionHeader:
+    """ASGI middleware: every HTTP answer says the API's version (`X-E31-Version`). Plain ASGI
+    rather than `@app.middleware("http")`, whose `BaseHTTPMiddleware` wraps each request in a
+    task group and memory streams: a cost per request on the control path (issue 31)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+
+        async def send_with_version(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)["X-E31-Version"] = __version__
+            await send(message)
+
+        await self._app(scope, receive, send_with_version)
