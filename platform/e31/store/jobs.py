@@ -55,14 +55,14 @@ class JobStore(Store):
         the tenant holds that many queued jobs, counted in the same transaction."""
         checked = self._check_after(tenant_id, [spec.after], [""])
         with self._session(write=True) as s:
-            if max_queued is not None:
+            tenant = None if max_queued is None else \
                 hold_queued(s, tenant_id, adding=1, max_queued=max_queued)
             [waits] = deps.confirm_after(s, tenant_id, [spec.after], [""], checked)
             job = Job(**{**queued_job(tenant_id, spec, route, now), "deps_pending": len(waits)})
             s.add(job)
             s.flush()
             deps.links(self._engine.dialect, [(job.id, waits)]).run(s)
-            return _job_record(s, job)
+            return _job_record(s, job, tenant=tenant)
 
     def get_job(self, tenant_id: str | None, job_id: str) -> JobRecord:
         """A job of the tenant (any tenant when `tenant_id` is None: workers, operators)."""

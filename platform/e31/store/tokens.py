@@ -20,7 +20,7 @@ import secrets
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import Conflict, NotFound, SpecError
@@ -141,10 +141,14 @@ def revoke(s: Session, tenant: Tenant, name: str, *, now: datetime) -> TokenReco
 
 def authenticate(s: Session, token: str, *, now: datetime) -> tuple[Tenant, ApiKey] | None:
     """The tenant and key of a live token (not revoked, not expired), or None."""
-    row = s.execute(select(Tenant, ApiKey).join(ApiKey, ApiKey.tenant_id == Tenant.id).where(
-        ApiKey.token_hash == hash_token(token), ApiKey.revoked_at.is_(None),
-        or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > now))).first()
+    row = s.execute(_LIVE_KEY, {"token_hash": hash_token(token), "now": now}).first()
     return (row[0], row[1]) if row is not None else None
+
+
+# The read of every request's token, built once (issue 31); the hash and the time are bound
+_LIVE_KEY = (select(Tenant, ApiKey).join(ApiKey, ApiKey.tenant_id == Tenant.id)
+             .where(ApiKey.token_hash == bindparam("token_hash"), ApiKey.revoked_at.is_(None),
+                    or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > bindparam("now"))))
 
 
 def is_stale(key: ApiKey, now: datetime) -> bool:
