@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Integer, and_, bindparam, case, func, or_, select, update
+from sqlalchemy import Integer, String, and_, bindparam, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.records import (
@@ -40,7 +40,7 @@ from e31.store.attempts import end_attempt
 from e31.store.base import BillingStore
 from e31.store.db import unindexed
 from e31.store.jobs import find_job
-from e31.store.models import Attempt, Job, Tenant
+from e31.store.models import Attempt, Job, Tenant, UTCDateTime
 from e31.store.rows import CHUNK
 from e31.store.transitions import runnable_prefix
 
@@ -138,6 +138,16 @@ def view(s: Session, *, now: datetime, queues: Sequence[str]) -> SchedulingView:
                                                          {"queues": list(queues)})]
     return SchedulingView(tenants=tenants, running=running, outstanding=outstanding)
 
+
+# The mark of one job published to its class's queue, built once (`mark_dispatched`)
+_MARK_ONE = (update(Job).where(Job.id == bindparam("job_id"),
+                               unindexed(Job.state) == JobState.QUEUED.value,
+                               unindexed(Job.dispatched_at).is_(None))
+             .values(dispatched_at=bindparam("now", type_=UTCDateTime()),
+                     dispatch_count=Job.dispatch_count + 1,
+                     dispatch_token=bindparam("token", type_=String()), dispatch_host=None,
+                     dispatch_gpus=None, pending_reason=None, pending_detail=None)
+             .returning(Job.id))
 
 # The view's reads, built once as the heads' are
 _TENANTS = select(Tenant)
@@ -267,6 +277,11 @@ class SchedulingStore(BillingStore):
         hosts = {j: places[j][0] for j in tokens if j in places}
         gpus = {j: places[j][1] for j in tokens if j in places}
         with self._session(write=True) as s:
+            if len(tokens) == 1 and not places:   # a tick after one job's end: the usual one
+                [(job_id, token)] = tokens.items()
+                marked = s.execute(_MARK_ONE, {"job_id": job_id, "token": token, "now": now},
+                                   execution_options={"synchronize_session": False}).first()
+                return {job_id: token} if marked is not None else {}
             rows = s.execute(update(Job).where(
                 Job.id.in_(list(tokens)), unindexed(Job.state) == JobState.QUEUED.value,
                 unindexed(Job.dispatched_at).is_(None))

@@ -17,6 +17,7 @@ Both starts use it: the supervisor's environment for an attempt (cold and warm a
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Iterable, Mapping
 
 # Names and globs (fnmatchcase) a job inherits from its worker by default.
@@ -44,6 +45,12 @@ def inherited_env(environ: Mapping[str, str],
     """The variables of `environ` a job inherits: those `INHERITED` or the operator's
     `passthrough` (settings `job_env_passthrough`) names, never an `E31_*` one."""
     patterns = (*INHERITED, *passthrough)
-    return {k: v for k, v in environ.items()
-            if not k.startswith(WORKER_ONLY)
-            and any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+    return {k: v for k, v in environ.items() if _inherits(k, patterns)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _inherits(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether a variable `name` passes: decided once per name (every attempt's start asked
+    each pattern of each of the worker's variables again, issue 31)."""
+    return not name.startswith(WORKER_ONLY) and any(fnmatch.fnmatchcase(name, p)
+                                                    for p in patterns)
