@@ -157,12 +157,8 @@ class AttemptStore(BillingStore):
             # items from the same end, and other workers chain from the same window. SKIP
             # LOCKED passes over the rows their transactions hold instead of waiting for them
             # (SQLite has one writer: no lock to skip).
-            first = (select(Job.id).where(Job.id.in_([item.id for item in runnable]),
-                                          Job.state == QUEUED, Job.dispatched_at.is_(None))
-                     .order_by(Job.array_index).limit(1).with_for_update(skip_locked=True))
-            taken = _take(s, _take_statement(first, Job.dispatched_at.is_(None)), worker=worker,
-                          gpus=gpus,
-                          gpu_count=gpu_count, now=now, lease_ttl_s=lease_ttl_s)
+            taken = _take(s, _TAKE_NEXT, worker=worker, gpus=gpus, gpu_count=gpu_count, now=now,
+                          lease_ttl_s=lease_ttl_s, ids=[item.id for item in runnable])
         return _claim(taken)
 
     def renew(self, job_id: str, token: int, *, now: datetime, lease_ttl_s: float,
@@ -374,6 +370,15 @@ _CLAIM = _take_statement(bindparam("job_id", type_=String()),
                          holds_dispatch(bindparam("token", type_=String())))
 # The job an outcome ends, row-locked (built once)
 _JOB_TO_END = select(Job).where(Job.id == bindparam("job_id", type_=String())).with_for_update()
+# The next item's claim in a row (`claim_next_item`), built once: the first of the runnable
+# items (`ids`) that no other transaction holds. The scheduler publishes an array's items from
+# the same end, and other workers chain from the same window: SKIP LOCKED passes over the rows
+# their transactions hold instead of waiting for them (SQLite has one writer: no lock to skip).
+_TAKE_NEXT = _take_statement(
+    select(Job.id).where(Job.id.in_(bindparam("ids", expanding=True)), Job.state == QUEUED,
+                         Job.dispatched_at.is_(None))
+    .order_by(Job.array_index).limit(1).with_for_update(skip_locked=True),
+    Job.dispatched_at.is_(None))
 # What the claim also writes: the job's queued time, and the attempt's row.
 _COUNT_QUEUED = (update(Job).where(Job.id == bindparam("taken", type_=String()))
                  .values(queued_seconds=Job.queued_seconds + bindparam("waited", type_=Float()),
@@ -383,7 +388,7 @@ _ADD_ATTEMPT = insert(cast(Table, Attempt.__table__))
 
 def _take(s: Session, statement: Update, *, worker: str, gpus: str, gpu_count: int,
           now: datetime, lease_ttl_s: float,
-          **bound: str) -> tuple[str, str, int, int, Any, int, str | None] | None:
+          **bound: str | list[str]) -> tuple[str, str, int, int, Any, int, str | None] | None:
     """Run a take (`_take_statement`, with `bound`: its own parameters), and if it took the
     job, count its queued time and add the attempt's row. Returns what `_claim` makes the
     claim of (its spec as stored), None if it is not claimable."""
@@ -418,23 +423,31 @@ def _runnable_after(s: Session, ended_job_id: str, queue: str | None,
     and queue are its scalar subqueries, so the read is the array index's ordered range
     whatever the planner thinks of the rest (a filter on the state made PostgreSQL sort the
     whole array's queued items: 10 ms a claim at 10,000)."""
+    q = _AFTER_IN_QUEUE if queue is not None else _AFTER
+    items = []
+    for *fields, ended_queue in s.execute(q, {"ended": ended_job_id, "queue": queue}).tuples():
+        item = _Item._make(fields)
+        if item.runnable(ended_queue, now):
+            items.append(item)
+    return items
+
+
+def _after_statements() -> tuple[Select[*tuple[Any, ...]], Select[*tuple[Any, ...]]]:
+    """`_runnable_after`'s read, built once: any queue's, and the given queue's."""
     ended = select(Job.array_id, Job.array_index, Job.queue).where(
-        Job.id == ended_job_id).subquery()
+        Job.id == bindparam("ended")).subquery()
     its_queue = select(ended.c.queue).scalar_subquery()
     q = (select(Job.id, Job.state, Job.queue, Job.tenant_id, Job.priority, Job.size_class,
                 Job.gpus, Job.submitted_at, Job.dispatched_at, Job.deps_pending,
                 Job.cancel_requested, Job.not_before, its_queue)
          .where(Job.array_id == select(ended.c.array_id).scalar_subquery(),
                 Job.array_index > select(ended.c.array_index).scalar_subquery()))
-    if queue is not None:
-        q = q.where(its_queue == queue)
-    items = []
-    for *fields, ended_queue in s.execute(q.order_by(Job.array_index)
-                                          .limit(NEXT_ITEMS_READ)).tuples():
-        item = _Item._make(fields)
-        if item.runnable(ended_queue, now):
-            items.append(item)
-    return items
+    last = (Job.array_index,)
+    return (q.order_by(*last).limit(NEXT_ITEMS_READ),
+            q.where(its_queue == bindparam("queue")).order_by(*last).limit(NEXT_ITEMS_READ))
+
+
+_AFTER, _AFTER_IN_QUEUE = _after_statements()
 
 
 def _may_take(s: Session, item: _Item) -> bool:
@@ -446,15 +459,9 @@ def _may_take(s: Session, item: _Item) -> bool:
     them: `Tenant.fits_quota`). One statement with the tenant's row (a second only under a
     quota); each EXISTS is one range of the heads index (state, deps, queue, tenant, band,
     age), so the array's own queued items, however many, are never scanned."""
-    waiting = list(transitions.runnable_prefix(item.queue))
-    own = [*waiting, Job.tenant_id == item.tenant_id]
-    before = or_(*(exists().where(*where) for where in (
-        [*waiting, Job.tenant_id < item.tenant_id],
-        [*waiting, Job.tenant_id > item.tenant_id],
-        [*own, Job.priority > item.priority],
-        [*own, Job.priority == item.priority, Job.submitted_at < item.submitted_at])))
-    row = s.execute(select(Tenant.quotas, Tenant.disabled_at, before)
-                    .where(Tenant.id == item.tenant_id)).first()
+    row = s.execute(_TENANT_AND_BEFORE, {"queue": item.queue, "tenant": item.tenant_id,
+                                         "band": item.priority,
+                                         "submitted": item.submitted_at}).first()
     if row is None:
         return False
     quotas, disabled_at, put_first = row
@@ -468,6 +475,24 @@ def _may_take(s: Session, item: _Item) -> bool:
         or_(Job.state == JobState.RUNNING.value,
             and_(Job.state == QUEUED, Job.dispatched_at.is_not(None)))))
     return int(held or 0) + item.gpus <= int(quota)
+
+
+def _tenant_and_before() -> Select[dict[str, int] | None, datetime | None, bool]:
+    """`_may_take`'s read, built once: the item's tenant's quotas and whether it is disabled,
+    and whether anything waits in the item's queue that the scheduler could put first."""
+    waiting = list(transitions.runnable_prefix(bindparam("queue", type_=String())))
+    tenant: BindParameter[str] = bindparam("tenant", type_=String())
+    own = [*waiting, Job.tenant_id == tenant]
+    before = or_(*(exists().where(*where) for where in (
+        [*waiting, Job.tenant_id < tenant],
+        [*waiting, Job.tenant_id > tenant],
+        [*own, Job.priority > bindparam("band")],
+        [*own, Job.priority == bindparam("band"),
+         Job.submitted_at < bindparam("submitted", type_=UTCDateTime())])))
+    return select(Tenant.quotas, Tenant.disabled_at, before).where(Tenant.id == tenant)
+
+
+_TENANT_AND_BEFORE = _tenant_and_before()
 
 def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, now: datetime,
                 half_life_s: float, oom: OomRule | None = None,
