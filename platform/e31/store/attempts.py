@@ -494,6 +494,7 @@ def _tenant_and_before() -> Select[dict[str, int] | None, datetime | None, bool]
 
 _TENANT_AND_BEFORE = _tenant_and_before()
 
+
 def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, now: datetime,
                 half_life_s: float, oom: OomRule | None = None,
                 infra_retries: int = INFRA_RETRIES_DEFAULT,
