@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 
-from sqlalchemy import Dialect, Exists, ScalarSelect, delete, exists, or_, select, update
+from sqlalchemy import Dialect, Exists, ScalarSelect, bindparam, delete, exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import SpecError
@@ -224,8 +224,7 @@ def on_final(s: Session, ended: Sequence[Ended], *, now: datetime) -> int:
             # UPDATE: the ending item's transaction updated its job row twice, so PostgreSQL's
             # foreign-key re-check holds this row FOR KEY SHARE, as another ending item's does,
             # and upgrading both to FOR UPDATE deadlocked (docs/scale.md).
-            s.execute(select(Array.id).where(Array.id == array_id)
-                      .with_for_update(key_share=True))
+            s.execute(_LOCK_ARRAY, {"array_id": array_id})
             if not _has_dependants(s, array_id):
                 continue
             failed = [e for e in arrays[array_id] if e[2] != JobState.SUCCEEDED.value]
@@ -241,7 +240,14 @@ def on_final(s: Session, ended: Sequence[Ended], *, now: datetime) -> int:
 
 
 def _has_dependants(s: Session, dep_id: str) -> bool:
-    return s.scalar(select(JobDep.job_id).where(JobDep.dep_id == dep_id).limit(1)) is not None
+    return s.scalar(_A_DEPENDANT, {"dep_id": dep_id}) is not None
+
+
+# What every final item's outcome runs (`on_final`), built once (issue 31)
+_LOCK_ARRAY = (select(Array.id).where(Array.id == bindparam("array_id"))
+               .with_for_update(key_share=True))
+_A_DEPENDANT = select(JobDep.job_id).where(JobDep.dep_id == bindparam("dep_id")).limit(1)
+_DEPENDANTS = select(JobDep.job_id).where(JobDep.dep_id.in_(bindparam("deps", expanding=True)))
 
 
 def _satisfy(s: Session, deps: Sequence[str]) -> None:
@@ -249,7 +255,7 @@ def _satisfy(s: Session, deps: Sequence[str]) -> None:
     for start in range(0, len(deps), CHUNK):
         chunk = deps[start:start + CHUNK]
         counts: dict[str, int] = {}   # a job may wait for several of them at once
-        for job_id in s.scalars(select(JobDep.job_id).where(JobDep.dep_id.in_(chunk))):
+        for job_id in s.scalars(_DEPENDANTS, {"deps": chunk}):
             counts[job_id] = counts.get(job_id, 0) + 1
         if not counts:
             continue
