@@ -10,6 +10,7 @@ import pytest
 import redis
 from kombu import Connection
 from kombu.exceptions import OperationalError as BrokerError
+from sqlalchemy import event
 
 from e31.core import keys
 from e31.core.clock import utcnow
@@ -225,3 +226,29 @@ def test_a_publication_the_broker_refuses_is_a_scheduling_error_naming_the_job(
     # Then the error names the job and wraps the broker's (the loop logs it and ticks again)
     assert job_id in refused.value.message and "connection refused" in refused.value.message
     assert isinstance(refused.value.__cause__, BrokerError)
+
+
+def test_a_tick_stores_its_publication_and_why_the_others_wait_in_one_transaction(
+        repo: Repo, redis_url: str, redis_client: redis.Redis) -> None:
+    # Given two queued jobs and one idle worker, and a scheduler past its recovery
+    tenant, _ = repo.create_tenant("a", now=utcnow())
+    first, second = submit(repo, tenant.id), submit(repo, tenant.id)
+    heartbeat(redis_client, "gpu0@n", ["e31.gpu24"])
+    scheduler = make(repo, redis_url, dispatch_headroom=0)
+    commits: list[object] = []
+    note = commits.append
+    event.listen(repo.engine, "commit", note)
+
+    # When it ticks
+    try:
+        assert scheduler.tick(recover=False) == 1
+    finally:
+        event.remove(repo.engine, "commit", note)
+
+    # Then the first is published, the second says why it waits, and both were written by
+    # one transaction (the reads of the view and the heads are the other two)
+    assert published(redis_client, "e31.gpu24") == [first]
+    waiting = repo.get_job(tenant.id, second)
+    assert waiting.state == "queued"
+    assert repo.queue_position(tenant.id, second).stored_reason == "no_capacity"
+    assert len(commits) == 3, commits

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 
 import redis
@@ -139,8 +140,8 @@ class Scheduler:
             view = self._repo.scheduling_view(now=now, queues=self._queues)
         self._tenant_names = {t.id: t.name for t in view.tenants}
         decision, heads, slots = self._decide(workers, view, now)
-        sent = self._publish([(heads[d.job_id], d) for d in decision.publish], now)
-        self._record_pending(decision, heads)
+        sent = self._publish([(heads[d.job_id], d) for d in decision.publish], now,
+                             pending=self._pending_changes(decision, heads))
         self._preempt_for_waiting(view, slots, decision, heads, now)
         return sent
 
@@ -209,14 +210,17 @@ class Scheduler:
         self._reserved_for = r.job_id if r is not None else None
         return decision, heads, slots
 
-    def _record_pending(self, decision: Decision, heads: dict[str, Candidate]) -> None:
-        """Store why each examined job waits, where that changed since the last tick."""
-        changes = []
+    @staticmethod
+    def _pending_changes(decision: Decision, heads: dict[str, Candidate],
+                         ) -> list[tuple[str, str | None, str | None]]:
+        """Why each examined job waits, where that changed since the last tick: stored with
+        the tick's publication, in its transaction."""
+        changes: list[tuple[str, str | None, str | None]] = []
         for job_id, pending in decision.pending.items():
             h = heads[job_id]
             if (h.pending_reason, h.pending_detail) != (pending.reason.value, pending.detail):
                 changes.append((job_id, pending.reason.value, pending.detail[:64]))
-        self._repo.write_pending(changes)
+        return changes
 
     def hold_lease_expiry(self) -> None:
         """Judge no lease for one TTL: after taking the lead, or after the store was unreachable
@@ -269,16 +273,19 @@ class Scheduler:
                         state.value)
         return len(ended)
 
-    def _publish(self, chosen: list[tuple[Candidate, Dispatch]], now: datetime) -> int:
-        """Mark the chosen jobs published, each with a new dispatch token, then send each one's
-        message `e31.run(job_id, dispatch_token)`: only a message with the token the store
-        holds claims the job. A job placed on a gang host's GPU set goes to that host's queue,
+    def _publish(self, chosen: list[tuple[Candidate, Dispatch]], now: datetime, *,
+                 pending: Sequence[tuple[str, str | None, str | None]] = ()) -> int:
+        """Mark the chosen jobs published, each with a new dispatch token, and store why the
+        others wait (`pending`, in the same transaction: one write per tick); then send each
+        one's message `e31.run(job_id, dispatch_token)`: only a message with the token the
+        store holds claims the job. A job placed on a gang host's GPU set goes to that host's queue,
         the store noting which GPUs it is given. SchedulingError when the broker refuses one
         (the next tick tries again: the job is published again when its message does not
         arrive within the dispatch timeout)."""
         places = {c.id: place for c, d in chosen
                   if (place := gang_place(d.node)) is not None}
-        tokens = self._repo.mark_dispatched([c.id for c, _ in chosen], now=now, places=places)
+        tokens = self._repo.mark_dispatched([c.id for c, _ in chosen], now=now, places=places,
+                                            pending=pending)
         # One producer (and its connection) from Celery's pool for the whole tick, where
         # each send_task took and gave back its own
         with self._celery.producer_or_acquire() as producer:

@@ -265,18 +265,23 @@ class SchedulingStore(BillingStore):
             return queued_by_tenant(s)
 
     def mark_dispatched(self, job_ids: Sequence[str], *, now: datetime,
-                        places: Mapping[str, tuple[str, str]] | None = None) -> dict[str, str]:
+                        places: Mapping[str, tuple[str, str]] | None = None,
+                        pending: Sequence[tuple[str, str | None, str | None]] = (),
+                        ) -> dict[str, str]:
         """Mark jobs published, each with a new dispatch token; returns job id -> token for
         those still queued and unpublished (the ones to send: each message carries its job's
         token, and only a message with the current token claims the job). `places`: job id ->
-        (host, GPU indexes) of the jobs published to a host's gang queue."""
+        (host, GPU indexes) of the jobs published to a host's gang queue. `pending`: why
+        other queued jobs wait (`write_pending`'s), stored in the same transaction."""
         if not job_ids:
+            self.write_pending(pending)
             return {}
         tokens = {job_id: new_dispatch_token() for job_id in dict.fromkeys(job_ids)}
         places = places or {}
         hosts = {j: places[j][0] for j in tokens if j in places}
         gpus = {j: places[j][1] for j in tokens if j in places}
         with self._session(write=True) as s:
+            write_pending(s, pending)
             if len(tokens) == 1 and not places:   # a tick after one job's end: the usual one
                 [(job_id, token)] = tokens.items()
                 marked = s.execute(_MARK_ONE, {"job_id": job_id, "token": token, "now": now},
