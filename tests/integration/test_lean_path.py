@@ -265,6 +265,18 @@ def api(sqlite_repo: Repo, redis_url: str, redis_client: redis.Redis,
     app.state.job_ends.close()
 
 
+def _running(api: tuple[TestClient, dict[str, str]], repo: Repo, r: redis.Redis,
+             tmp_path: Path) -> tuple[str, AttemptServices, Claim]:
+    """A command job submitted through the API and claimed by a worker: its id, the worker's
+    services and the claim."""
+    client, headers = api
+    job_id = client.post("/v1/jobs", json={"command": ["true"], "resources": {"gpus": 0}},
+                         headers=headers).json()["id"]
+    svc = services(repo, r, tmp_path, ArtifactStore(f"file://{tmp_path / 'a'}"))
+    claim, _ = _claimed(repo, svc, job_id)
+    return job_id, svc, claim
+
+
 def _long_poll(client: TestClient, headers: dict[str, str], job_id: str,
                wait_s: int) -> tuple[threading.Thread, dict[str, Any]]:
     answer: dict[str, Any] = {}
@@ -284,11 +296,7 @@ def test_a_long_poll_answers_when_the_worker_announces_the_end(
     # Given a running job, and a long poll of it that reads the store only every 10 minutes
     monkeypatch.setattr(waits, "RECHECK_S", 600.0)
     client, headers = api
-    job_id = client.post("/v1/jobs", json={"command": ["true"], "resources": {"gpus": 0}},
-                         headers=headers).json()["id"]
-    svc = services(sqlite_repo, redis_client, tmp_path,
-                   ArtifactStore(f"file://{tmp_path / 'a'}"))
-    claim, _ = _claimed(sqlite_repo, svc, job_id)
+    job_id, svc, claim = _running(api, sqlite_repo, redis_client, tmp_path)
     shipper = _ended_attempt(svc, claim, output=False)
     with statements(sqlite_repo) as seen:
         thread, answer = _long_poll(client, headers, job_id, wait_s=waits.WAIT_MAX_S)
@@ -341,12 +349,8 @@ def test_an_admins_wait_for_an_ended_job_reads_its_row_in_full_once(
         api: tuple[TestClient, dict[str, str]], sqlite_repo: Repo, redis_client: redis.Redis,
         tmp_path: Path) -> None:
     # Given a tenant's job that ended, and an admin's token (which reads any tenant's job)
-    client, headers = api
-    job_id = client.post("/v1/jobs", json={"command": ["true"], "resources": {"gpus": 0}},
-                         headers=headers).json()["id"]
-    svc = services(sqlite_repo, redis_client, tmp_path,
-                   ArtifactStore(f"file://{tmp_path / 'a'}"))
-    claim, _ = _claimed(sqlite_repo, svc, job_id)
+    client, _ = api
+    job_id, svc, claim = _running(api, sqlite_repo, redis_client, tmp_path)
     finish_attempt(svc, claim, _ended_attempt(svc, claim, output=False),
                    Outcome(AttemptReason.SUCCEEDED, exit_code=0))
     _, admin_token = sqlite_repo.create_tenant("ops", admin=True, now=utcnow())
