@@ -103,10 +103,8 @@ def _write_note(s: Session, job_id: str, note: AttemptNote | None) -> bool:
     """Set `note`'s facts on its attempt of `job_id`; False when there is no such attempt.
     Not fenced by the lease: the row is the attempt's own, and what it notes describes how
     it ran, whoever records its outcome."""
-    values = note.facts.values() if note is not None else {}
-    if not values:
+    if note is None or not (values := note.facts.values()):
         return True
-    assert note is not None
     res = s.execute(update(Attempt).where(Attempt.job_id == job_id, Attempt.n == note.n)
                     .values(**values))
     return bool(res.rowcount)  # type: ignore[attr-defined]
