@@ -248,6 +248,20 @@ def test_the_scheduler_cost_counts_a_tick_that_fills_every_idle_worker(tmp_path:
     assert set(row["statements_writes_by_phase"]) == {"submit", "claim", "renew", "record"}, row
 
 
+def test_the_store_calls_of_a_jobs_path_are_each_timed_and_counted(tmp_path: Path) -> None:
+    # Given a fresh SQLite store: 20 jobs submitted, published, claimed, ended and read, and
+    # the 20 items of one array run as a row
+    figures = run_bench("store_calls.py", tmp_path, timeout_s=60)
+
+    # Then every call was made once a job (or an item) and took some CPU; the claim is its
+    # transaction's three statements, as tests/integration/test_lean_path.py bounds them
+    calls = figures["per_call"]
+    assert set(calls) == {"token", "submit", "mark", "claim", "outcome", "read",
+                          "item outcome", "next item claim"}, calls
+    assert all(c["calls"] == figures["calls"] and c["cpu_ms_mean"] > 0 for c in calls.values())
+    assert calls["claim"]["statements"] == 4, calls   # BEGIN IMMEDIATE, UPDATE, UPDATE, INSERT
+
+
 def test_every_console_page_answers_on_a_store_of_jobs_and_is_timed(tmp_path: Path) -> None:
     # Given a small store on SQLite, signed in to the console as its tenant
     figures = run_bench("console_pages.py", tmp_path, timeout_s=120)
