@@ -362,10 +362,15 @@ def _take_statement(job: BindParameter[str] | Select[Any],
                        Job.tenant_id, Job.gpus, Job.array_id))
 
 
-# A published job's claim, built once (its construction was a tenth of a claim's CPU, issue
-# 31): the job and the message's token are bound at each claim.
-_CLAIM = _take_statement(bindparam("job_id", type_=String()),
-                         holds_dispatch(bindparam("token", type_=String())))
+def _claim_statement() -> Update:
+    """A published job's claim: the job and the message's token are bound at each claim, and
+    only the job's current dispatch token claims it (`holds_dispatch`)."""
+    return _take_statement(bindparam("job_id", type_=String()),
+                           holds_dispatch(bindparam("token", type_=String())))
+
+
+# Built once (its construction was a tenth of a claim's CPU, issue 31)
+_CLAIM = _claim_statement()
 # The job an outcome ends, row-locked (built once)
 _JOB_TO_END = select(Job).where(Job.id == bindparam("job_id", type_=String())).with_for_update()
 # The next item's claim in a row (`claim_next_item`), built once: the first of the runnable
