@@ -10,9 +10,10 @@ renewal at the next beat (`LeaseKeeper`, every `heartbeat_interval_s`) or the ou
 outcome, and nothing between) where it made four.
 
 What it costs: a running attempt's start and limits show in its status from its first
-renewal, a beat after its start, rather than at once; a worker that dies within that beat
-takes them with it, and the attempt's bill then counts its setup (docs/jobs.md). A write that
-fails puts the facts back for the next one.
+renewal, a beat after its start, rather than at once; a worker that dies before its next
+write (within that beat, or while it holds an ended attempt for the artifact store, whose
+renewals carry nothing) takes them with it, and the attempt's bill then counts its setup
+(docs/jobs.md). A renewal that fails puts the facts back for the next write.
 """
 
 from __future__ import annotations
