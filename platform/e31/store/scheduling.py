@@ -20,8 +20,21 @@ import secrets
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Integer, String, and_, bindparam, case, func, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    String,
+    Update,
+    and_,
+    bindparam,
+    case,
+    func,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from e31.core.records import (
@@ -139,15 +152,22 @@ def view(s: Session, *, now: datetime, queues: Sequence[str]) -> SchedulingView:
     return SchedulingView(tenants=tenants, running=running, outstanding=outstanding)
 
 
-# The mark of one job published to its class's queue, built once (`mark_dispatched`)
-_MARK_ONE = (update(Job).where(Job.id == bindparam("job_id"),
-                               unindexed(Job.state) == JobState.QUEUED.value,
-                               unindexed(Job.dispatched_at).is_(None))
-             .values(dispatched_at=bindparam("now", type_=UTCDateTime()),
-                     dispatch_count=Job.dispatch_count + 1,
-                     dispatch_token=bindparam("token", type_=String()), dispatch_host=None,
-                     dispatch_gpus=None, pending_reason=None, pending_detail=None)
-             .returning(Job.id))
+def _mark(rows: ColumnElement[bool], *, at: Any, token: Any, host: Any,
+          gpus: Any) -> Update:
+    """The mark of the queued, unpublished jobs `rows` as published `at`, each with its
+    `token` (and gang `host` and `gpus`, or None): values, or expressions bound or built over
+    the ids (`mark_dispatched`). Returns (id, token) of each marked job."""
+    return (update(Job).where(rows, unindexed(Job.state) == JobState.QUEUED.value,
+                              unindexed(Job.dispatched_at).is_(None))
+            .values(dispatched_at=at, dispatch_count=Job.dispatch_count + 1,
+                    dispatch_token=token, dispatch_host=host, dispatch_gpus=gpus,
+                    pending_reason=None, pending_detail=None)
+            .returning(Job.id, Job.dispatch_token))
+
+
+# The mark of one job published to its class's queue, built once
+_MARK_ONE = _mark(Job.id == bindparam("job_id"), at=bindparam("now", type_=UTCDateTime()),
+                  token=bindparam("token", type_=String()), host=None, gpus=None)
 
 # The view's reads, built once as the heads' are
 _TENANTS = select(Tenant)
@@ -284,19 +304,14 @@ class SchedulingStore(BillingStore):
             write_pending(s, pending)
             if len(tokens) == 1 and not places:   # a tick after one job's end: the usual one
                 [(job_id, token)] = tokens.items()
-                marked = s.execute(_MARK_ONE, {"job_id": job_id, "token": token, "now": now},
-                                   execution_options={"synchronize_session": False}).first()
-                return {job_id: token} if marked is not None else {}
-            rows = s.execute(update(Job).where(
-                Job.id.in_(list(tokens)), unindexed(Job.state) == JobState.QUEUED.value,
-                unindexed(Job.dispatched_at).is_(None))
-                .values(dispatched_at=now, dispatch_count=Job.dispatch_count + 1,
-                        dispatch_token=case(tokens, value=Job.id),
-                        dispatch_host=case(hosts, value=Job.id, else_=None) if hosts else None,
-                        dispatch_gpus=case(gpus, value=Job.id, else_=None) if gpus else None,
-                        pending_reason=None, pending_detail=None)
-                .returning(Job.id, Job.dispatch_token),
-                execution_options={"synchronize_session": False}).tuples().all()
+                statement, bound = _MARK_ONE, {"job_id": job_id, "token": token, "now": now}
+            else:
+                statement, bound = _mark(
+                    Job.id.in_(list(tokens)), at=now, token=case(tokens, value=Job.id),
+                    host=case(hosts, value=Job.id, else_=None) if hosts else None,
+                    gpus=case(gpus, value=Job.id, else_=None) if gpus else None), {}
+            rows = s.execute(statement, bound,
+                             execution_options={"synchronize_session": False}).tuples().all()
             return {job_id: token for job_id, token in rows if token is not None}
 
     def expire_dispatches(self, queues: Sequence[str] | None, *, now: datetime,
