@@ -31,6 +31,7 @@ from e31.store.tenantlimits import hold_queued
 S = TypeVar("S", bound=Select[*tuple[Any, ...]])   # a select of any columns
 
 JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
+_NAMED_JOB = select(Job, Tenant.name).join(Tenant, Tenant.id == Job.tenant_id)   # get_job's
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,7 @@ class JobStore(Store):
     def get_job(self, tenant_id: str | None, job_id: str) -> JobRecord:
         """A job of the tenant (any tenant when `tenant_id` is None: workers, operators)."""
         with self._session() as s:
-            named = select(Job, Tenant.name).join(Tenant, Tenant.id == Job.tenant_id)
-            row = s.execute(_owned(named, tenant_id, job_id)).first()
+            row = s.execute(_owned(_NAMED_JOB, tenant_id, job_id)).first()
             if row is None:
                 raise NotFound(f"no job {job_id}")
             return _job_record(s, row[0], with_attempts=True, tenant=row[1])
