@@ -33,9 +33,11 @@ UP_SHOWN_CHARS = 4_000   # the end of `e31 up`'s output when it fails to start
 ROLES = (("api", re.compile(r"e31\.cli api\b")), ("scheduler", re.compile(r"e31\.cli scheduler")),
          ("worker", re.compile(r"e31_worker\.node\.celery_process")),
          ("launcher", re.compile(r"e31\.cli worker\b")), ("up", re.compile(r"e31\.cli up\b")),
-         ("zygote", re.compile(r"e31_worker\.child\.zygote")))   # the warm start's fork server
-CONTROL_PATH = ("api", "scheduler", "worker", "launcher", "up")   # what carries a job to its run
-JOB_REAPERS = ("worker", "zygote")   # their reaped children are the jobs' own processes
+         ("zygote", re.compile(r"e31_worker\.child\.zygote")),   # the warm start's fork server
+         ("spawner", re.compile(r"e31_worker\.child\.spawner")))  # forks the cold children
+# What carries a job to its run: the spawner's forks were the worker process's own before it.
+CONTROL_PATH = ("api", "scheduler", "worker", "spawner", "launcher", "up")
+JOB_REAPERS = ("worker", "zygote", "spawner")   # their reaped children are the jobs' own
 CPUCLOCK_SCHED = 2   # Linux's CPU-time clock of a process, in ns (include/linux/posix-timers.h)
 
 

@@ -21,6 +21,7 @@ from e31.core.states import AttemptReason
 from e31.edge.settings import Settings
 from e31_worker.attempt.plan import AttemptPlan, Directive
 from e31_worker.attempt.sandbox import Sandbox, sandbox_unavailable
+from e31_worker.attempt.spawn import Spawner
 from e31_worker.attempt.supervisor import Supervisor
 from tests.conftest import job_processes, wait_for
 
@@ -31,7 +32,8 @@ class Jail:
     """A sandboxed worker's pieces, for one test: settings (E31_HOME 0700 in tmp), its
     Sandbox, and a way to run a job spec through a Supervisor in it."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, spawner: Spawner | None = None) -> None:
+        self.spawner = spawner   # None: the worker process forks the child (`Popen`)
         self.home = tmp_path / "home"
         self.home.mkdir(mode=0o700)
         self.settings = Settings.load({"home": str(self.home)}, environ={})
@@ -55,12 +57,20 @@ class Jail:
         return Supervisor(p, tick=tick or (lambda progress: Directive.CONTINUE),
                           cgroups=cgroups,  # type: ignore[arg-type]
                           sandbox=self.sandbox.for_attempt(claim) if sandboxed else None,
+                          spawner=self.spawner,
                           on_start=lambda ms, start: self.starts.append(ms)).run()
 
 
-@pytest.fixture
-def jail(tmp_path: Path) -> Jail:
-    return Jail(tmp_path)
+@pytest.fixture(params=["worker", "spawner"])
+def jail(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Jail]:
+    """A jail whose cold children the worker process forks, or its spawner: the same
+    sandbox either way (`e31_worker.attempt.spawn`)."""
+    spawner = Spawner() if request.param == "spawner" else None
+    try:
+        yield Jail(tmp_path, spawner)
+    finally:
+        if spawner is not None:
+            spawner.close()
 
 
 def python(code: str) -> list[str]:

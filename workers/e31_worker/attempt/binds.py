@@ -11,25 +11,19 @@ uid. Nothing of that is seen outside the child.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import importlib.util
 import os
 import site
 import stat
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from e31.edge.settings import Settings
+from e31_worker.child.spawner import STAGE_DIR
 
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
-STAGE_DIR = Path("/run/e31-sandbox")  # staging mount point (a tmpfs in the child's namespace)
-
-# Linux system call numbers and flags (include/uapi/linux/sched.h, mount.h).
-CLONE_NEWNS = 0x00020000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
 
 
 def protected_paths(settings: Settings) -> list[Path]:
@@ -111,45 +105,3 @@ def source(path: Path, uid: int, staged: list[Path] | None) -> str:
         return str(real)
     staged.append(real)
     return str(STAGE_DIR / str(len(staged) - 1))
-
-
-def enter_as(uid: int, staged: Sequence[Path]) -> Callable[[], None]:
-    """What the child does as root between fork and exec: stage the binds its uid cannot
-    reach, then become `uid` (gid `uid`, no other group). Resolved before the fork: only
-    system calls after it."""
-    libc = _libc() if staged else None
-    sources = [(str(p).encode(), str(STAGE_DIR / str(i)).encode(), p.is_dir())
-               for i, p in enumerate(staged)]
-    stage = str(STAGE_DIR).encode()
-    if staged:
-        STAGE_DIR.mkdir(mode=0o755, exist_ok=True)
-
-    def enter() -> None:
-        if libc is not None:
-            _check(libc.unshare(CLONE_NEWNS), "unshare")
-            _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount private")
-            _check(libc.mount(b"tmpfs", stage, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755"),
-                   "mount tmpfs")
-            for source, target, is_dir in sources:
-                if is_dir:
-                    os.mkdir(target)
-                else:
-                    os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o600))
-                _check(libc.mount(source, target, None, MS_BIND | MS_REC, None), "bind")
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-
-    return enter
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"sandbox staging: {what}: {os.strerror(err)}")
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    """libc, loaded once in the worker (never after fork in a child)."""
-    return ctypes.CDLL("libc.so.6", use_errno=True)

@@ -28,10 +28,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from e31_worker.attempt.binds import enter_as, outermost, source
+from e31_worker.attempt.binds import outermost, source
 from e31_worker.attempt.network import UV_INDEX_VARS
 from e31_worker.attempt.sandbox import RESOLV_CONF, Launch, Sandbox
 from e31_worker.child.netns import enter_isolated
+from e31_worker.child.spawner import enter_as
 
 # The operator's uv settings that may name a local index or wheel directory (a file:// URL or
 # a path), bound read-only into a build's sandbox; an index named in a uv.toml instead lies in

@@ -48,4 +48,5 @@ class IsolationStage(Stage):
         attempt.child = Supervisor(
             attempt.plan, tick=attempt.tick, groups=svc.groups, cgroups=svc.cgroups,
             sandbox=svc.sandbox.for_attempt(claim) if svc.sandbox else None,
-            on_start=started, warm=svc.warm, on_limits=limited)
+            on_start=started, warm=svc.warm, spawner=svc.spawner,
+            on_limits=limited)

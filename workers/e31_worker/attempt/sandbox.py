@@ -67,13 +67,13 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from e31.core.errors import ConfigError
 from e31.core.records import Claim
 from e31.edge.settings import Settings
 from e31_worker.attempt.binds import (
     SYSTEM_PATHS,
-    enter_as,
     exposes,
     outermost,
     protected_paths,
@@ -83,6 +83,7 @@ from e31_worker.attempt.binds import (
 from e31_worker.attempt.jobenv import inherited_env
 from e31_worker.attempt.network import JobNetwork, Mode
 from e31_worker.child.netns import enter_isolated
+from e31_worker.child.spawner import enter_as
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +103,13 @@ RESOLV_CONF = "/etc/resolv.conf"  # an isolated job's names the slirp4netns forw
 @dataclass(frozen=True)
 class Launch:
     """How the supervisor starts a sandboxed child: this argv and environment, and `enter`,
-    which the forked child runs as root right before it execs (stage binds, drop its uid)."""
+    which the forked child runs as root right before it execs (stage binds, drop its uid);
+    `spec` is `enter` as JSON, for a child the spawner forks (`e31_worker.child.spawner`)."""
 
     argv: list[str]
     env: dict[str, str]
     enter: Callable[[], None]
+    spec: dict[str, Any] | None = None
 
 
 class Sandbox:
@@ -242,15 +245,19 @@ class AttemptSandbox:
         args += self._view(root, read_only, staged, env)
         args += ["--chdir", str(cwd), "--", *argv]
         become = enter_as(self.uid, staged)
+        spec: dict[str, Any] = {"uid": self.uid, "staged": [str(p) for p in staged],
+                                "net": None}
         if self.network != "isolated":
-            return Launch(argv=args, env=self._env(env, home=root / "work"), enter=become)
-        net = self._sandbox.network.plan()
+            return Launch(argv=args, env=self._env(env, home=root / "work"), enter=become,
+                          spec=spec)
+        net = spec["net"] = self._sandbox.network.plan()
 
         def enter() -> None:
             enter_isolated(net)
             become()
 
-        return Launch(argv=args, env=self._env(env, home=root / "work"), enter=enter)
+        return Launch(argv=args, env=self._env(env, home=root / "work"), enter=enter,
+                      spec=spec)
 
     def net_plan(self) -> dict[str, object] | None:
         """For a warm start: what its outer process needs to enter the isolated network."""

@@ -25,6 +25,7 @@ from e31_worker.attempt.cgroups import JobCgroups
 from e31_worker.attempt.gangs import GpuLedger, ledger_for
 from e31_worker.attempt.groups import GroupRegistry
 from e31_worker.attempt.sandbox import Sandbox
+from e31_worker.attempt.spawn import Spawner
 from e31_worker.attempt.warm import WarmPool, WarmStarter
 
 
@@ -69,6 +70,7 @@ class AttemptServices:
     sandbox: Sandbox | None = None  # None: jobs run as the worker's user (`--isolation process`)
     gpus: GpuSampler | None = None  # None: a cpu slot, or GPUs without telemetry (no NVML)
     warm: WarmStarter | WarmPool | None = None  # warm processes; None: all start cold
+    spawner: Spawner | None = None  # forks the cold children; None: the worker process does
     # The memory of an attempt that asks no resources.mem_gb, resolved at start
     # (e31_worker.attempt.attemptlimits.default_mem_gb); None: such attempts have no memory limit.
     default_mem_gb: float | None = None

@@ -3,22 +3,20 @@
 Warm: an entrypoint job is forked from the warm process of its environment
 (`e31_worker.attempt.warm`: the worker's own, or its job environment's), which enters the
 same sandbox after the fork; the supervisor then holds a `WarmChild`. Cold: a new interpreter
-(`subprocess.Popen`, through bubblewrap when sandboxed): command jobs, a job environment's
-attempts while its warm process starts, and any attempt a warm process could not fork. Both
-are a `Child` to the supervisor, so supervising, stopping and the verdict are one code path.
+(through bubblewrap when sandboxed): command jobs, a job environment's attempts while its warm
+process starts, and any attempt a warm process could not fork; forked by the worker process's
+spawner (`e31_worker.attempt.spawn`: a `PipedChild`), else by `subprocess.Popen`. All are a
+`Child` to the supervisor, so supervising, stopping and the verdict are one code path.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import json
 import logging
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from typing import IO, Protocol
 
 from e31.core.states import Start
@@ -27,17 +25,18 @@ from e31_worker.attempt.jobenv import inherited_env
 from e31_worker.attempt.logpump import read_available
 from e31_worker.attempt.plan import AttemptPlan, OnStart
 from e31_worker.attempt.sandbox import AttemptSandbox, read_job_file
+from e31_worker.attempt.spawn import Spawner
 from e31_worker.attempt.warm import STARTED_TIMEOUT_S, WarmChild, WarmPool, WarmStarter
+from e31_worker.child.spawner import child_setup
 
 log = logging.getLogger(__name__)
 
-PR_SET_PDEATHSIG = 1          # prctl option: signal the child when its parent thread dies
 STARTED_NOTE_MAX_BYTES = 4096  # the runner's `started` note: one number
 WARM_FAILURE_SHOWN_BYTES = 2000  # of a failed warm child's output, in the worker's log
 
 
 class Child(Protocol):
-    """What the supervisor drives of an attempt's child: a `Popen`, or a `WarmChild`."""
+    """What the supervisor drives of an attempt's child: a `Popen`, or a `PipedChild`."""
 
     pid: int
     returncode: int | None
@@ -56,12 +55,14 @@ class ChildStart:
     (`note_cold`), from the time its runner noted before the job's code."""
 
     def __init__(self, plan: AttemptPlan, *, sandbox: AttemptSandbox | None,
-                 warm: WarmStarter | WarmPool | None, on_start: OnStart | None) -> None:
+                 warm: WarmStarter | WarmPool | None, on_start: OnStart | None,
+                 spawner: Spawner | None = None) -> None:
         self._plan = plan
         self._sandbox = sandbox      # None: the job runs as the worker's user (process)
         self._warm = warm            # None: every attempt starts cold; a starter: only
         #                              the worker's environment's attempts start warm
         self._on_start = on_start    # told how many ms the child took to start, and how
+        self._spawner = spawner      # forks the cold child; None: `Popen` does
 
     def start(self, argv: list[str], cgroup: JobCgroup | None, started: float) -> Child:
         """The child, warm if it can be, else cold (in its cgroup and sandbox from its first
@@ -72,17 +73,23 @@ class ChildStart:
             child = self._fork_warm(started, warm, cgroup)
             if child is not None:
                 return child
-        command, env, enter = argv, self.env(), None
+        command, env, enter, spec = argv, self.env(), None, None
         if self._sandbox is not None:
             launch = self._sandbox.launch(
                 argv, env, root=plan.root, cwd=plan.cwd,
                 writable=(plan.work_dir, plan.output_dir, plan.checkpoint_dir, plan.input_dir),
                 read_only=[*(p for p in (plan.code_dir, plan.venv) if p is not None),
                            *plan.input_binds])
-            command, env, enter = launch.argv, launch.env, launch.enter
-        proc = subprocess.Popen(command, cwd=plan.cwd, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=child_setup(cgroup, enter))
+            command, env, enter, spec = launch.argv, launch.env, launch.enter, launch.spec
+        procs = [str(p) for p in cgroup.procs_files] if cgroup is not None else []
+        proc: Child | None = None
+        if self._spawner is not None and (self._sandbox is None or spec is not None):
+            proc = self._spawner.spawn(command, env, cwd=str(plan.cwd), cgroup_procs=procs,
+                                       enter=spec)
+        if proc is None:
+            proc = subprocess.Popen(command, cwd=plan.cwd, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True, preexec_fn=child_setup(procs, enter))
         if not plan.spec.entrypoint and self._on_start is not None:
             self._on_start((time.monotonic() - started) * 1000, Start.COLD)
         return proc
@@ -186,43 +193,6 @@ class ChildStart:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(plan.code_dir), env.get("PYTHONPATH")) if p)
         return env
-
-
-def child_setup(cgroup: JobCgroup | None,
-                enter: Callable[[], None] | None = None) -> Callable[[], None]:
-    """What the child does between fork and exec: enter its cgroups (so the memory and
-    process caps and OOM accounting cover it from its first byte), its sandbox's `enter`
-    (which drops the worker's rights), and then die with its supervisor (a change of user
-    clears that).
-
-    It runs in a child forked from a threaded worker, so it only calls what was resolved
-    before the fork and raw system calls (no locks, no Python I/O objects).
-    """
-    prctl = prctl_function()
-    procs_files = [str(p).encode() for p in cgroup.procs_files] if cgroup is not None else []
-    supervisor = os.getpid()
-
-    def setup() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)   # at once: `enter` takes milliseconds
-        for procs in procs_files:
-            fd = os.open(procs, os.O_WRONLY)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
-        if enter is not None:
-            enter()
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)   # again: the change of user cleared it
-        if os.getppid() != supervisor:   # it died meanwhile: start nothing nobody watches
-            os._exit(1)
-
-    return setup
-
-
-@functools.cache
-def prctl_function() -> Callable[..., int]:
-    """libc's prctl, loaded once in the worker (never after fork in a child)."""
-    return ctypes.CDLL("libc.so.6", use_errno=True).prctl
 
 
 def killpg(pgid: int, sig: int) -> None:

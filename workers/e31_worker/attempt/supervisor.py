@@ -30,8 +30,9 @@ from e31_worker.attempt.logpump import LOG_DRAIN_S, pump_log
 from e31_worker.attempt.outcomes import exited_outcome, start_failed_outcome, stopped_outcome
 from e31_worker.attempt.plan import AttemptPlan, Directive, OnLimits, OnStart, Tick
 from e31_worker.attempt.sandbox import AttemptSandbox, exit_code, read_job_file, signal_job
+from e31_worker.attempt.spawn import PipedChild, Spawner
 from e31_worker.attempt.start import Child, ChildStart, killpg
-from e31_worker.attempt.warm import WarmChild, WarmPool, WarmStarter
+from e31_worker.attempt.warm import WarmPool, WarmStarter
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class Supervisor:
                  cgroups: JobCgroups | None = None, sandbox: AttemptSandbox | None = None,
                  on_start: OnStart | None = None,
                  warm: WarmStarter | WarmPool | None = None,
+                 spawner: Spawner | None = None,
                  on_limits: OnLimits | None = None) -> None:
         self._plan = plan
         self._tick = tick
@@ -58,7 +60,8 @@ class Supervisor:
         self._cgroups = cgroups
         self._cgroup: JobCgroup | None = None
         self._sandbox = sandbox      # None: the job runs as the worker's user (process)
-        self._start = ChildStart(plan, sandbox=sandbox, warm=warm, on_start=on_start)
+        self._start = ChildStart(plan, sandbox=sandbox, warm=warm, spawner=spawner,
+                                 on_start=on_start)
         self._on_limits = on_limits  # told the limits the attempt runs under, once it started
         self._disk: DiskWatch | None = None
         self._final_progress: tuple[float, float] | None = None   # what the child last wrote
@@ -114,7 +117,7 @@ class Supervisor:
             done.set()  # a process that left the group may hold the pipe: stop reading anyway
             pump.join(timeout=LOG_DRAIN_S + 1)
             proc.stdout.close()
-            if isinstance(proc, WarmChild):
+            if isinstance(proc, PipedChild):
                 proc.close()
             if self._groups is not None:
                 self._groups.remove(proc.pid)

@@ -26,8 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
-import signal
 import socket
 import subprocess
 import sys
@@ -36,9 +34,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from e31_worker.attempt.jobenv import inherited_env
+from e31_worker.attempt.spawn import PipedChild
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,6 @@ ANSWER_TIMEOUT_S = 10.0   # a fork takes milliseconds; no answer by then is a br
 STARTED_TIMEOUT_S = 30.0  # from the fork to the job's first line (its sandbox is entered)
 MAX_FAILURES = 3          # warm children in a row that failed before the job: stop trying
 MESSAGE_MAX_BYTES = 1 << 16
-SIGKILL_STATUS = -signal.SIGKILL
 PROBE_TIMEOUT_S = 30.0    # a job environment's interpreter finding the zygote and torch
 # What a job environment's interpreter must find to run a warm process: found, not imported.
 PROBE = """\
@@ -62,19 +60,9 @@ sys.exit("cannot import " + ", ".join(missing) if missing else 0)
 """
 
 
-class WarmChild:
-    """A forked attempt as the supervisor drives it: a `Popen`'s pid, poll, wait, returncode
-    and stdout, over a pidfd and the status pipe."""
-
-    def __init__(self, pid: int, pidfd: int, log_r: int, status_r: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-        self.stdout: IO[bytes] = os.fdopen(log_r, "rb", buffering=0)
-        self._pidfd = pidfd
-        self._status = status_r
-        self._lines: list[str] = []
-        self._partial = ""
-        self._eof = False
+class WarmChild(PipedChild):
+    """A forked attempt as the supervisor drives it (`PipedChild`), which also says when its
+    job is about to run its code."""
 
     def started(self, timeout_s: float) -> float | None:
         """Block until the job is about to run its code: the monotonic time it said so, or
@@ -90,64 +78,6 @@ class WarmChild:
             left = deadline - time.monotonic()
             if self._eof or left <= 0 or not self._read_status(left):
                 return None
-
-    def poll(self) -> int | None:
-        if self.returncode is None and _readable(self._pidfd, 0):
-            self._finish()
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            if not _readable(self._pidfd, timeout):
-                raise subprocess.TimeoutExpired(f"warm child {self.pid}", timeout or 0.0)
-            self._finish()
-        assert self.returncode is not None
-        return self.returncode
-
-    def kill(self) -> None:
-        """SIGKILL the outer process (which takes the rest with it, or the group does)."""
-        if self.returncode is None:
-            try:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            except (ProcessLookupError, OSError):
-                pass
-
-    def close(self) -> None:
-        for fd in (self._pidfd, self._status):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.stdout.close()
-
-    def _finish(self) -> None:
-        """The outer process ended: its status line says how; none means it was killed."""
-        while not self._eof and self._read_status(0.5):
-            pass
-        code = SIGKILL_STATUS
-        for line in self._lines:
-            if line.startswith("X") and line[1:].lstrip("-").isdigit():
-                code = int(line[1:])
-        self.returncode = code
-        for fd in (self._pidfd, self._status):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._pidfd = self._status = -1
-
-    def _read_status(self, timeout_s: float) -> bool:
-        """Read what the status pipe holds; False when nothing came in `timeout_s`."""
-        if self._status < 0 or not _readable(self._status, timeout_s):
-            return False
-        chunk = os.read(self._status, 4096)
-        if not chunk:
-            self._eof = True
-            return True
-        text = self._partial + chunk.decode(errors="replace")
-        *lines, self._partial = text.split("\n")
-        self._lines += lines
-        return True
 
 
 class WarmStarter:
@@ -443,9 +373,3 @@ def warm_env(environ: Mapping[str, str], passthrough: Iterable[str] = ()) -> dic
     neither its E31_* settings (store and broker URLs, secrets' paths) nor its credentials
     are in the memory a warm job is forked from, nor in any /proc/pid/environ."""
     return inherited_env(environ, passthrough)
-
-
-def _readable(fd: int, timeout_s: float | None) -> bool:
-    poller = select.poll()
-    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-    return bool(poller.poll(None if timeout_s is None else max(0, timeout_s) * 1000))

@@ -38,6 +38,7 @@ from e31_worker.attempt.groups import GroupRegistry, NodeLock
 from e31_worker.attempt.sandbox import Sandbox
 from e31_worker.attempt.services import AttemptServices
 from e31_worker.attempt.settle import settle_left_attempts
+from e31_worker.attempt.spawn import Spawner
 from e31_worker.attempt.task import register
 from e31_worker.attempt.warm import WarmPool, WarmStarter, warm_env
 from e31_worker.node.exits import EXIT_DRAINED, EXIT_NODE_TAKEN, EXIT_THREAD_DIED
@@ -160,6 +161,7 @@ def _services(args: argparse.Namespace, settings: Settings, identity: WorkerInfo
                                         if settings.isolation == "sandbox" else None),
                                gpus=gpus,
                                warm=(warm_pool(settings) if settings.warm_start else None),
+                               spawner=Spawner(),
                                default_mem_gb=default_mem_gb(settings, args.host_slots))
     logging.getLogger(__name__).info(
         "attempt_limits node=%s pids_max=%s default_mem_gb=%s disk_gb=%s",
@@ -193,6 +195,8 @@ def _serve(args: argparse.Namespace, settings: Settings, identity: WorkerInfo,
     finally:
         if services.warm is not None:
             services.warm.close()
+        if services.spawner is not None:
+            services.spawner.close()
         if gpus is not None:
             gpus.close()
         if beat.drain_requested.is_set():

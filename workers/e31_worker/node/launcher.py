@@ -39,7 +39,7 @@ from e31.edge import wiring
 from e31.edge.settings import Settings
 from e31.ops.drain import DRAIN_REQUEST_TTL_S, clear_drain
 from e31.ops.heartbeat import beat_launcher
-from e31_worker.attempt.start import PR_SET_PDEATHSIG, prctl_function
+from e31_worker.child.spawner import PR_SET_PDEATHSIG, prctl_function
 from e31_worker.node.exits import EXIT_DRAINED
 from e31_worker.node.gpus import Gpu
 from e31_worker.node.release import release_dead_worker
