@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any, NamedTuple, cast
 
 from sqlalchemy import (
@@ -386,7 +386,8 @@ _TAKE_NEXT = _take_statement(
 _COUNT_QUEUED = (update(Job).where(Job.id == bindparam("taken", type_=String()))
                  .values(queued_seconds=Job.queued_seconds + bindparam("waited", type_=Float()),
                          queued_since=None))
-_ADD_ATTEMPT = insert(cast(Table, Attempt.__table__))
+_ATTEMPTS = cast(Table, Attempt.__table__)
+_ADD_ATTEMPT = insert(_ATTEMPTS)
 
 
 def _take(s: Session, statement: Update, *, worker: str, gpus: str, gpu_count: int,
@@ -395,14 +396,15 @@ def _take(s: Session, statement: Update, *, worker: str, gpus: str, gpu_count: i
     """Run a take (`_take_statement`, with `bound`: its own parameters), and if it took the
     job, count its queued time and add the attempt's row. Returns what `_claim` makes the
     claim of (its spec as stored), None if it is not claimable."""
-    row = s.execute(statement, {"worker": worker, "now": now,
-                                "expires": now + timedelta(seconds=lease_ttl_s), **bound},
-                    execution_options={"synchronize_session": False}).first()
+    core = s.connection()
+    row = core.execute(statement, {"worker": worker, "now": now,
+                                   "expires": now + timedelta(seconds=lease_ttl_s),
+                                   **bound}).first()
     if row is None:
         return None
     job_id, token, attempt, queued_since, spec, tenant_id, job_gpus, array_id = row
-    s.execute(_COUNT_QUEUED, {"taken": job_id, "waited": seconds(queued_since, now)})
-    s.execute(_ADD_ATTEMPT, {"job_id": job_id, "n": attempt, "worker": worker, "gpus": gpus,
+    core.execute(_COUNT_QUEUED, {"taken": job_id, "waited": seconds(queued_since, now)})
+    core.execute(_ADD_ATTEMPT, {"job_id": job_id, "n": attempt, "worker": worker, "gpus": gpus,
                              "gpu_count": gpu_count, "started_at": now})
     return job_id, tenant_id, token, attempt, spec, job_gpus, array_id
 
@@ -511,7 +513,8 @@ def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, n
     what the worker noted on the attempt and had not written yet, set with its end (its
     setup's time before the bill is reckoned)."""
     token = job.lease_token
-    attempt = s.execute(_CURRENT_ATTEMPT, {"job": job.id, "n": job.attempts_used}).first()
+    core = s.connection()   # Core statements: no ORM object of this session is changed here
+    attempt = core.execute(_CURRENT_ATTEMPT, {"job": job.id, "n": job.attempts_used}).first()
     duration = bill_s = 0.0
     ended: dict[str, Any] = facts.values() if facts is not None else {}
     if attempt is not None:
@@ -533,14 +536,13 @@ def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, n
                           job.gpus)
         ended["moved_to"] = move.size_class if move else None
     if attempt is not None:   # one UPDATE by key, before the tally below reads it
-        s.execute(update(Attempt).where(Attempt.id == attempt.id).values(**ended),
-                  execution_options={"synchronize_session": False})
+        core.execute(_END_ATTEMPT, {"b_attempt": attempt.id, **ended})
     # The tally of earlier endings decides only whether a retryable ending is retried: a
     # success, a cancel or a final error skips it (one statement less per outcome).
     tally: dict[str | None, int] = {}
     # Attempts that moved the job to a bigger class are not failures of it.
     if outcome.reason.is_retryable and not job.cancel_requested and move is None:
-        tally = dict(s.execute(select(Attempt.reason, func.count()).where(
+        tally = dict(core.execute(select(Attempt.reason, func.count()).where(
             Attempt.job_id == job.id, Attempt.moved_to.is_(None))
             .group_by(Attempt.reason)).tuples().all())
     counts = Tally(failures=sum(n for reason, n in tally.items() if reason in COUNTED_REASONS),
@@ -553,15 +555,25 @@ def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, n
                                       now, counts)
     if move is not None:    # its next attempt, in the bigger class, may start at once
         values.update(size_class=move.size_class, queue=move.queue, not_before=now)
-    res = s.execute(transitions.move(job.id, JobState.RUNNING, state)
-                    .where(Job.lease_token == token).values(**values),
-                    execution_options={"synchronize_session": False})   # `job` is not read again
-    if not res.rowcount:  # type: ignore[attr-defined]
+    res = core.execute(_end_job(state), {"b_id": job.id, "b_token": token, **values})
+    if not res.rowcount:
         return None
     if state.is_final:
         deps.on_final(s, [(job.id, job.array_id, state.value)], now=now)
     tenants.bill(s, job.tenant_id, bill_s, now=now, half_life_s=half_life_s)
     return state
+
+
+# An attempt's end, by key: the columns it sets are its parameters' (built once, issue 31)
+_END_ATTEMPT = update(_ATTEMPTS).where(_ATTEMPTS.c.id == bindparam("b_attempt"))
+
+
+@cache
+def _end_job(state: JobState) -> Update:
+    """A running job's move to `state` at its attempt's end, fenced by its lease token
+    (`b_token`); the columns it sets are its parameters' (`transitions.move_by_key`)."""
+    return transitions.move_by_key(JobState.RUNNING, state).where(
+        transitions.JOBS.c.lease_token == bindparam("b_token"))
 
 
 # The attempt an outcome ends, read by key with what its bill needs (built once, issue 31)

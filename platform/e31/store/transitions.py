@@ -11,12 +11,22 @@ caller sees it in the row count. New jobs are inserted `queued` (`rows.queued_jo
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import BindParameter, ColumnElement, Select, Update, delete, update
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Select,
+    Table,
+    Update,
+    bindparam,
+    delete,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from e31.core.errors import IllegalTransition
@@ -24,6 +34,8 @@ from e31.core.states import JobState, can_transition
 from e31.store.db import unindexed
 from e31.store.models import Job, JobDep
 from e31.store.rows import CHUNK, seconds
+
+JOBS = cast(Table, Job.__table__)   # the jobs table, for Core statements
 
 
 def runnable_prefix(queue: str | BindParameter[str]) -> tuple[ColumnElement[bool], ...]:
@@ -48,6 +60,21 @@ def move(ids: str | BindParameter[str] | Sequence[str] | Select[Any], src: JobSt
     else:
         rows = Job.id == ids if isinstance(ids, str | BindParameter) else Job.id.in_(ids)
     return update(Job).where(rows, unindexed(Job.state) == src.value).values(state=dst.value)
+
+
+@functools.cache
+def move_by_key(src: JobState, dst: JobState) -> Update:
+    """`move` of the one job whose id is bound when it runs (`b_id`), as a Core statement of
+    the jobs table built once per step: the columns it sets besides the state are those its
+    parameters name (Core takes an UPDATE's SET from them), so a caller binds its values
+    instead of building `.values` each time, which the ORM coerced column by column (issue
+    31). Add conditions with `.where` on `JOBS.c`; a parameter that names no column is not
+    set, so callers pass the model's own column names."""
+    if not can_transition(src, dst):
+        raise IllegalTransition(f"a job may not go from {src.value} to {dst.value}")
+    return (update(JOBS).where(JOBS.c.id == bindparam("b_id"),
+                               unindexed(JOBS.c.state) == src.value)
+            .values(state=dst.value))
 
 
 def cancel_queued(s: Session, jobs: Sequence[tuple[str, datetime | None]], *, now: datetime,

@@ -15,10 +15,11 @@ least recently used first while the job environments' warm processes together ho
 `warm_memory_budget_mb` (their proportional set size, `/proc/<pid>/smaps_rollup`). The
 worker's own warm process is outside the budget and never stopped for it.
 
-`WarmChild` is what the supervisor holds of a forked attempt, in place of a `Popen`: its pid
-(the attempt's process group, as the cold child's), `poll` / `wait` through a pidfd (the child
-is the zygote's, not ours), its exit status from the status pipe its outer process writes,
-and `stdout`, the read end of its log pipe.
+`WarmChild` is what the supervisor holds of a forked attempt, in place of a `Popen`: a
+`PipedChild` (`e31_worker.attempt.spawn`: its pid, the attempt's process group as the cold
+child's; `poll` / `wait` through a pidfd, the child being the zygote's, not ours; its exit
+status from the status pipe its outer process writes; `stdout`, the read end of its log
+pipe), which also says when its job is about to run its code (`started`).
 """
 
 from __future__ import annotations
