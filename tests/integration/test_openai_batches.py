@@ -218,7 +218,7 @@ def test_earlier_deadlines_come_first_among_a_tenants_queued_work(
     from sqlalchemy.orm import Session
     queue = repo.get_job(None, first_shard(repo, tenant_token, late)).queue  # no GPU: cpu
     with Session(repo.engine) as s:
-        found = heads(s, {queue: 10}, now=utcnow())
+        found = heads(s.connection(), {queue: 10}, now=utcnow())
 
     ids = [c.id for c in found]
     first = {b.id: first_shard(repo, tenant_token, b) for b in (late, soon)}

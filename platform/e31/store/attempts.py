@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, cast
 from sqlalchemy import (
     BindParameter,
     ColumnElement,
+    Connection,
     Float,
     Select,
     String,
@@ -99,7 +100,7 @@ class AttemptNote:
     facts: AttemptFacts
 
 
-def _write_note(s: Session, job_id: str, note: AttemptNote | None) -> bool:
+def _write_note(s: Session | Connection, job_id: str, note: AttemptNote | None) -> bool:
     """Set `note`'s facts on its attempt of `job_id`; False when there is no such attempt.
     Not fenced by the lease: the row is the attempt's own, and what it notes describes how
     it ran, whoever records its outcome."""
@@ -129,8 +130,8 @@ class AttemptStore(BillingStore):
         """Atomically move a runnable queued job to running, for the message that carries the
         job's current dispatch token; None if it is not claimable. The claim clears the token:
         the same message delivered again, or replayed, claims nothing."""
-        with self._session(write=True) as s:
-            taken = _take(s, _CLAIM, worker=worker, gpus=gpus, gpu_count=gpu_count, now=now,
+        with self._core(write=True) as c:
+            taken = _take(c, _CLAIM, worker=worker, gpus=gpus, gpu_count=gpu_count, now=now,
                           lease_ttl_s=lease_ttl_s, job_id=job_id, token=dispatch_token)
         return _claim(taken)
 
@@ -147,15 +148,15 @@ class AttemptStore(BillingStore):
         runnable one, and whether its tenant may have one more (`_may_take`); then the claim
         of the first runnable one no other transaction holds, as a published job's claim
         (its fencing token, its queued time, its attempt row)."""
-        with self._session(write=True) as s:
-            runnable = _runnable_after(s, ended_job_id, queue, now)
-            if not runnable or not _may_take(s, runnable[0]):
+        with self._core(write=True) as c:
+            runnable = _runnable_after(c, ended_job_id, queue, now)
+            if not runnable or not _may_take(c, runnable[0]):
                 return None
             # The first of them that no one else is taking: the scheduler publishes an array's
             # items from the same end, and other workers chain from the same window. SKIP
             # LOCKED passes over the rows their transactions hold instead of waiting for them
             # (SQLite has one writer: no lock to skip).
-            taken = _take(s, _TAKE_NEXT, worker=worker, gpus=gpus, gpu_count=gpu_count, now=now,
+            taken = _take(c, _TAKE_NEXT, worker=worker, gpus=gpus, gpu_count=gpu_count, now=now,
                           lease_ttl_s=lease_ttl_s, ids=[item.id for item in runnable])
         return _claim(taken)
 
@@ -168,12 +169,9 @@ class AttemptStore(BillingStore):
         values: dict[str, Any] = {"lease_expires_at": now + timedelta(seconds=lease_ttl_s)}
         if progress is not None:
             values.update(progress_done=progress[0], progress_total=progress[1])
-        with self._session(write=True) as s:
-            _write_note(s, job_id, note)
-            row = s.execute(update(Job).where(
-                Job.id == job_id, Job.lease_token == token, Job.state == JobState.RUNNING.value)
-                .values(**values).returning(Job.cancel_requested, Job.preempt_requested_at)
-            ).first()
+        with self._core(write=True) as c:
+            _write_note(c, job_id, note)
+            row = c.execute(_RENEW, {"b_id": job_id, "b_token": token, **values}).first()
             if row is None:
                 return Renewal(False, False, False)
             return Renewal(True, bool(row[0]), row[1] is not None)
@@ -390,21 +388,20 @@ _ATTEMPTS = cast(Table, Attempt.__table__)
 _ADD_ATTEMPT = insert(_ATTEMPTS)
 
 
-def _take(s: Session, statement: Update, *, worker: str, gpus: str, gpu_count: int,
+def _take(c: Connection, statement: Update, *, worker: str, gpus: str, gpu_count: int,
           now: datetime, lease_ttl_s: float,
           **bound: str | list[str]) -> tuple[str, str, int, int, Any, int, str | None] | None:
     """Run a take (`_take_statement`, with `bound`: its own parameters), and if it took the
     job, count its queued time and add the attempt's row. Returns what `_claim` makes the
     claim of (its spec as stored), None if it is not claimable."""
-    core = s.connection()
-    row = core.execute(statement, {"worker": worker, "now": now,
-                                   "expires": now + timedelta(seconds=lease_ttl_s),
-                                   **bound}).first()
+    row = c.execute(statement, {"worker": worker, "now": now,
+                                "expires": now + timedelta(seconds=lease_ttl_s),
+                                **bound}).first()
     if row is None:
         return None
     job_id, token, attempt, queued_since, spec, tenant_id, job_gpus, array_id = row
-    core.execute(_COUNT_QUEUED, {"taken": job_id, "waited": seconds(queued_since, now)})
-    core.execute(_ADD_ATTEMPT, {"job_id": job_id, "n": attempt, "worker": worker, "gpus": gpus,
+    c.execute(_COUNT_QUEUED, {"taken": job_id, "waited": seconds(queued_since, now)})
+    c.execute(_ADD_ATTEMPT, {"job_id": job_id, "n": attempt, "worker": worker, "gpus": gpus,
                              "gpu_count": gpu_count, "started_at": now})
     return job_id, tenant_id, token, attempt, spec, job_gpus, array_id
 
@@ -420,7 +417,7 @@ def _claim(taken: tuple[str, str, int, int, Any, int, str | None] | None) -> Cla
                  spec=JobSpec.parse(spec, stored=True), gpus=gpus, array_id=array_id)
 
 
-def _runnable_after(s: Session, ended_job_id: str, queue: str | None,
+def _runnable_after(s: Connection, ended_job_id: str, queue: str | None,
                     now: datetime) -> list[_Item]:
     """The items among the `NEXT_ITEMS_READ` after `ended_job_id` in its array, by index, that
     may run now in `queue` (None: the ended item's own); none if it is no array's item or,
@@ -455,7 +452,7 @@ def _after_statements() -> tuple[Select[*tuple[Any, ...]], Select[*tuple[Any, ..
 _AFTER, _AFTER_IN_QUEUE = _after_statements()
 
 
-def _may_take(s: Session, item: _Item) -> bool:
+def _may_take(s: Connection, item: _Item) -> bool:
     """Whether the store may hand `item` to the worker instead of the scheduler choosing: no
     runnable job waits in its queue that the scheduler's order (docs/scheduling.md: band,
     share key, age) could put first (another tenant's, or the same tenant's in a higher band
@@ -563,6 +560,15 @@ def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, n
     tenants.bill(s, job.tenant_id, bill_s, now=now, half_life_s=half_life_s)
     return state
 
+
+# A lease's renewal, fenced by its token: the columns it sets are its parameters' (the lease's
+# end, and the progress when the worker has one), built once (issue 31)
+_RENEW = (update(transitions.JOBS)
+          .where(transitions.JOBS.c.id == bindparam("b_id"),
+                 transitions.JOBS.c.lease_token == bindparam("b_token"),
+                 transitions.JOBS.c.state == JobState.RUNNING.value)
+          .returning(transitions.JOBS.c.cancel_requested,
+                     transitions.JOBS.c.preempt_requested_at))
 
 # An attempt's end, by key: the columns it sets are its parameters' (built once, issue 31)
 _END_ATTEMPT = update(_ATTEMPTS).where(_ATTEMPTS.c.id == bindparam("b_attempt"))

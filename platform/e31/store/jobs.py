@@ -12,9 +12,9 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import Select, func, or_, select, update
+from sqlalchemy import Row, Select, Table, bindparam, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import NotFound
@@ -31,7 +31,14 @@ from e31.store.tenantlimits import hold_queued
 S = TypeVar("S", bound=Select[*tuple[Any, ...]])   # a select of any columns
 
 JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
-_NAMED_JOB = select(Job, Tenant.name).join(Tenant, Tenant.id == Job.tenant_id)   # get_job's
+# get_job's reads, built once and run as Core (issue 31): the job's columns with its tenant's
+# name, any tenant's or the one bound; then its attempts' columns, in order
+_NAMED_JOB = (select(*cast(Table, Job.__table__).c, Tenant.name.label("tenant_name"))
+              .join(Tenant, Tenant.id == Job.tenant_id).where(Job.id == bindparam("job_id")))
+_INSERT_JOB = insert(cast(Table, Job.__table__))   # a submit's row (`rows.queued_job`)
+_TENANTS_NAMED_JOB = _NAMED_JOB.where(Job.tenant_id == bindparam("tenant_id"))
+_ATTEMPTS_OF = (select(*cast(Table, Attempt.__table__).c)
+                .where(Attempt.job_id == bindparam("job_id")).order_by(Attempt.n))
 
 
 @dataclass(frozen=True)
@@ -59,19 +66,21 @@ class JobStore(Store):
             tenant = None if max_queued is None else \
                 hold_queued(s, tenant_id, adding=1, max_queued=max_queued)
             [waits] = deps.confirm_after(s, tenant_id, [spec.after], [""], checked)
-            job = Job(**{**queued_job(tenant_id, spec, route, now), "deps_pending": len(waits)})
-            s.add(job)
-            s.flush()
-            deps.links(self._engine.dialect, [(job.id, waits)]).run(s)
-            return _job_record(s, job, tenant=tenant)
+            row = {**queued_job(tenant_id, spec, route, now), "deps_pending": len(waits)}
+            s.connection().execute(_INSERT_JOB, row)   # Core: no unit of work for one row
+            deps.links(self._engine.dialect, [(row["id"], waits)]).run(s)
+            return _job_record(s, Job(**row), tenant=tenant)   # a transient model of the row
 
     def get_job(self, tenant_id: str | None, job_id: str) -> JobRecord:
         """A job of the tenant (any tenant when `tenant_id` is None: workers, operators)."""
-        with self._session() as s:
-            row = s.execute(_owned(_NAMED_JOB, tenant_id, job_id)).first()
+        _check_id(job_id)
+        with self._core() as c:
+            row = c.execute(_NAMED_JOB if tenant_id is None else _TENANTS_NAMED_JOB,
+                            {"job_id": job_id, "tenant_id": tenant_id}).first()
             if row is None:
                 raise NotFound(f"no job {job_id}")
-            return _job_record(s, row[0], with_attempts=True, tenant=row[1])
+            attempts = [_attempt_record(a) for a in c.execute(_ATTEMPTS_OF, {"job_id": job_id})]
+        return _to_record(row, row.tenant_name, attempts)
 
     def job_tenant_id(self, job_id: str) -> str:
         """The id of the tenant whose job `job_id` is (`NotFound` for none): one column read
@@ -222,11 +231,16 @@ def find_job(s: Session, tenant_id: str | None, job_id: str, *, lock: bool = Fal
     return job
 
 
+def _check_id(job_id: str) -> None:
+    """NotFound at once for a malformed job id: nothing is read for it."""
+    if not JOB_ID.fullmatch(job_id):
+        raise NotFound(f"no job {job_id[:64]!r}")
+
+
 def _owned(q: S, tenant_id: str | None, job_id: str) -> S:
     """`q` narrowed to the job `job_id` of the tenant (any tenant's when `tenant_id` is None);
     NotFound at once for a malformed id."""
-    if not JOB_ID.fullmatch(job_id):
-        raise NotFound(f"no job {job_id[:64]!r}")
+    _check_id(job_id)
     q = q.where(Job.id == job_id)
     return q if tenant_id is None else q.where(Job.tenant_id == tenant_id)
 
@@ -244,16 +258,22 @@ def _job_record(s: Session, job: Job, *, with_attempts: bool = False,
         tenant = s.scalar(select(Tenant.name).where(Tenant.id == job.tenant_id)) or ""
     attempts: list[AttemptRecord] = []
     if with_attempts:
-        attempts = [AttemptRecord(a.n, a.worker, a.gpus, a.gpu_count, a.started_at, a.ended_at,
-                                  a.reason, a.error, a.exit_code, a.isolation, a.start,
-                                  a.start_ms, a.setup_s, a.gpu_mem_peak_gb, a.gpu_util_mean,
-                                  a.idle_since, a.moved_to, a.limits)
-                    for a in s.scalars(select(Attempt).where(Attempt.job_id == job.id)
-                                       .order_by(Attempt.n))]
+        attempts = [_attempt_record(a) for a in s.scalars(
+            select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.n))]
     return _to_record(job, tenant, attempts)
 
 
-def _to_record(j: Job, tenant: str, attempts: list[AttemptRecord] | None = None) -> JobRecord:
+def _attempt_record(a: Attempt | Row[*tuple[Any, ...]]) -> AttemptRecord:
+    """An attempt's record, from its model or a row of its columns."""
+    return AttemptRecord(a.n, a.worker, a.gpus, a.gpu_count, a.started_at, a.ended_at,
+                         a.reason, a.error, a.exit_code, a.isolation, a.start, a.start_ms,
+                         a.setup_s, a.gpu_mem_peak_gb, a.gpu_util_mean, a.idle_since,
+                         a.moved_to, a.limits)
+
+
+def _to_record(j: Job | Row[*tuple[Any, ...]], tenant: str,
+               attempts: list[AttemptRecord] | None = None) -> JobRecord:
+    """A job's record, from its model or a row of its columns."""
     return JobRecord(
         id=j.id, tenant=tenant, name=j.name, spec=j.spec, state=j.state, size_class=j.size_class,
         queue=j.queue, gpus=j.gpus, priority=j.priority, reason=j.reason, error=j.error,

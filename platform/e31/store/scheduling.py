@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    Connection,
     Integer,
     String,
     Update,
@@ -90,7 +91,7 @@ _HEAD_ROWS = (select(Job.id, Job.name, Job.size_class, Job.gpus, Job.submitted_a
               .limit(bindparam("k", type_=Integer)))
 
 
-def tenants_with_work(s: Session, queue: str) -> list[str]:
+def tenants_with_work(s: Connection, queue: str) -> list[str]:
     """Tenant ids with queued, dependency-free jobs in `queue`: one index seek per tenant."""
     found: list[str] = []
     after = ""
@@ -102,7 +103,7 @@ def tenants_with_work(s: Session, queue: str) -> list[str]:
         after = nxt
 
 
-def bands(s: Session, queue: str, tenant_id: str) -> list[int]:
+def bands(s: Connection, queue: str, tenant_id: str) -> list[int]:
     """The tenant's priority bands with queued jobs in `queue`, highest first."""
     found: list[int] = []
     below = 10 ** 6
@@ -114,7 +115,7 @@ def bands(s: Session, queue: str, tenant_id: str) -> list[int]:
         below = int(top)
 
 
-def heads(s: Session, queues: Mapping[str, int], *, now: datetime) -> list[Candidate]:
+def heads(s: Connection, queues: Mapping[str, int], *, now: datetime) -> list[Candidate]:
     """Per queue (-> K), each tenant's K oldest runnable jobs per band: unpublished, out of
     back-off. Published and backing-off jobs in the range are skipped row by row; both are
     few (published ones are bounded by the free slots)."""
@@ -134,13 +135,13 @@ def heads(s: Session, queues: Mapping[str, int], *, now: datetime) -> list[Candi
     return out
 
 
-def view(s: Session, *, now: datetime, queues: Sequence[str]) -> SchedulingView:
+def view(s: Connection, *, now: datetime, queues: Sequence[str]) -> SchedulingView:
     """Tenants, running jobs with their current attempt's start, and published-unclaimed jobs
     of `queues` (every queue the pool can have: one range of `ix_jobs_dispatch` each)."""
     tenants = [TenantShare(id=t.id, name=t.name, weight=t.weight, quotas=dict(t.quotas or {}),
                            usage_gpu_s=t.usage_gpu_s, usage_at=t.usage_at,
                            disabled=t.disabled_at is not None)
-               for t in s.scalars(_TENANTS)]
+               for t in s.execute(_TENANTS)]
     running = [RunningJob(id=r[0], tenant_id=r[1], node=r[2], size_class=r[3], gpus=r[4],
                           started_at=r[5], timeout_s=r[6],
                           lease_live=r[7] is not None and r[7] > now, priority=r[8],
@@ -170,7 +171,8 @@ _MARK_ONE = _mark(Job.id == bindparam("job_id"), at=bindparam("now", type_=UTCDa
                   token=bindparam("token", type_=String()), host=None, gpus=None)
 
 # The view's reads, built once as the heads' are
-_TENANTS = select(Tenant)
+_TENANTS = select(Tenant.id, Tenant.name, Tenant.weight, Tenant.quotas, Tenant.usage_gpu_s,
+                  Tenant.usage_at, Tenant.disabled_at)
 _RUNNING = (select(Job.id, Job.tenant_id, Job.lease_owner, Job.size_class, Job.gpus,
                    Attempt.started_at, Job.timeout_s, Job.lease_expires_at, Job.priority,
                    Job.preemptible, Job.preempt_requested_at, Attempt.gpus)
@@ -182,7 +184,8 @@ _OUTSTANDING = (select(Job.tenant_id, Job.queue, Job.size_class, Job.gpus, Job.t
                        Job.dispatched_at >= EPOCH))
 
 
-def write_pending(s: Session, changes: Iterable[tuple[str, str | None, str | None]]) -> int:
+def write_pending(s: Connection,
+                  changes: Iterable[tuple[str, str | None, str | None]]) -> int:
     """Store each job's (reason, detail), grouped so one UPDATE serves all with the same."""
     groups: dict[tuple[str | None, str | None], list[str]] = defaultdict(list)
     for job_id, reason, detail in changes:
@@ -192,8 +195,7 @@ def write_pending(s: Session, changes: Iterable[tuple[str, str | None, str | Non
         for start in range(0, len(ids), CHUNK):
             s.execute(update(Job).where(Job.id.in_(ids[start:start + CHUNK]),
                                         unindexed(Job.state) == QUEUED)
-                      .values(pending_reason=reason, pending_detail=detail),
-                      execution_options={"synchronize_session": False})
+                      .values(pending_reason=reason, pending_detail=detail))
         n += len(ids)
     return n
 
@@ -253,21 +255,21 @@ class SchedulingStore(BillingStore):
 
     def heads(self, queues: Mapping[str, int], *, now: datetime) -> list[Candidate]:
         """Per queue (-> K), each tenant's K oldest runnable jobs per band (store/scheduling.py)."""
-        with self._session() as s:
-            return heads(s, queues, now=now)
+        with self._core() as c:
+            return heads(c, queues, now=now)
 
     def scheduling_view(self, *, now: datetime, queues: Sequence[str]) -> SchedulingView:
         """Tenants, running jobs and the published-unclaimed jobs of `queues` (all the pool's:
         `sizeclasses.all_queues`): one read per tick."""
-        with self._session() as s:
-            return view(s, now=now, queues=queues)
+        with self._core() as c:
+            return view(c, now=now, queues=queues)
 
     def write_pending(self, changes: Sequence[tuple[str, str | None, str | None]]) -> int:
         """Store why queued jobs wait, as (job id, reason, detail); only changes are passed."""
         if not changes:
             return 0
-        with self._session(write=True) as s:
-            return write_pending(s, changes)
+        with self._core(write=True) as c:
+            return write_pending(c, changes)
 
     def queue_position(self, tenant_id: str, job_id: str) -> QueuePosition:
         """What a queued job's position needs besides its queue's load (on request only)."""
@@ -300,8 +302,8 @@ class SchedulingStore(BillingStore):
         places = places or {}
         hosts = {j: places[j][0] for j in tokens if j in places}
         gpus = {j: places[j][1] for j in tokens if j in places}
-        with self._session(write=True) as s:
-            write_pending(s, pending)
+        with self._core(write=True) as c:
+            write_pending(c, pending)
             if len(tokens) == 1 and not places:   # a tick after one job's end: the usual one
                 [(job_id, token)] = tokens.items()
                 statement, bound = _MARK_ONE, {"job_id": job_id, "token": token, "now": now}
@@ -310,8 +312,7 @@ class SchedulingStore(BillingStore):
                     Job.id.in_(list(tokens)), at=now, token=case(tokens, value=Job.id),
                     host=case(hosts, value=Job.id, else_=None) if hosts else None,
                     gpus=case(gpus, value=Job.id, else_=None) if gpus else None), {}
-            rows = s.execute(statement, bound,
-                             execution_options={"synchronize_session": False}).tuples().all()
+            rows = c.execute(statement, bound).tuples().all()
             return {job_id: token for job_id, token in rows if token is not None}
 
     def expire_dispatches(self, queues: Sequence[str] | None, *, now: datetime,

@@ -22,10 +22,11 @@ def hold_queued(s: Session, tenant_id: str, *, adding: int, max_queued: int) -> 
     """Lock the tenant's row and refuse (`LimitExceeded`, 429) when `adding` more queued jobs
     would take it past `max_queued`; returns the tenant's name. Call it inside the transaction
     that inserts them."""
-    name = s.scalar(_LOCK_TENANT, {"tenant_id": tenant_id})
+    core = s.connection()   # Core reads of bound statements: every submit makes them
+    name = core.scalar(_LOCK_TENANT, {"tenant_id": tenant_id})
     if name is None:
         raise NotFound(f"no tenant {tenant_id!r}")
-    queued = s.scalar(_QUEUED, {"tenant_id": tenant_id}) or 0
+    queued = core.scalar(_QUEUED, {"tenant_id": tenant_id}) or 0
     if queued + adding > max_queued:
         raise LimitExceeded(
             f"tenant {name} has {queued} jobs queued and asks for {adding} more; at most "

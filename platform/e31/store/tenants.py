@@ -24,7 +24,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, select
 from sqlalchemy import update as sql_update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -44,7 +44,8 @@ MAX_QUOTA_GPUS = 1_000_000   # a typo guard, far above any pool
 TENANT_DISABLED = "tenant_disabled"   # the pending reason (e31.scheduling.fairshare.Reason)
 
 
-def tenant_record(t: Tenant) -> TenantRecord:
+def tenant_record(t: Tenant | Row[*tuple[Any, ...]]) -> TenantRecord:
+    """A tenant's record, from its model or a row of its columns."""
     return TenantRecord(id=t.id, name=t.name, admin=bool(t.admin), weight=t.weight,
                         quotas=dict(t.quotas or {}), disabled_at=t.disabled_at,
                         limits=dict(t.limits or {}))
@@ -247,14 +248,12 @@ class TenantStore(Store):
         otherwise. A disabled tenant is returned (with `disabled_at`): the caller refuses it
         with its own answer. The key's last use is noted, at most once a minute."""
         now = now or utcnow()
-        with self._session() as s:
-            found = tokens.authenticate(s, token, now=now)
-            if found is None:
-                return None
-            tenant, key = found
-            stale, key_id = tokens.is_stale(key, now), key.id
-            found_tenant = tenant_record(tenant)
-        if stale:
+        with self._core() as c:
+            found = tokens.authenticate(c, token, now=now)
+        if found is None:
+            return None
+        key_id, found_tenant = found.key_id, tenant_record(found)
+        if tokens.is_stale(found.key_last_used_at, now):
             try:
                 with self._session(write=True) as s:
                     tokens.touch(s, key_id, now=now)

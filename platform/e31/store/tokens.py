@@ -19,8 +19,9 @@ import re
 import secrets
 import uuid
 from datetime import datetime, timedelta
+from typing import Any, cast
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import Connection, Row, Table, and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import Conflict, NotFound, SpecError
@@ -139,22 +140,25 @@ def revoke(s: Session, tenant: Tenant, name: str, *, now: datetime) -> TokenReco
     return record(key, tenant.name)
 
 
-def authenticate(s: Session, token: str, *, now: datetime) -> tuple[Tenant, ApiKey] | None:
-    """The tenant and key of a live token (not revoked, not expired), or None."""
-    row = s.execute(_LIVE_KEY, {"token_hash": hash_token(token), "now": now}).first()
-    return (row[0], row[1]) if row is not None else None
+def authenticate(c: Connection, token: str, *, now: datetime) -> Row[*tuple[Any, ...]] | None:
+    """The row of a live token (not revoked, not expired), or None: its tenant's columns by
+    their names (what `tenants.tenant_record` reads), with the key's `key_id` and
+    `key_last_used_at`. A Core read: every request makes it (issue 31)."""
+    return c.execute(_LIVE_KEY, {"token_hash": hash_token(token), "now": now}).first()
 
 
 # The read of every request's token, built once (issue 31); the hash and the time are bound
-_LIVE_KEY = (select(Tenant, ApiKey).join(ApiKey, ApiKey.tenant_id == Tenant.id)
+_LIVE_KEY = (select(*cast(Table, Tenant.__table__).c, ApiKey.id.label("key_id"),
+                    ApiKey.last_used_at.label("key_last_used_at"))
+             .join(ApiKey, ApiKey.tenant_id == Tenant.id)
              .where(ApiKey.token_hash == bindparam("token_hash"), ApiKey.revoked_at.is_(None),
                     or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > bindparam("now"))))
 
 
-def is_stale(key: ApiKey, now: datetime) -> bool:
-    """Whether the key's last use is older than the resolution (so worth a write)."""
-    return (key.last_used_at is None
-            or now - key.last_used_at >= timedelta(seconds=LAST_USED_RESOLUTION_S))
+def is_stale(last_used_at: datetime | None, now: datetime) -> bool:
+    """Whether a key's last use is older than the resolution (so worth a write)."""
+    return (last_used_at is None
+            or now - last_used_at >= timedelta(seconds=LAST_USED_RESOLUTION_S))
 
 
 def touch(s: Session, key_id: str, *, now: datetime) -> None:
