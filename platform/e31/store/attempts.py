@@ -21,13 +21,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from functools import cache, cached_property
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeAlias, cast
 
 from sqlalchemy import (
     BindParameter,
     ColumnElement,
     Connection,
     Float,
+    Row,
     Select,
     String,
     Table,
@@ -52,6 +53,7 @@ from e31.core.states import INFRA_RETRIES_DEFAULT, AttemptReason, Isolation, Job
 from e31.store import deps, quotas, secrets, tenants, transitions
 from e31.store.arrays import ArrayStore
 from e31.store.base import BillingStore
+from e31.store.db import core_of
 from e31.store.drains import DrainStore
 from e31.store.models import Attempt, Job, Tenant, UTCDateTime
 from e31.store.quotas import OutputsCharge
@@ -88,6 +90,11 @@ class AttemptFacts:
                 raise StoreError(f"attempt fact {name} cannot be negative: {value}")
             out[name] = value.value if isinstance(value, Isolation | Start) else value
         return out
+
+
+# A job as an outcome reads it: its model (the scheduler's recovery loads them), or a row of
+# its columns (a worker's outcome reads one, as Core: issue 31)
+JobRow: TypeAlias = Job | Row[*tuple[Any, ...]]
 
 
 @dataclass(frozen=True)
@@ -196,13 +203,13 @@ class AttemptStore(BillingStore):
         worker reads from its settings as it reads `oom`'s. `note`: facts of the attempt not
         written yet, written in the same transaction, fenced off or not (its setup's time
         before the bill is reckoned from it)."""
-        with self._session(write=True) as s:
-            job = s.scalar(_JOB_TO_END, {"job_id": job_id})
+        with self._core(write=True) as c:
+            job = c.execute(_JOB_TO_END, {"job_id": job_id}).first()
             if job is None or job.state != JobState.RUNNING.value or job.lease_token != token:
-                _write_note(s, job_id, note)
+                _write_note(c, job_id, note)
                 return None
             # the token is this claim's: the job's current attempt is the note's
-            return end_attempt(s, job, outcome, ended_at=now, now=now,
+            return end_attempt(c, job, outcome, ended_at=now, now=now,
                                half_life_s=self._half_life_s, oom=oom,
                                infra_retries=infra_retries,
                                facts=note.facts if note is not None else None)
@@ -370,7 +377,9 @@ def _claim_statement() -> Update:
 # Built once (its construction was a tenth of a claim's CPU, issue 31)
 _CLAIM = _claim_statement()
 # The job an outcome ends, row-locked (built once)
-_JOB_TO_END = select(Job).where(Job.id == bindparam("job_id", type_=String())).with_for_update()
+_JOB_TO_END = (select(*transitions.JOBS.c)
+               .where(transitions.JOBS.c.id == bindparam("job_id", type_=String()))
+               .with_for_update())
 # The next item's claim in a row (`claim_next_item`), built once: the first of the runnable
 # items (`ids`) that no other transaction holds. The scheduler publishes an array's items from
 # the same end, and other workers chain from the same window: SKIP LOCKED passes over the rows
@@ -497,8 +506,8 @@ def _tenant_and_before() -> Select[dict[str, int] | None, datetime | None, bool]
 _TENANT_AND_BEFORE = _tenant_and_before()
 
 
-def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, now: datetime,
-                half_life_s: float, oom: OomRule | None = None,
+def end_attempt(s: Session | Connection, job: JobRow, outcome: Outcome, *, ended_at: datetime,
+                now: datetime, half_life_s: float, oom: OomRule | None = None,
                 infra_retries: int = INFRA_RETRIES_DEFAULT,
                 facts: AttemptFacts | None = None) -> JobState | None:
     """End the running attempt of a row-locked `job` with `outcome`, bill it (the job and its
@@ -510,7 +519,7 @@ def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, n
     what the worker noted on the attempt and had not written yet, set with its end (its
     setup's time before the bill is reckoned)."""
     token = job.lease_token
-    core = s.connection()   # Core statements: no ORM object of this session is changed here
+    core = core_of(s)   # Core statements: a session's models of these rows are not read again
     attempt = core.execute(_CURRENT_ATTEMPT, {"job": job.id, "n": job.attempts_used}).first()
     duration = bill_s = 0.0
     ended: dict[str, Any] = facts.values() if facts is not None else {}
@@ -556,8 +565,8 @@ def end_attempt(s: Session, job: Job, outcome: Outcome, *, ended_at: datetime, n
     if not res.rowcount:
         return None
     if state.is_final:
-        deps.on_final(s, [(job.id, job.array_id, state.value)], now=now)
-    tenants.bill(s, job.tenant_id, bill_s, now=now, half_life_s=half_life_s)
+        deps.on_final(core, [(job.id, job.array_id, state.value)], now=now)
+    tenants.bill(core, job.tenant_id, bill_s, now=now, half_life_s=half_life_s)
     return state
 
 
@@ -610,7 +619,7 @@ class Tally:
     infra: int = 0
 
 
-def _next_state(job: Job, outcome: Outcome, counts: Tally,
+def _next_state(job: JobRow, outcome: Outcome, counts: Tally,
                 infra_retries: int = INFRA_RETRIES_DEFAULT) -> tuple[JobState, str | None]:
     """The job's next state and its error text, as `REASONS` says for the attempt's reason:
     final, retried on the user's account (`retries.max`), or on the pool's (`max_lost`,
@@ -637,7 +646,7 @@ def _next_state(job: Job, outcome: Outcome, counts: Tally,
         outcome.error
 
 
-def _outcome_values(job: Job, outcome: Outcome, state: JobState, now: datetime,
+def _outcome_values(job: JobRow, outcome: Outcome, state: JobState, now: datetime,
                     counts: Tally) -> dict[str, Any]:
     values: dict[str, Any] = {
         "lease_owner": None, "lease_expires_at": None, "preempt_requested_at": None}

@@ -9,9 +9,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import Session
 from sqlalchemy.sql.functions import FunctionElement
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # a writer waits this long for another's short transaction
@@ -116,6 +117,16 @@ def end_abandoned_transactions(engine: Engine,
         dbapi_conn.commit()
 
     return engine
+
+
+def core_of(s: Session | Connection) -> Connection:
+    """The connection of a session's transaction (its pending changes flushed first, as its
+    own execute would), or the connection itself: for statement functions that callers run
+    in either (a session's ORM work, or `Store._core`)."""
+    if isinstance(s, Connection):
+        return s
+    s.flush()
+    return s.connection()
 
 
 class unindexed(FunctionElement[Any]):   # lower case: it reads as a SQL function

@@ -29,13 +29,24 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 
-from sqlalchemy import Dialect, Exists, ScalarSelect, bindparam, delete, exists, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Dialect,
+    Exists,
+    ScalarSelect,
+    bindparam,
+    delete,
+    exists,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from e31.core.errors import SpecError
 from e31.core.states import FINAL_STATES, JobState
 from e31.store import bulk, transitions
-from e31.store.db import unindexed
+from e31.store.db import core_of, unindexed
 from e31.store.models import Array, Job, JobDep
 from e31.store.rows import CHUNK
 
@@ -201,9 +212,11 @@ def first_pending(s: Session, job_id: str) -> str | None:
                     .order_by(JobDep.dep_id).limit(1))
 
 
-def on_final(s: Session, ended: Sequence[Ended], *, now: datetime) -> int:
+def on_final(session: Session | Connection, ended: Sequence[Ended], *, now: datetime) -> int:
     """Resolve what waited for jobs that just reached a final state; returns how many
-    waiting jobs were cancelled (transitively)."""
+    waiting jobs were cancelled (transitively). Core statements, in a session's transaction
+    or on a connection's (every final outcome runs them, issue 31)."""
+    s = core_of(session)
     cancelled = 0
     frontier = list(ended)
     while frontier:
@@ -239,7 +252,7 @@ def on_final(s: Session, ended: Sequence[Ended], *, now: datetime) -> int:
     return cancelled
 
 
-def _has_dependants(s: Session, dep_id: str) -> bool:
+def _has_dependants(s: Connection, dep_id: str) -> bool:
     return s.scalar(_A_DEPENDANT, {"dep_id": dep_id}) is not None
 
 
@@ -250,7 +263,7 @@ _A_DEPENDANT = select(JobDep.job_id).where(JobDep.dep_id == bindparam("dep_id"))
 _DEPENDANTS = select(JobDep.job_id).where(JobDep.dep_id.in_(bindparam("deps", expanding=True)))
 
 
-def _satisfy(s: Session, deps: Sequence[str]) -> None:
+def _satisfy(s: Connection, deps: Sequence[str]) -> None:
     """Dependencies that succeeded: their waiting jobs have one fewer to wait for each."""
     for start in range(0, len(deps), CHUNK):
         chunk = deps[start:start + CHUNK]
@@ -259,17 +272,15 @@ def _satisfy(s: Session, deps: Sequence[str]) -> None:
             counts[job_id] = counts.get(job_id, 0) + 1
         if not counts:
             continue
-        s.execute(delete(JobDep).where(JobDep.dep_id.in_(chunk)),
-                  execution_options={"synchronize_session": False})
+        s.execute(delete(JobDep).where(JobDep.dep_id.in_(chunk)))
         by_count: dict[int, list[str]] = {}
         for job_id, n in counts.items():
             by_count.setdefault(n, []).append(job_id)
         for n, ids in by_count.items():
-            s.execute(update(Job).where(Job.id.in_(ids)).values(deps_pending=Job.deps_pending - n),
-                      execution_options={"synchronize_session": False})
+            s.execute(update(Job).where(Job.id.in_(ids)).values(deps_pending=Job.deps_pending - n))
 
 
-def _cancel_dependants(s: Session, bad: dict[str, str], *, now: datetime) -> list[Ended]:
+def _cancel_dependants(s: Connection, bad: dict[str, str], *, now: datetime) -> list[Ended]:
     """End every queued job waiting for a failed dependency; returns them for the next round."""
     ended: list[Ended] = []
     for dep_id, why in sorted(bad.items()):

@@ -193,11 +193,17 @@ def write_pending(s: Connection,
     n = 0
     for (reason, detail), ids in groups.items():
         for start in range(0, len(ids), CHUNK):
-            s.execute(update(Job).where(Job.id.in_(ids[start:start + CHUNK]),
-                                        unindexed(Job.state) == QUEUED)
-                      .values(pending_reason=reason, pending_detail=detail))
+            s.execute(_WRITE_PENDING, {"b_ids": ids[start:start + CHUNK], "b_reason": reason,
+                                       "b_detail": detail})
         n += len(ids)
     return n
+
+
+# What a tick writes of why jobs wait, built once (issue 31): one group's ids and values bound
+_WRITE_PENDING = (update(Job).where(Job.id.in_(bindparam("b_ids", expanding=True)),
+                                    unindexed(Job.state) == QUEUED)
+                  .values(pending_reason=bindparam("b_reason", type_=String()),
+                          pending_detail=bindparam("b_detail", type_=String())))
 
 
 def load(s: Session, queue: str, *, now: datetime) -> QueueLoad:

@@ -24,7 +24,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, select
+from sqlalchemy import Connection, Row, bindparam, select
 from sqlalchemy import update as sql_update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -36,6 +36,7 @@ from e31.core.tenantlimits import check_limits
 from e31.core.usage import UsageState
 from e31.store import audit, secrets, tokens
 from e31.store.base import Store
+from e31.store.db import core_of
 from e31.store.models import Job, Tenant
 from e31.store.quotas import OutputsQuota, check_cap, set_cap
 from e31.store.secrets import SecretInfo
@@ -119,7 +120,8 @@ def update(s: Session, name: str, *, weight: float | None, quotas: Mapping[str, 
     return tenant_record(tenant)
 
 
-def bill(s: Session, tenant_id: str, gpu_s: float, *, now: datetime, half_life_s: float) -> None:
+def bill(s: Session | Connection, tenant_id: str, gpu_s: float, *, now: datetime,
+         half_life_s: float) -> None:
     """Add an attempt's GPU-seconds to the tenant's decayed usage (row-locked: concurrent
     ends of the same tenant's attempts add up, none is lost)."""
     if gpu_s <= 0:
@@ -128,14 +130,23 @@ def bill(s: Session, tenant_id: str, gpu_s: float, *, now: datetime, half_life_s
     # KEY SHARE locks: an outcome updates its job row twice, and PostgreSQL re-checks the
     # foreign keys of a row its own transaction updated, share-locking the tenant's row; two
     # ends of one tenant's attempts then deadlocked (tests/integration/test_concurrent_outcomes.py).
-    tenant = s.scalar(select(Tenant).where(Tenant.id == tenant_id)
-                      .with_for_update(key_share=True))
-    if tenant is None:
+    c = core_of(s)
+    usage = c.execute(_TENANT_USAGE, {"tenant": tenant_id}).first()
+    if usage is None:
         return
-    state = UsageState(tenant.usage_gpu_s, tenant.usage_at.timestamp() if tenant.usage_at else 0.0)
-    new = state.plus(gpu_s, now.timestamp(), half_life_s)
-    tenant.usage_gpu_s = new.value_gpu_s
-    tenant.usage_at = max(now, tenant.usage_at) if tenant.usage_at else now
+    value, at = usage
+    new = UsageState(value, at.timestamp() if at else 0.0).plus(gpu_s, now.timestamp(),
+                                                                 half_life_s)
+    c.execute(_SET_USAGE, {"tenant": tenant_id, "value": new.value_gpu_s,
+                           "at": max(now, at) if at else now})
+
+
+# An outcome's bill, built once and run as Core (issue 31): the tenant's decayed usage,
+# row-locked, then its new value
+_TENANT_USAGE = (select(Tenant.usage_gpu_s, Tenant.usage_at)
+                 .where(Tenant.id == bindparam("tenant")).with_for_update(key_share=True))
+_SET_USAGE = (sql_update(Tenant).where(Tenant.id == bindparam("tenant"))
+              .values(usage_gpu_s=bindparam("value"), usage_at=bindparam("at")))
 
 
 class TenantStore(Store):

@@ -20,6 +20,7 @@ from typing import Any, cast
 from sqlalchemy import (
     BindParameter,
     ColumnElement,
+    Connection,
     Select,
     Table,
     Update,
@@ -31,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from e31.core.errors import IllegalTransition
 from e31.core.states import JobState, can_transition
-from e31.store.db import unindexed
+from e31.store.db import core_of, unindexed
 from e31.store.models import Job, JobDep
 from e31.store.rows import CHUNK, seconds
 
@@ -77,8 +78,8 @@ def move_by_key(src: JobState, dst: JobState) -> Update:
             .values(state=dst.value))
 
 
-def cancel_queued(s: Session, jobs: Sequence[tuple[str, datetime | None]], *, now: datetime,
-                  reason: str, error: str | None = None) -> None:
+def cancel_queued(session: Session | Connection, jobs: Sequence[tuple[str, datetime | None]],
+                  *, now: datetime, reason: str, error: str | None = None) -> None:
     """End queued jobs, given as (id, queued_since), as cancelled without running: their wait
     counts as queued time, their pending reason and the dependencies they waited for go.
     `error` replaces the stored error (an earlier attempt's) when given. The caller resolves
@@ -91,14 +92,13 @@ def cancel_queued(s: Session, jobs: Sequence[tuple[str, datetime | None]], *, no
         "pending_reason": None, "pending_detail": None}
     if error is not None:
         values["error"] = error
-    sync = {"synchronize_session": False}
+    s = core_of(session)   # Core: the session's models of these rows are not read again
     for since, ids in by_since.items():   # jobs queued together share their `since`
         for start in range(0, len(ids), CHUNK):
             chunk = ids[start:start + CHUNK]
             s.execute(move(chunk, JobState.QUEUED, JobState.CANCELLED).values(
-                queued_seconds=Job.queued_seconds + seconds(since, now), **values),
-                execution_options=sync)
-            s.execute(delete(JobDep).where(JobDep.job_id.in_(chunk)), execution_options=sync)
+                queued_seconds=Job.queued_seconds + seconds(since, now), **values))
+            s.execute(delete(JobDep).where(JobDep.job_id.in_(chunk)))
 
 
 # A resubmit (`e31 retry A-ID --failed`) is the one way out of a final state, and only for
