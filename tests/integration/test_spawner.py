@@ -148,3 +148,25 @@ def test_a_supervised_attempt_runs_its_cold_child_through_the_spawner(
     # Then both succeed, the first forked by the spawner, the second by this process
     assert outcome.reason is AttemptReason.SUCCEEDED and forked.reason is AttemptReason.SUCCEEDED
     assert (spawned_by, forked_by) == (spawner.pid, os.getpid())
+
+
+def test_a_spawner_that_cannot_start_leaves_the_worker_forking_its_children(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a worker whose spawner's interpreter exits at once (a broken install)
+    monkeypatch.setattr("e31_worker.attempt.spawn.sys.executable", "/bin/false")
+    spawner = Spawner()
+    p = AttemptPlan(job_id="j-fallback", attempt=1, gpus="",
+                    spec=JobSpec.parse({"command": ["sh", "-c", "echo $PPID > ppid"]}),
+                    root=tmp_path / "attempt", kill_grace_s=1.0, log_max_bytes=1 << 20,
+                    tick_interval_s=0.1)
+
+    # When it runs attempts, more than the spawner's failures allowed in a row
+    outcomes = [Supervisor(p, tick=lambda _: Directive.CONTINUE, spawner=spawner).run()
+                for _ in range(4)]
+
+    # Then every attempt ran, forked by the worker itself, and the spawner was given up on once
+    assert [o.reason for o in outcomes] == [AttemptReason.SUCCEEDED] * 4
+    assert int((p.cwd / "ppid").read_text()) == os.getpid()
+    assert spawner.disabled_because is not None and spawner.pid is None
+    assert sum("spawner_disabled" in r.getMessage() for r in caplog.records) == 1
+    spawner.close()
