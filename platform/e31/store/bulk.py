@@ -17,9 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Dialect, insert
+from sqlalchemy import Connection, Dialect, insert
 from sqlalchemy.orm import Session
 
+from e31.store.db import core_of
 from e31.store.models import Base
 
 # Host parameters one SQLite statement may bind: SQLITE_MAX_VARIABLE_NUMBER's default since
@@ -37,9 +38,9 @@ class Prepared:
 
     statements: Sequence[tuple[str, tuple[Any, ...] | Sequence[Params]]]
 
-    def run(self, s: Session) -> None:
-        """Insert the rows in the session's transaction."""
-        conn = s.connection()
+    def run(self, s: Session | Connection) -> None:
+        """Insert the rows in the session's (or the connection's) transaction."""
+        conn = core_of(s)
         for sql, params in self.statements:
             conn.exec_driver_sql(sql, params)
 

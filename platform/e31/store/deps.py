@@ -74,7 +74,7 @@ def check_after(s: Session, tenant_id: str, after: Sequence[Sequence[str]],
     return _judge(after, fields, _statuses(s, tenant_id, _distinct(after)))
 
 
-def confirm_after(s: Session, tenant_id: str, after: Sequence[Sequence[str]],
+def confirm_after(session: Session | Connection, tenant_id: str, after: Sequence[Sequence[str]],
                   fields: Sequence[str], checked: Sequence[Sequence[str]]) -> list[list[str]]:
     """Inside the write transaction: `checked` (what `check_after` returned) as it stands now.
 
@@ -88,6 +88,9 @@ def confirm_after(s: Session, tenant_id: str, after: Sequence[Sequence[str]],
     dependency (see the module's docstring), which then sees the new `job_deps` rows.
     """
     pending = sorted({dep for deps in checked for dep in deps}, key=_jobs_first)
+    if not pending:   # nothing to wait for (a job with no `after`): nothing to read again
+        return [[] for _ in checked]
+    s = core_of(session)
     _lock(s, pending)
     ended = _ended(s, pending)
     if not ended:
@@ -142,14 +145,14 @@ def _statuses(s: Session, tenant_id: str, ids: Sequence[str]) -> dict[str, str]:
     return status
 
 
-def _lock(s: Session, pending: Sequence[str]) -> None:
+def _lock(s: Connection, pending: Sequence[str]) -> None:
     """Lock the rows of pending dependencies, jobs before arrays: this waits for a transaction
     that is ending one and holds the next one off until this commits. A job row FOR KEY SHARE
     (its ending holds it FOR UPDATE), which blocks no lease renewal or claim; an array row FOR
     SHARE, against `on_final`'s FOR NO KEY UPDATE (nothing but an operator's cancel or retry
     updates an array row). Not on SQLite, where the write transaction already excludes every
     other writer and rows have no locks."""
-    if s.get_bind().dialect.name == "sqlite":
+    if s.dialect.name == "sqlite":
         return
     for model in (Job, Array):
         prefix = "j-" if model is Job else "a-"
@@ -158,7 +161,7 @@ def _lock(s: Session, pending: Sequence[str]) -> None:
                       .with_for_update(read=True, key_share=model is Job))
 
 
-def _ended(s: Session, pending: Sequence[str]) -> dict[str, str]:
+def _ended(s: Connection, pending: Sequence[str]) -> dict[str, str]:
     """The pending dependencies that are pending no more, each with its status now; each
     `CHUNK` looked up by key in one statement that returns only those (usually none)."""
     status: dict[str, str] = {}

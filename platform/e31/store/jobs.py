@@ -35,6 +35,11 @@ JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
 # name, any tenant's or the one bound; then its attempts' columns, in order
 _NAMED_JOB = (select(*cast(Table, Job.__table__).c, Tenant.name.label("tenant_name"))
               .join(Tenant, Tenant.id == Job.tenant_id).where(Job.id == bindparam("job_id")))
+# An admin's read of whose job it is, and the long poll's of a job's state (built once)
+_JOB_TENANT = select(Job.tenant_id).where(Job.id == bindparam("job_id"))
+_JOB_STATE = select(Job.state).where(Job.id == bindparam("job_id"),
+                                     Job.tenant_id == bindparam("tenant_id"))
+_TENANT_NAME = select(Tenant.name).where(Tenant.id == bindparam("tenant_id"))
 _INSERT_JOB = insert(cast(Table, Job.__table__))   # a submit's row (`rows.queued_job`)
 _TENANTS_NAMED_JOB = _NAMED_JOB.where(Job.tenant_id == bindparam("tenant_id"))
 _ATTEMPTS_OF = (select(*cast(Table, Attempt.__table__).c)
@@ -62,14 +67,14 @@ class JobStore(Store):
         as an array's are (`insert_array`). With `max_queued`, refused (`LimitExceeded`) when
         the tenant holds that many queued jobs, counted in the same transaction."""
         checked = self._check_after(tenant_id, [spec.after], [""])
-        with self._session(write=True) as s:
-            tenant = None if max_queued is None else \
-                hold_queued(s, tenant_id, adding=1, max_queued=max_queued)
-            [waits] = deps.confirm_after(s, tenant_id, [spec.after], [""], checked)
+        with self._core(write=True) as c:
+            tenant = c.scalar(_TENANT_NAME, {"tenant_id": tenant_id}) if max_queued is None \
+                else hold_queued(c, tenant_id, adding=1, max_queued=max_queued)
+            [waits] = deps.confirm_after(c, tenant_id, [spec.after], [""], checked)
             row = {**queued_job(tenant_id, spec, route, now), "deps_pending": len(waits)}
-            s.connection().execute(_INSERT_JOB, row)   # Core: no unit of work for one row
-            deps.links(self._engine.dialect, [(row["id"], waits)]).run(s)
-            return _job_record(s, Job(**row), tenant=tenant)   # a transient model of the row
+            c.execute(_INSERT_JOB, row)   # Core: no unit of work for one row
+            deps.links(self._engine.dialect, [(row["id"], waits)]).run(c)
+        return _to_record(Job(**row), tenant or "")   # a transient model of the row
 
     def get_job(self, tenant_id: str | None, job_id: str) -> JobRecord:
         """A job of the tenant (any tenant when `tenant_id` is None: workers, operators)."""
@@ -85,8 +90,9 @@ class JobStore(Store):
     def job_tenant_id(self, job_id: str) -> str:
         """The id of the tenant whose job `job_id` is (`NotFound` for none): one column read
         (an admin's every read of a job asks it first)."""
-        with self._session() as s:
-            tenant_id = s.scalar(_owned(select(Job.tenant_id), None, job_id))
+        _check_id(job_id)
+        with self._core() as c:
+            tenant_id = c.scalar(_JOB_TENANT, {"job_id": job_id})
         if tenant_id is None:
             raise NotFound(f"no job {job_id}")
         return str(tenant_id)
@@ -94,8 +100,9 @@ class JobStore(Store):
     def job_state(self, tenant_id: str, job_id: str) -> str:
         """A job's state alone, by key (the API's long poll reads it while it waits); NotFound
         for a job that is not the tenant's."""
-        with self._session() as s:
-            state = s.scalar(_owned(select(Job.state), tenant_id, job_id))
+        _check_id(job_id)
+        with self._core() as c:
+            state = c.scalar(_JOB_STATE, {"job_id": job_id, "tenant_id": tenant_id})
         if state is None:
             raise NotFound(f"no job {job_id}")
         return str(state)

@@ -8,21 +8,22 @@ at `max_queued - 1` are serialised: the second sees the first's job and is refus
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from e31.core.errors import LimitExceeded, NotFound
 from e31.core.states import JobState
+from e31.store.db import core_of
 from e31.store.models import Job, Tenant
 
 QUEUED_RETRY_AFTER_S = 30   # what a refusal at max_queued suggests: jobs start in about that
 
 
-def hold_queued(s: Session, tenant_id: str, *, adding: int, max_queued: int) -> str:
+def hold_queued(s: Session | Connection, tenant_id: str, *, adding: int, max_queued: int) -> str:
     """Lock the tenant's row and refuse (`LimitExceeded`, 429) when `adding` more queued jobs
     would take it past `max_queued`; returns the tenant's name. Call it inside the transaction
     that inserts them."""
-    core = s.connection()   # Core reads of bound statements: every submit makes them
+    core = core_of(s)   # Core reads of bound statements: every submit makes them
     name = core.scalar(_LOCK_TENANT, {"tenant_id": tenant_id})
     if name is None:
         raise NotFound(f"no tenant {tenant_id!r}")
