@@ -312,7 +312,7 @@ def start_spies(up_pid: int, out: Path, *, gil: bool = False) -> list[subprocess
     return spies
 
 
-PLOTTED = ("api", "scheduler", "worker", "client")
+PLOTTED = ("api", "scheduler", "worker", "spawner", "client")   # spawner: the cold forks
 
 
 def medians(path: Path) -> dict[str, float]:

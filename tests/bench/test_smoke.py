@@ -262,6 +262,18 @@ def test_the_store_calls_of_a_jobs_path_are_each_timed_and_counted(tmp_path: Pat
     assert calls["claim"]["statements"] == 4, calls   # BEGIN IMMEDIATE, UPDATE, UPDATE, INSERT
 
 
+def test_a_cold_childs_fork_is_timed_both_ways(tmp_path: Path) -> None:
+    # Given a process with a worker's imports: 10 children `true` by Popen, then by the spawner
+    figures = run_bench("cold_fork.py", tmp_path, timeout_s=60)
+
+    # Then each way started and waited for every child and has its CPU; only the spawner's
+    # way spent CPU in the spawner
+    [run] = figures["rounds"]
+    assert figures["children"] == 10 and not figures["torch"], figures
+    assert run["popen"]["worker_cpu_ms"] > 0 and run["popen"]["spawner_cpu_ms"] == 0, run
+    assert run["spawner"]["wall_ms"] > 0 and run["spawner"]["spawner_cpu_ms"] >= 0, run
+
+
 def test_every_console_page_answers_on_a_store_of_jobs_and_is_timed(tmp_path: Path) -> None:
     # Given a small store on SQLite, signed in to the console as its tenant
     figures = run_bench("console_pages.py", tmp_path, timeout_s=120)

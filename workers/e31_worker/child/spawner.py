@@ -5,11 +5,12 @@ a warm process could not fork) needs a fork whose child runs Python between fork
 it enters the attempt's cgroups, stages the binds its uid cannot reach, enters the job's
 network and drops to the job's uid (`child_setup`). `subprocess.Popen` with a `preexec_fn`
 cannot use vfork, so the worker process, which holds its store, broker and the libraries of
-a worker, paid a full fork of itself per attempt: about 8 ms of its CPU and 17 ms of wall
-time with the GIL held, on this project's 2-core host (docs/performance.md). This process
-does those forks instead: it imports the standard library and this package's child side
-only, so its fork costs a fraction of a millisecond, and it is single-threaded, so the
-forked child's Python between fork and exec takes no lock another thread held.
+a worker, paid a full fork of itself per attempt, its GIL held: 2.6 ms of its CPU and 6 ms
+of wall time, three times that for a process holding torch, on this project's 2-core host
+(`bench/cold_fork.py`, docs/performance.md). This process does those forks instead: it
+imports the standard library and this package's child side only (14 MB), so its fork costs
+a fraction of a millisecond, and it is single-threaded, so the forked child's Python
+between fork and exec takes no lock another thread held.
 
 Protocol (the worker side is `e31_worker.attempt.spawn`): one SOCK_SEQPACKET socket pair;
 this process first sends `{"ready": pid}`. Each request is one JSON message,
