@@ -158,11 +158,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="e31_worker.child.spawner")
     parser.add_argument("--socket-fd", type=int, required=True)
     args = parser.parse_args(argv)
-    sock = socket.socket(fileno=args.socket_fd)
-    worker = os.getppid()
-    worker_fd = os.pidfd_open(worker)
-    if os.getppid() != worker:  # the worker died between the two calls
+    link = worker_link(args.socket_fd)
+    if link is None:
         return 0
+    sock, worker_fd = link
     prctl_function()
     try:
         sock.send(json.dumps({"ready": os.getpid()}).encode())
@@ -170,6 +169,20 @@ def main(argv: list[str]) -> int:
         return 0
     _serve(sock, worker_fd)
     return 0
+
+
+def worker_link(socket_fd: int) -> tuple[socket.socket, int] | None:
+    """A helper process's link to the worker that started it (the spawner's, the warm
+    process's): its end of their socket pair, and a pidfd of the worker, readable once the
+    worker has gone; None when the worker died before the pidfd was open."""
+    sock = socket.socket(fileno=socket_fd)
+    worker = os.getppid()
+    worker_fd = os.pidfd_open(worker)
+    if os.getppid() != worker:  # the worker died between the two calls
+        sock.close()
+        os.close(worker_fd)
+        return None
+    return sock, worker_fd
 
 
 def _serve(sock: socket.socket, worker_fd: int) -> None:

@@ -38,6 +38,7 @@ import socket
 import sys
 from dataclasses import dataclass
 
+from e31_worker.child.spawner import worker_link
 from e31_worker.child.warmjob import Job, fail, remember_base_path, run_job
 from e31_worker.child.warmouter import run_outer
 
@@ -51,11 +52,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--socket-fd", type=int, required=True)
     parser.add_argument("--preload", default="", help="comma-separated modules to import")
     args = parser.parse_args(argv)
-    sock = socket.socket(fileno=args.socket_fd)
-    worker = os.getppid()
-    worker_fd = os.pidfd_open(worker)
-    if os.getppid() != worker:  # the worker died between the two calls
+    link = worker_link(args.socket_fd)
+    if link is None:
         return 0
+    sock, worker_fd = link
     preloaded, failed = _preload([*TORCH_AND_NUMPY, *filter(None, args.preload.split(","))])
     numpy = sys.modules.get("numpy")
     if numpy is not None:   # its first seeding does lazy work (60+ ms) once, here, not per job
