@@ -7,6 +7,8 @@ adding its own conditions and values, so a row can only take a step the table al
 check covers the step asked for, the condition makes it the row's real one. A row that is
 no longer in `src` (a race lost to a cancel or another claim) is left alone, and the
 caller sees it in the row count. New jobs are inserted `queued` (`rows.queued_job`).
+`move_by_key(src, dst)` is the same step for one job whose id and values are bound when it
+runs, built once per step (an attempt's end).
 """
 
 from __future__ import annotations
