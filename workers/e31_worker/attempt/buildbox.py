@@ -31,8 +31,6 @@ from urllib.parse import unquote, urlsplit
 from e31_worker.attempt.binds import outermost, source
 from e31_worker.attempt.network import UV_INDEX_VARS
 from e31_worker.attempt.sandbox import RESOLV_CONF, Launch, Sandbox
-from e31_worker.child.netns import enter_isolated
-from e31_worker.child.spawner import enter_as
 
 # The operator's uv settings that may name a local index or wheel directory (a file:// URL or
 # a path), bound read-only into a build's sandbox; an index named in a uv.toml instead lies in
@@ -80,16 +78,9 @@ class BuildSandbox:
         for path in outermost(p for p in read_only if p.exists()):
             args += ["--ro-bind", source(path, self.uid, staged), str(path)]
         args += ["--chdir", str(scratch), "--", *argv]
-        become = enter_as(self.uid, staged)
-        if not isolated:
-            return Launch(argv=args, env={**env, "HOME": str(scratch)}, enter=become)
-        plan = network.plan(build=True)
-
-        def enter() -> None:
-            enter_isolated(plan)
-            become()
-
-        return Launch(argv=args, env={**env, "HOME": str(scratch)}, enter=enter)
+        return Launch(argv=args, env={**env, "HOME": str(scratch)},
+                      spec={"uid": self.uid, "staged": [str(p) for p in staged],
+                            "net": network.plan(build=True) if isolated else None})
 
 
 def operator_paths(env: Mapping[str, str]) -> list[Path]:

@@ -363,7 +363,7 @@ class UvBuild:
         if self._sandbox is not None:
             launch = self._sandbox.launch(argv, env, scratch=cwd, read_only=[
                 Path(self._uv).parent, *operator_paths(env)])
-            argv, env, enter = launch.argv, launch.env, launch.enter
+            argv, env, enter = launch.argv, launch.env, launch.enter()
         out_path = cwd / "uv.out"
         with open(out_path, "wb") as out:
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,

@@ -82,8 +82,7 @@ from e31_worker.attempt.binds import (
 )
 from e31_worker.attempt.jobenv import inherited_env
 from e31_worker.attempt.network import JobNetwork, Mode
-from e31_worker.child.netns import enter_isolated
-from e31_worker.child.spawner import enter_as
+from e31_worker.child.spawner import enter_from
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +101,21 @@ RESOLV_CONF = "/etc/resolv.conf"  # an isolated job's names the slirp4netns forw
 
 @dataclass(frozen=True)
 class Launch:
-    """How the supervisor starts a sandboxed child: this argv and environment, and `enter`,
-    which the forked child runs as root right before it execs (stage binds, drop its uid);
-    `spec` is `enter` as JSON, for a child the spawner forks (`e31_worker.child.spawner`)."""
+    """How a sandboxed child starts: this argv and environment, and what the forked child
+    does as root right before it execs, as data (`spec`: its uid, the sources to stage, the
+    isolated network's plan or None), which the spawner takes as it is
+    (`e31_worker.child.spawner`) and `enter` resolves for a fork in this process."""
 
     argv: list[str]
     env: dict[str, str]
-    enter: Callable[[], None]
-    spec: dict[str, Any] | None = None
+    spec: dict[str, Any]
+
+    def enter(self) -> Callable[[], None]:
+        """The child's `enter` (enter the network, stage the binds, drop to the uid),
+        resolved now, before the fork: a `preexec_fn`."""
+        enter = enter_from(self.spec)
+        assert enter is not None   # a launch always has its uid
+        return enter
 
 
 class Sandbox:
@@ -186,7 +192,7 @@ class Sandbox:
                 inherited_env(os.environ), root=root,   # a job's environment: its PYTHONPATH
                 cwd=root / "work", writable=[root / "work"], read_only=[])
             done = subprocess.run(launch.argv, env=launch.env, cwd=root / "work",
-                                  preexec_fn=launch.enter, stdin=subprocess.DEVNULL,
+                                  preexec_fn=launch.enter(), stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
         except (OSError, subprocess.SubprocessError) as exc:
             return f"cannot start bubblewrap: {exc}"
@@ -250,20 +256,9 @@ class AttemptSandbox:
             args.append("--share-net")
         args += self._view(root, read_only, staged, env)
         args += ["--chdir", str(cwd), "--", *argv]
-        become = enter_as(self.uid, staged)
-        spec: dict[str, Any] = {"uid": self.uid, "staged": [str(p) for p in staged],
-                                "net": None}
-        if self.network != "isolated":
-            return Launch(argv=args, env=self._env(env, home=root / "work"), enter=become,
-                          spec=spec)
-        net = spec["net"] = self._sandbox.network.plan()
-
-        def enter() -> None:
-            enter_isolated(net)
-            become()
-
-        return Launch(argv=args, env=self._env(env, home=root / "work"), enter=enter,
-                      spec=spec)
+        net = self._sandbox.network.plan() if self.network == "isolated" else None
+        return Launch(argv=args, env=self._env(env, home=root / "work"),
+                      spec={"uid": self.uid, "staged": [str(p) for p in staged], "net": net})
 
     def net_plan(self) -> dict[str, object] | None:
         """For a warm start: what its outer process needs to enter the isolated network."""

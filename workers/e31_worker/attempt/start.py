@@ -73,20 +73,21 @@ class ChildStart:
             child = self._fork_warm(started, warm, cgroup)
             if child is not None:
                 return child
-        command, env, enter, spec = argv, self.env(), None, None
+        command, env, launch = argv, self.env(), None
         if self._sandbox is not None:
             launch = self._sandbox.launch(
                 argv, env, root=plan.root, cwd=plan.cwd,
                 writable=(plan.work_dir, plan.output_dir, plan.checkpoint_dir, plan.input_dir),
                 read_only=[*(p for p in (plan.code_dir, plan.venv) if p is not None),
                            *plan.input_binds])
-            command, env, enter, spec = launch.argv, launch.env, launch.enter, launch.spec
+            command, env = launch.argv, launch.env
         procs = [str(p) for p in cgroup.procs_files] if cgroup is not None else []
         proc: Child | None = None
-        if self._spawner is not None and (self._sandbox is None or spec is not None):
+        if self._spawner is not None:
             proc = self._spawner.spawn(command, env, cwd=str(plan.cwd), cgroup_procs=procs,
-                                       enter=spec)
-        if proc is None:
+                                       enter=launch.spec if launch is not None else None)
+        if proc is None:   # no spawner, or it is broken: this process forks the child
+            enter = launch.enter() if launch is not None else None
             proc = subprocess.Popen(command, cwd=plan.cwd, env=env, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     start_new_session=True, preexec_fn=child_setup(procs, enter))
