@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from functools import cache, cached_property
-from typing import Any, NamedTuple, TypeAlias, cast
+from typing import Any, NamedTuple, TypeAlias
 
 from sqlalchemy import (
     BindParameter,
@@ -31,7 +31,6 @@ from sqlalchemy import (
     Row,
     Select,
     String,
-    Table,
     Update,
     and_,
     bindparam,
@@ -55,7 +54,7 @@ from e31.store.arrays import ArrayStore
 from e31.store.base import BillingStore
 from e31.store.db import core_of
 from e31.store.drains import DrainStore
-from e31.store.models import Attempt, Job, Tenant, UTCDateTime
+from e31.store.models import ATTEMPTS, JOBS, Attempt, Job, Tenant, UTCDateTime
 from e31.store.quotas import OutputsCharge
 from e31.store.rows import seconds
 
@@ -377,8 +376,8 @@ def _claim_statement() -> Update:
 # Built once (its construction was a tenth of a claim's CPU, issue 31)
 _CLAIM = _claim_statement()
 # The job an outcome ends, row-locked (built once)
-_JOB_TO_END = (select(*transitions.JOBS.c)
-               .where(transitions.JOBS.c.id == bindparam("job_id", type_=String()))
+_JOB_TO_END = (select(*JOBS.c)
+               .where(JOBS.c.id == bindparam("job_id", type_=String()))
                .with_for_update())
 # The next item's claim in a row (`claim_next_item`), built once: the first of the runnable
 # items (`ids`) that no other transaction holds. The scheduler publishes an array's items from
@@ -393,8 +392,7 @@ _TAKE_NEXT = _take_statement(
 _COUNT_QUEUED = (update(Job).where(Job.id == bindparam("taken", type_=String()))
                  .values(queued_seconds=Job.queued_seconds + bindparam("waited", type_=Float()),
                          queued_since=None))
-_ATTEMPTS = cast(Table, Attempt.__table__)
-_ADD_ATTEMPT = insert(_ATTEMPTS)
+_ADD_ATTEMPT = insert(ATTEMPTS)
 
 
 def _take(c: Connection, statement: Update, *, worker: str, gpus: str, gpu_count: int,
@@ -572,15 +570,15 @@ def end_attempt(s: Session | Connection, job: JobRow, outcome: Outcome, *, ended
 
 # A lease's renewal, fenced by its token: the columns it sets are its parameters' (the lease's
 # end, and the progress when the worker has one), built once (issue 31)
-_RENEW = (update(transitions.JOBS)
-          .where(transitions.JOBS.c.id == bindparam("b_id"),
-                 transitions.JOBS.c.lease_token == bindparam("b_token"),
-                 transitions.JOBS.c.state == JobState.RUNNING.value)
-          .returning(transitions.JOBS.c.cancel_requested,
-                     transitions.JOBS.c.preempt_requested_at))
+_RENEW = (update(JOBS)
+          .where(JOBS.c.id == bindparam("b_id"),
+                 JOBS.c.lease_token == bindparam("b_token"),
+                 JOBS.c.state == JobState.RUNNING.value)
+          .returning(JOBS.c.cancel_requested,
+                     JOBS.c.preempt_requested_at))
 
 # An attempt's end, by key: the columns it sets are its parameters' (built once, issue 31)
-_END_ATTEMPT = update(_ATTEMPTS).where(_ATTEMPTS.c.id == bindparam("b_attempt"))
+_END_ATTEMPT = update(ATTEMPTS).where(ATTEMPTS.c.id == bindparam("b_attempt"))
 
 
 @cache
@@ -588,7 +586,7 @@ def _end_job(state: JobState) -> Update:
     """A running job's move to `state` at its attempt's end, fenced by its lease token
     (`b_token`); the columns it sets are its parameters' (`transitions.move_by_key`)."""
     return transitions.move_by_key(JobState.RUNNING, state).where(
-        transitions.JOBS.c.lease_token == bindparam("b_token"))
+        JOBS.c.lease_token == bindparam("b_token"))
 
 
 # The attempt an outcome ends, read by key with what its bill needs (built once, issue 31)

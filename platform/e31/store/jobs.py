@@ -12,9 +12,9 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
-from sqlalchemy import Row, Select, Table, bindparam, func, insert, or_, select, update
+from sqlalchemy import Row, Select, bindparam, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import NotFound
@@ -24,7 +24,7 @@ from e31.core.spec import JobSpec
 from e31.core.states import AttemptReason, JobState
 from e31.store import deps, quotas, transitions
 from e31.store.base import Store
-from e31.store.models import Attempt, Job, Tenant
+from e31.store.models import ATTEMPTS, JOBS, Attempt, Job, Tenant
 from e31.store.rows import queued_job, seconds
 from e31.store.tenantlimits import hold_queued
 
@@ -33,16 +33,16 @@ S = TypeVar("S", bound=Select[*tuple[Any, ...]])   # a select of any columns
 JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
 # get_job's reads, built once and run as Core (issue 31): the job's columns with its tenant's
 # name, any tenant's or the one bound; then its attempts' columns, in order
-_NAMED_JOB = (select(*cast(Table, Job.__table__).c, Tenant.name.label("tenant_name"))
+_NAMED_JOB = (select(*JOBS.c, Tenant.name.label("tenant_name"))
               .join(Tenant, Tenant.id == Job.tenant_id).where(Job.id == bindparam("job_id")))
 # An admin's read of whose job it is, and the long poll's of a job's state (built once)
 _JOB_TENANT = select(Job.tenant_id).where(Job.id == bindparam("job_id"))
 _JOB_STATE = select(Job.state).where(Job.id == bindparam("job_id"),
                                      Job.tenant_id == bindparam("tenant_id"))
 _TENANT_NAME = select(Tenant.name).where(Tenant.id == bindparam("tenant_id"))
-_INSERT_JOB = insert(cast(Table, Job.__table__))   # a submit's row (`rows.queued_job`)
+_INSERT_JOB = insert(JOBS)   # a submit's row (`rows.queued_job`)
 _TENANTS_NAMED_JOB = _NAMED_JOB.where(Job.tenant_id == bindparam("tenant_id"))
-_ATTEMPTS_OF = (select(*cast(Table, Attempt.__table__).c)
+_ATTEMPTS_OF = (select(*ATTEMPTS.c)
                 .where(Attempt.job_id == bindparam("job_id")).order_by(Attempt.n))
 
 

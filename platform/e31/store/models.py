@@ -4,7 +4,7 @@ dependencies, attempts, operators' drain requests."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
@@ -16,6 +16,7 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Table,
     Text,
     text,
 )
@@ -342,3 +343,10 @@ class Batch(Base):
 
     __table_args__ = (Index("ix_batches_tenant_created", "tenant_id", "created_at"),
                       Index("ix_batches_status", "status"))
+
+
+# The tables of the job path's Core statements, built once and run on a bare connection
+# (`Store._core`, issue 31)
+JOBS = cast(Table, Job.__table__)
+ATTEMPTS = cast(Table, Attempt.__table__)
+TENANTS = cast(Table, Tenant.__table__)

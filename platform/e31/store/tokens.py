@@ -19,14 +19,14 @@ import re
 import secrets
 import uuid
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Connection, Row, Table, and_, bindparam, or_, select, update
+from sqlalchemy import Connection, Row, and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from e31.core.errors import Conflict, NotFound, SpecError
 from e31.core.records import TokenRecord
-from e31.store.models import ApiKey, Tenant
+from e31.store.models import TENANTS, ApiKey, Tenant
 
 TOKEN_PREFIX = "e31_"
 TOKEN_BYTES = 32               # 256 random bits
@@ -148,7 +148,7 @@ def authenticate(c: Connection, token: str, *, now: datetime) -> Row[*tuple[Any,
 
 
 # The read of every request's token, built once (issue 31); the hash and the time are bound
-_LIVE_KEY = (select(*cast(Table, Tenant.__table__).c, ApiKey.id.label("key_id"),
+_LIVE_KEY = (select(*TENANTS.c, ApiKey.id.label("key_id"),
                     ApiKey.last_used_at.label("key_last_used_at"))
              .join(ApiKey, ApiKey.tenant_id == Tenant.id)
              .where(ApiKey.token_hash == bindparam("token_hash"), ApiKey.revoked_at.is_(None),

@@ -17,14 +17,13 @@ import functools
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import (
     BindParameter,
     ColumnElement,
     Connection,
     Select,
-    Table,
     Update,
     bindparam,
     delete,
@@ -35,10 +34,8 @@ from sqlalchemy.orm import Session
 from e31.core.errors import IllegalTransition
 from e31.core.states import JobState, can_transition
 from e31.store.db import core_of, unindexed
-from e31.store.models import Job, JobDep
+from e31.store.models import JOBS, Job, JobDep
 from e31.store.rows import CHUNK, seconds
-
-JOBS = cast(Table, Job.__table__)   # the jobs table, for Core statements
 
 
 def runnable_prefix(queue: str | BindParameter[str]) -> tuple[ColumnElement[bool], ...]:
