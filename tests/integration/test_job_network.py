@@ -327,7 +327,11 @@ def test_e31_up_without_user_mode_networking_warns_and_shares_the_network_unless
     request.addfinalizer(lambda: shutil.rmtree(bin_dir, ignore_errors=True))
     (bin_dir / "bwrap").symlink_to(shutil.which("bwrap") or "/usr/bin/bwrap")
     monkeypatch.setenv("PATH", str(bin_dir))
-    monkeypatch.delenv("E31_JOB_NETWORK", raising=False)
+    # set, then removed: monkeypatch records the variable's state before the test only when
+    # it exists, and `_isolation` below sets it in this process; without the record, the
+    # test's end restored its "host" to every later test's stacks
+    monkeypatch.setenv("E31_JOB_NETWORK", "")
+    monkeypatch.delenv("E31_JOB_NETWORK")
     settings = Settings.load({"home": str(tmp_path / "home")}, environ={})
     if sandbox_unavailable(settings.model_copy(update={"job_network": "host"})):
         pytest.skip("no sandbox here")
