@@ -27,8 +27,9 @@ follows: one decode thread on each side), as one worker is one GPU. The fan-out'
 workers are compared with both hand-loop figures.
 
 The machine's own ceiling for two workers (one-core framing, with two or more cores and
-clips): **two hand loops side by side**, forked from this process, each pinned to its own
-core over half of the clips. Two cores of a virtual machine are not twice one core (they
+clips): **two hand loops side by side**, two fresh processes (spawned: a fork of this one
+would inherit PyAV's scaler with its slice threads gone and wait for them forever), each
+pinned to its own core over half of the clips. Two cores of a virtual machine are not twice one core (they
 share caches and memory bandwidth, and the host's other guests take turns on them), so the
 fan-out's ratio is read against this one as well.
 
@@ -117,7 +118,10 @@ def hand_pair(clips: list[Path], out_dir: Path, fps: float | None, size: tuple[i
     even ones, the odd ones): what two workers could do on this machine with no platform at
     all, its two-core ceiling. Wall seconds from their common start to the later one's end,
     and the frames they wrote."""
-    ctx = multiprocessing.get_context("fork")   # this process's imports and warm model code
+    # Spawned, not forked: this process has decoded already, and FFmpeg's scaler (swscale 9
+    # and later) keeps slice threads a fork does not copy, so a forked child's first frame
+    # waits for them forever. Each side has imported and run the model once by the common start line.
+    ctx = multiprocessing.get_context("spawn")
     start_line = ctx.Barrier(3)
     procs = []
     for i, core in enumerate(cores[:2]):
@@ -130,9 +134,9 @@ def hand_pair(clips: list[Path], out_dir: Path, fps: float | None, size: tuple[i
     start = time.perf_counter()
     for p in procs:
         p.join()
-    wall = time.perf_counter() - start
     if any(p.exitcode for p in procs):
         sys.exit(f"a side-by-side hand loop failed: exit codes {[p.exitcode for p in procs]}")
+    wall = max(float((out_dir / f"side{i}" / "end").read_text()) for i in range(len(procs))) - start
     frames = sum(sum(1 for _ in open(out_dir / f"side{i}" / "frames.jsonl"))
                  for i in range(len(procs)))
     return wall, frames
@@ -141,8 +145,12 @@ def hand_pair(clips: list[Path], out_dir: Path, fps: float | None, size: tuple[i
 def _pinned_hand(core: int, clips: list[Path], out: Path, fps: float | None,
                  size: tuple[int, int], batch_size: int, start_line: Any) -> None:
     os.sched_setaffinity(0, {core})
+    with torch.inference_mode():   # a fresh process: its first forward's one-time costs
+        frame_classifier().eval()(torch.zeros(batch_size, 3, size[1], size[0]))
     start_line.wait()
     hand_loop(clips, out, fps, size, batch_size)
+    # the end, on the machine's monotonic clock: a spawned interpreter's teardown is not work
+    (out / "end").write_text(repr(time.perf_counter()))
 
 
 def workload(clips: list[Path], root: Path, fps: float | None, size: tuple[int, int],
