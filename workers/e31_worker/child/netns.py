@@ -2,9 +2,10 @@
 entered by the forked child, as root, before it drops to the job's uid. Standard library only:
 the warm process (`e31_worker.child.zygote`) runs it too.
 
-    fork the helper (still in the host's network) → unshare(CLONE_NEWNET) → the helper execs
-    slirp4netns --configure --disable-host-loopback <our pid> tap0 → wait for its ready fd →
-    bring up the loopback and add a reject route for every blocked network (ioctl)
+    unshare(CLONE_NEWNET) → setns back to the host's network → start slirp4netns
+    --configure --disable-host-loopback --netns-type=path <the new namespace> tap0 there →
+    setns into the new namespace → wait for its ready fd → bring up the loopback and add a
+    reject route for every blocked network (ioctl)
 
 so the job has a loopback of its own and a tap device whose traffic slirp4netns (user-mode
 networking, in the host's network) turns into ordinary sockets of the host: the internet is
@@ -15,30 +16,30 @@ table refuses (EHOSTUNREACH) before a packet leaves the namespace. The job runs 
 capabilities in that namespace, so it cannot change the routes. The routes are added in this
 process (SIOCADDRT), not by `ip`: an exec fewer on every start (about 7 ms of 26).
 
-The helper ends with the process that forked it: that process becomes bubblewrap (a cold
-start) or the attempt's outer process (a warm start), both of which live exactly as long as
-the job. slirp4netns's `--exit-fd` is a pidfd of that process, which hangs up once it has
-ended and been reaped (PR_SET_PDEATHSIG alone would not do: bubblewrap runs as the job's uid,
-which may not signal a root process). It is in the attempt's cgroups too, which the attempt's
-end empties.
+slirp4netns is started by `subprocess` without a fork of this process (a vfork and an exec:
+this process is a copy of the warm process, torch and all, and a fork of it costs about 9 ms
+of CPU to copy and tear down; the vfork 0.7 ms), which is why the namespace is made first and
+slirp4netns given it by path, from the host's network that this process steps back into for
+the start. It ends with this process: this process becomes bubblewrap (a cold start) or stays
+the attempt's outer process (a warm start), both of which live exactly as long as the job.
+slirp4netns's `--exit-fd` is a pidfd of this process, which hangs up once it has ended and
+been reaped. It is in the attempt's cgroups too, which the attempt's end empties.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import fcntl
 import ipaddress
 import os
 import select
-import signal
 import socket
 import struct
+import subprocess
 from collections.abc import Mapping, Sequence
 from typing import cast
 
 CLONE_NEWNET = 0x40000000
-PR_SET_PDEATHSIG = 1
 READY_TIMEOUT_S = 10.0       # slirp4netns configures the tap in milliseconds; a hang is a fault
 TAP = "tap0"
 SLIRP_GATEWAY = "10.0.2.2"   # slirp4netns's gateway (--configure): where its traffic leaves
@@ -66,59 +67,60 @@ class _RtEntry(ctypes.Structure):
                 ("rt_irtt", ctypes.c_ushort)]
 
 
-def enter_isolated(net: Mapping[str, object]) -> None:
+def enter_isolated(net: Mapping[str, object]) -> subprocess.Popen[bytes]:
     """Move this process into a new network namespace with user-mode networking and the
     blocked networks refused. `net`, as `JobNetwork.plan` gives it: `slirp4netns` (an
     absolute path), `blocked` (IPv4 networks) and `allowed` (IPv4 addresses reached all the
-    same, through slirp4netns). Raises OSError."""
+    same, through slirp4netns). Returns slirp4netns's process, a child of this one, which ends
+    on its own with this process (and its caller may end and reap it first). Raises OSError."""
     slirp = str(net["slirp4netns"])
     blocked = [str(n) for n in cast(Sequence[str], net.get("blocked") or ())]
     allowed = [str(a) for a in cast(Sequence[str], net.get("allowed") or ())]
     libc = ctypes.CDLL(None, use_errno=True)
-    go_r, go_w = os.pipe()
+    host = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     ready_r, ready_w = os.pipe()
-    target = os.getpid()
-    helper = os.fork()
-    if helper == 0:   # the helper: stays in the host's network
-        try:
-            os.close(go_w)
-            os.close(ready_r)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != target:   # its parent died before the prctl
-                os._exit(1)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(devnull, fd)
-            for fd in map(int, os.listdir("/proc/self/fd")):
-                if fd > 2 and fd not in (go_r, ready_w):
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-            if os.read(go_r, 1) != b"g":   # the target's namespace is not made: give up
-                os._exit(1)
-            os.set_inheritable(ready_w, True)
-            gone = os.pidfd_open(target)   # hangs up once the target has ended and is reaped
-            os.set_inheritable(gone, True)
-            os.execv(slirp, [slirp, "--configure", f"--mtu={MTU}", "--disable-host-loopback",
-                             f"--ready-fd={ready_w}", f"--exit-fd={gone}", str(target), TAP])
-        finally:
-            os._exit(127)
-    os.close(go_r)
-    os.close(ready_w)
+    helper = None
     try:
-        if libc.unshare(CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"job network: unshare: {os.strerror(err)}")
-        os.write(go_w, b"g")
+        _call(libc.unshare(CLONE_NEWNET), "unshare")
+        ours = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            # slirp4netns lives in the host's network: back there for its start, then into ours
+            _call(libc.setns(host, CLONE_NEWNET), "setns to the host's network")
+            gone = os.pidfd_open(os.getpid())   # hangs up once this process has ended
+            try:
+                helper = subprocess.Popen(
+                    [slirp, "--configure", f"--mtu={MTU}", "--disable-host-loopback",
+                     f"--ready-fd={ready_w}", f"--exit-fd={gone}", "--netns-type=path",
+                     f"/proc/self/fd/{ours}", TAP],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, close_fds=True, pass_fds=(ready_w, gone, ours))
+            finally:
+                os.close(gone)
+            _call(libc.setns(ours, CLONE_NEWNET), "setns to the job's network")
+        finally:
+            os.close(ours)
+        os.close(ready_w)
+        ready_w = -1
         if not select.select([ready_r], [], [], READY_TIMEOUT_S)[0] or not os.read(ready_r, 1):
             raise OSError(f"job network: slirp4netns did not configure the namespace within "
                           f"{READY_TIMEOUT_S:g} s")
         route(blocked, allowed)
     except BaseException:
-        os.kill(helper, signal.SIGKILL)
+        if helper is not None:
+            helper.kill()
         raise
     finally:
-        os.close(go_w)
+        os.close(host)
         os.close(ready_r)
+        if ready_w >= 0:
+            os.close(ready_w)
+    return helper
+
+
+def _call(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"job network: {what}: {os.strerror(err)}")
 
 
 def route(blocked: Sequence[str], allowed: Sequence[str] = ()) -> None:
