@@ -23,10 +23,10 @@ slirp4netns given it by path, from the host's network that this process steps ba
 the start. It ends with this process: this process becomes bubblewrap (a cold start) or stays
 the attempt's outer process (a warm start), both of which live exactly as long as the job.
 slirp4netns's `--exit-fd` is a pidfd of this process, which hangs up once it has ended and
-been reaped. On the cold path it is in the attempt's cgroups too, which the attempt's end
-empties. On the warm path it is not: the outer process joins them after this, and kills
-slirp4netns when the job ends, because its exit takes about 30 ms (its tap device's teardown)
-that the removal of the job's cgroups would wait for.
+been reaped. It is not in the attempt's cgroups (the child joins them after this, and on
+the warm path the outer process kills slirp4netns as soon as the job ends), because its exit
+takes about 30 ms, its tap device's teardown, that the removal of the job's cgroups would
+wait for at every job's end.
 """
 
 from __future__ import annotations

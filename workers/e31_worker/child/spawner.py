@@ -58,12 +58,14 @@ CLONE_NEWNS = 0x00020000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
 
 
-def child_setup(procs_files: Sequence[str],
-                enter: Callable[[], None] | None = None) -> Callable[[], None]:
-    """What the child does between fork and exec: enter its cgroups (so the memory and
-    process caps and OOM accounting cover it from its first byte), its sandbox's `enter`
-    (which drops the worker's rights), and then die with its parent (a change of user
-    clears that).
+def child_setup(procs_files: Sequence[str], enter: Callable[[], None] | None = None,
+                network: Callable[[], object] | None = None) -> Callable[[], None]:
+    """What the child does between fork and exec: enter its isolated `network` (when it has
+    one: slirp4netns, which that starts, stays in the worker's cgroups, because its exit takes
+    about 30 ms, its tap device's teardown, that the removal of the job's cgroups would wait
+    for), its cgroups (so the memory and process caps and OOM accounting cover it from its
+    first byte after that), its sandbox's `enter` (which drops the worker's rights), and then
+    die with its parent (a change of user clears that).
 
     It runs in a child forked from the parent that calls this, so it only calls what was
     resolved before the fork and raw system calls (no locks, no Python I/O objects).
@@ -74,6 +76,8 @@ def child_setup(procs_files: Sequence[str],
 
     def setup() -> None:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)   # at once: `enter` takes milliseconds
+        if network is not None:
+            network()
         for path in procs:
             fd = os.open(path, os.O_WRONLY)
             try:
@@ -125,14 +129,16 @@ def enter_as(uid: int, staged: Sequence[Path]) -> Callable[[], None]:
     return enter
 
 
-def enter_from(spec: Mapping[str, Any] | None) -> Callable[[], None] | None:
+def enter_from(spec: Mapping[str, Any] | None, *,
+               network: bool = True) -> Callable[[], None] | None:
     """The sandbox's `enter` from its JSON form (`Launch.spec`): stage and drop to the uid,
-    after entering the isolated network when it has one."""
+    after entering the isolated network when it has one (unless not `network`: then
+    `network_from` gives that step apart)."""
     if spec is None:
         return None
     become = enter_as(int(spec["uid"]), [Path(p) for p in spec.get("staged") or ()])
     net = spec.get("net")
-    if net is None:
+    if net is None or not network:
         return become
 
     def enter() -> None:
@@ -140,6 +146,15 @@ def enter_from(spec: Mapping[str, Any] | None) -> Callable[[], None] | None:
         become()
 
     return enter
+
+
+def network_from(spec: Mapping[str, Any] | None) -> Callable[[], object] | None:
+    """The step of the sandbox's `enter` that enters its isolated network, apart (None when
+    it has none), for `child_setup` to take before the job's cgroups."""
+    net = spec.get("net") if spec is not None else None
+    if net is None:
+        return None
+    return lambda: enter_isolated(net)
 
 
 def _check(result: int, what: str) -> None:
@@ -235,7 +250,8 @@ def _spawn(msg: bytes, fds: list[int]) -> tuple[dict[str, Any], tuple[int, int, 
         env = {str(k): str(v) for k, v in request["env"].items()}
         cwd = str(request["cwd"])
         setup = child_setup([str(p) for p in request.get("cgroup_procs") or ()],
-                            enter_from(request.get("enter")))
+                            enter_from(request.get("enter"), network=False),
+                            network_from(request.get("enter")))
     except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
         os.close(log_w)
         os.close(status_w)
