@@ -29,9 +29,9 @@ workers are compared with both hand-loop figures.
 The machine's own ceiling for two workers (one-core framing, with two or more cores and
 clips): **two hand loops side by side**, two fresh processes (spawned: a fork of this one
 would inherit PyAV's scaler with its slice threads gone and wait for them forever), each
-pinned to its own core over half of the clips. Two cores of a virtual machine are not twice one core (they
-share caches and memory bandwidth, and the host's other guests take turns on them), so the
-fan-out's ratio is read against this one as well.
+pinned to its own core over half of the clips. Two cores of a virtual machine are not twice
+one core (they share caches and memory bandwidth, and the host's other guests take turns on
+them), so the fan-out's ratio is read against this one as well.
 
     python bench/footage_vs_loop.py                       # 2 clips x 2 min, 30 fps, 2 workers
     python bench/footage_vs_loop.py --fps 0 --repeats 3   # every frame
@@ -120,7 +120,8 @@ def hand_pair(clips: list[Path], out_dir: Path, fps: float | None, size: tuple[i
     and the frames they wrote."""
     # Spawned, not forked: this process has decoded already, and FFmpeg's scaler (swscale 9
     # and later) keeps slice threads a fork does not copy, so a forked child's first frame
-    # waits for them forever. Each side has imported and run the model once by the common start line.
+    # waits for them forever. Each side has imported and run the model once by the common
+    # start line.
     ctx = multiprocessing.get_context("spawn")
     start_line = ctx.Barrier(3)
     procs = []

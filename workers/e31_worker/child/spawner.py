@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from e31_worker.child.linuxcalls import join_cgroups
 from e31_worker.child.netns import enter_isolated
 
 PR_SET_PDEATHSIG = 1          # prctl option: signal the child when its parent thread dies
@@ -78,12 +79,7 @@ def child_setup(procs_files: Sequence[str], enter: Callable[[], None] | None = N
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)   # at once: `enter` takes milliseconds
         if network is not None:
             network()
-        for path in procs:
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
+        join_cgroups(procs)
         if enter is not None:
             enter()
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)   # again: the change of user cleared it

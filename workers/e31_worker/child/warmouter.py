@@ -28,7 +28,7 @@ import struct
 from typing import Any
 
 from e31_worker.child import netns
-from e31_worker.child.linuxcalls import PR_SET_PDEATHSIG, check, libc, prctl
+from e31_worker.child.linuxcalls import PR_SET_PDEATHSIG, check, join_cgroups, libc, prctl
 from e31_worker.child.warmjob import EXIT_SETUP, Job, enter_job, fail
 from e31_worker.child.warmroot import build_root
 
@@ -76,12 +76,7 @@ def run_outer(request: dict[str, Any], fds: list[int], worker_fd: int) -> Job:
         # The attempt's cgroups after slirp4netns has started, which stays in the worker's: its
         # exit takes about 30 ms (its tap device's teardown), which the removal of the job's
         # cgroups would otherwise wait for at every job's end.
-        for procs in request.get("cgroup_procs") or ():   # memory, and pids in cgroup v1
-            fd = os.open(procs, os.O_WRONLY)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
+        join_cgroups(request.get("cgroup_procs") or ())
         if sandbox is not None:
             flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
             if sandbox["network"] == "none":
