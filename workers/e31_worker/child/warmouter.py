@@ -1,14 +1,15 @@
 """The outer and init processes of a warm attempt, between the zygote's fork and the job.
 
     outer   forked from the zygote; a new session (its pgid is what the worker signals and
-            records), the attempt's memory cgroup, the log pipe as stdout/stderr, every other
-            fd closed, the job's environment shown in /proc/<pid>/environ (so a restarted
-            worker's GroupRegistry finds its processes by E31_JOB_ID), then, when sandboxed,
-            new mount, PID, IPC, UTS and cgroup namespaces (and network: none's, or the
-            isolated one of `e31_worker.child.netns`, entered first while still in the host's
-            network). It waits for `init` and writes `X<exit status>` to the status pipe, and
-            kills the attempt if the worker process dies (it watches a pidfd of the worker, so
-            the zygote's own death does not touch a running job).
+            records), the log pipe as stdout/stderr, every other fd closed, the job's
+            environment shown in /proc/<pid>/environ (so a restarted worker's GroupRegistry
+            finds its processes by E31_JOB_ID), the isolated network of
+            `e31_worker.child.netns` when it has one, the attempt's cgroups (after the
+            network, so that its slirp4netns stays out of them), then, when sandboxed, new
+            mount, PID, IPC, UTS and cgroup namespaces (and network: none's, unless isolated).
+            It waits for `init`, kills the job's slirp4netns, writes `X<exit status>` to the
+            status pipe, and kills the attempt if the worker process dies (it watches a pidfd
+            of the worker, so the zygote's own death does not touch a running job).
     init    sandbox only: pid 1 of the new PID namespace; builds the job's root
             (`e31_worker.child.warmroot`), forks the job and reaps; exits with the job's status
             (128 + N for signal N, as bubblewrap).
@@ -70,9 +71,8 @@ def run_outer(request: dict[str, Any], fds: list[int], worker_fd: int) -> Job:
         _show_environ(request["env"])
         sandbox = request.get("sandbox")
         slirp = None
-        if sandbox is not None:
-            if sandbox.get("net"):   # job_network = isolated: its own, through slirp4netns
-                slirp = netns.enter_isolated(sandbox["net"])
+        if sandbox is not None and sandbox.get("net"):   # isolated: through slirp4netns
+            slirp = netns.enter_isolated(sandbox["net"])
         # The attempt's cgroups after slirp4netns has started, which stays in the worker's: its
         # exit takes about 30 ms (its tap device's teardown), which the removal of the job's
         # cgroups would otherwise wait for at every job's end.
