@@ -157,9 +157,9 @@ class JobCgroup:
                     if time.monotonic() >= deadline:
                         log.warning("cgroup_remove_failed path=%s: %s", path, exc)
                         break
-                    # Usually a process that ended with the job (its slirp4netns) and is
-                    # reaped a millisecond or two later: a fixed 50 ms pause cost every job
-                    # about 48 ms of its slot. v1 has no event for "empty" to wait on.
+                    # Usually a process that ended with the job and is reaped a millisecond
+                    # or two later: a fixed 50 ms pause cost every job up to 50 ms of its
+                    # slot. v1 has no event for "empty" to wait on.
                     time.sleep(pause)
                     pause = min(2 * pause, REMOVE_MAX_PAUSE_S)
 

@@ -82,7 +82,7 @@ from e31_worker.attempt.binds import (
 )
 from e31_worker.attempt.jobenv import inherited_env
 from e31_worker.attempt.network import JobNetwork, Mode
-from e31_worker.child.spawner import enter_from
+from e31_worker.child.spawner import enter_from, network_from
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +112,16 @@ class Launch:
 
     def enter(self) -> Callable[[], None]:
         """The child's `enter` (enter the network, stage the binds, drop to the uid),
-        resolved now, before the fork: a `preexec_fn`."""
-        enter = enter_from(self.spec)
-        assert enter is not None   # a launch always has its uid
+        resolved now, before the fork: a `preexec_fn` of a child that joins no cgroup."""
+        network, become = network_from(self.spec), enter_from(self.spec)
+        assert become is not None   # a launch always has its uid
+        if network is None:
+            return become
+
+        def enter() -> None:
+            network()
+            become()
+
         return enter
 
 

@@ -27,7 +27,7 @@ from e31_worker.attempt.plan import AttemptPlan, OnStart
 from e31_worker.attempt.sandbox import AttemptSandbox, read_job_file
 from e31_worker.attempt.spawn import Spawner
 from e31_worker.attempt.warm import STARTED_TIMEOUT_S, WarmChild, WarmPool, WarmStarter
-from e31_worker.child.spawner import child_setup, enter_from, network_from
+from e31_worker.child.spawner import child_setup
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,7 @@ class ChildStart:
             proc = self._spawner.spawn(command, env, cwd=str(plan.cwd), cgroup_procs=procs,
                                        enter=launch.spec if launch is not None else None)
         if proc is None:   # no spawner, or it is broken: this process forks the child
-            spec = launch.spec if launch is not None else None
-            setup = child_setup(procs, enter_from(spec, network=False), network_from(spec))
+            setup = child_setup(procs, launch.spec if launch is not None else None)
             proc = subprocess.Popen(command, cwd=plan.cwd, env=env, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     start_new_session=True, preexec_fn=setup)

@@ -21,10 +21,10 @@ def prctl(option: int, value: int) -> None:
     check(libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), f"prctl({option})")
 
 
-def check(result: int, what: str) -> None:
+def check(result: int, what: str, *, context: str = "warm start") -> None:
     if result != 0:
         err = ctypes.get_errno()
-        raise OSError(err, f"warm start: {what}: {os.strerror(err)}")
+        raise OSError(err, f"{context}: {what}: {os.strerror(err)}")
 
 
 def join_cgroups(procs_files: Iterable[str | bytes]) -> None:

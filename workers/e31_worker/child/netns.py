@@ -42,7 +42,10 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import cast
 
+from e31_worker.child.linuxcalls import check, libc
+
 CLONE_NEWNET = 0x40000000
+CONTEXT = "job network"      # what its errors begin with
 READY_TIMEOUT_S = 10.0       # slirp4netns configures the tap in milliseconds; a hang is a fault
 TAP = "tap0"
 SLIRP_GATEWAY = "10.0.2.2"   # slirp4netns's gateway (--configure): where its traffic leaves
@@ -79,16 +82,15 @@ def enter_isolated(net: Mapping[str, object]) -> subprocess.Popen[bytes]:
     slirp = str(net["slirp4netns"])
     blocked = [str(n) for n in cast(Sequence[str], net.get("blocked") or ())]
     allowed = [str(a) for a in cast(Sequence[str], net.get("allowed") or ())]
-    libc = ctypes.CDLL(None, use_errno=True)
     host = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     ready_r, ready_w = os.pipe()
     helper = None
     try:
-        _call(libc.unshare(CLONE_NEWNET), "unshare")
+        check(libc.unshare(CLONE_NEWNET), "unshare", context=CONTEXT)
         ours = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
             # slirp4netns lives in the host's network: back there for its start, then into ours
-            _call(libc.setns(host, CLONE_NEWNET), "setns to the host's network")
+            check(libc.setns(host, CLONE_NEWNET), "setns to the host's network", context=CONTEXT)
             gone = os.pidfd_open(os.getpid())   # hangs up once this process has ended
             try:
                 helper = subprocess.Popen(
@@ -99,7 +101,7 @@ def enter_isolated(net: Mapping[str, object]) -> subprocess.Popen[bytes]:
                     stderr=subprocess.DEVNULL, close_fds=True, pass_fds=(ready_w, gone, ours))
             finally:
                 os.close(gone)
-            _call(libc.setns(ours, CLONE_NEWNET), "setns to the job's network")
+            check(libc.setns(ours, CLONE_NEWNET), "setns to the job's network", context=CONTEXT)
         finally:
             os.close(ours)
         os.close(ready_w)
@@ -118,12 +120,6 @@ def enter_isolated(net: Mapping[str, object]) -> subprocess.Popen[bytes]:
         if ready_w >= 0:
             os.close(ready_w)
     return helper
-
-
-def _call(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"job network: {what}: {os.strerror(err)}")
 
 
 def route(blocked: Sequence[str], allowed: Sequence[str] = ()) -> None:

@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from e31_worker.child.linuxcalls import join_cgroups
+from e31_worker.child.linuxcalls import check, join_cgroups
 from e31_worker.child.netns import enter_isolated
 
 PR_SET_PDEATHSIG = 1          # prctl option: signal the child when its parent thread dies
@@ -59,19 +59,21 @@ CLONE_NEWNS = 0x00020000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
 
 
-def child_setup(procs_files: Sequence[str], enter: Callable[[], None] | None = None,
-                network: Callable[[], object] | None = None) -> Callable[[], None]:
-    """What the child does between fork and exec: enter its isolated `network` (when it has
-    one: slirp4netns, which that starts, stays in the worker's cgroups, because its exit takes
-    about 30 ms, its tap device's teardown, that the removal of the job's cgroups would wait
-    for), its cgroups (so the memory and process caps and OOM accounting cover it from its
-    first byte after that), its sandbox's `enter` (which drops the worker's rights), and then
-    die with its parent (a change of user clears that).
+def child_setup(procs_files: Sequence[str],
+                spec: Mapping[str, Any] | None = None) -> Callable[[], None]:
+    """What the child does between fork and exec: enter its sandbox's isolated network (when
+    `spec`, `Launch.spec`, has one: slirp4netns, which that starts, stays in the worker's
+    cgroups, because its exit takes about 30 ms, its tap device's teardown, that the removal
+    of the job's cgroups would wait for), its cgroups (so the memory and process caps and OOM
+    accounting cover it from its first byte after that), the rest of its sandbox's `enter`
+    (stage its binds, drop the worker's rights), and then die with its parent (a change of
+    user clears that).
 
     It runs in a child forked from the parent that calls this, so it only calls what was
     resolved before the fork and raw system calls (no locks, no Python I/O objects).
     """
     prctl = prctl_function()
+    network, enter = network_from(spec), enter_from(spec)
     procs = [p.encode() for p in procs_files]
     parent = os.getpid()
 
@@ -125,28 +127,17 @@ def enter_as(uid: int, staged: Sequence[Path]) -> Callable[[], None]:
     return enter
 
 
-def enter_from(spec: Mapping[str, Any] | None, *,
-               network: bool = True) -> Callable[[], None] | None:
-    """The sandbox's `enter` from its JSON form (`Launch.spec`): stage and drop to the uid,
-    after entering the isolated network when it has one (unless not `network`: then
-    `network_from` gives that step apart)."""
+def enter_from(spec: Mapping[str, Any] | None) -> Callable[[], None] | None:
+    """The sandbox's `enter` from its JSON form (`Launch.spec`) but its network: stage the
+    binds and drop to the uid."""
     if spec is None:
         return None
-    become = enter_as(int(spec["uid"]), [Path(p) for p in spec.get("staged") or ()])
-    net = spec.get("net")
-    if net is None or not network:
-        return become
-
-    def enter() -> None:
-        enter_isolated(net)
-        become()
-
-    return enter
+    return enter_as(int(spec["uid"]), [Path(p) for p in spec.get("staged") or ()])
 
 
 def network_from(spec: Mapping[str, Any] | None) -> Callable[[], object] | None:
-    """The step of the sandbox's `enter` that enters its isolated network, apart (None when
-    it has none), for `child_setup` to take before the job's cgroups."""
+    """The step of the sandbox's `enter` that enters its isolated network (None when it has
+    none), which comes before the job's cgroups and `enter_from`'s steps."""
     net = spec.get("net") if spec is not None else None
     if net is None:
         return None
@@ -154,9 +145,7 @@ def network_from(spec: Mapping[str, Any] | None) -> Callable[[], object] | None:
 
 
 def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"sandbox staging: {what}: {os.strerror(err)}")
+    check(result, what, context="sandbox staging")
 
 
 @functools.cache
@@ -246,8 +235,7 @@ def _spawn(msg: bytes, fds: list[int]) -> tuple[dict[str, Any], tuple[int, int, 
         env = {str(k): str(v) for k, v in request["env"].items()}
         cwd = str(request["cwd"])
         setup = child_setup([str(p) for p in request.get("cgroup_procs") or ()],
-                            enter_from(request.get("enter"), network=False),
-                            network_from(request.get("enter")))
+                            request.get("enter"))
     except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
         os.close(log_w)
         os.close(status_w)
